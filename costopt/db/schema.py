@@ -1,0 +1,89 @@
+"""The database schema (SQLAlchemy Core). Alembic migrations under ``migrations/`` create it.
+
+Prices are stored as step functions: ``price_points`` holds change points per offer, ``offers``
+holds each offer's key, its current price (denormalized for fast snapshots) and when a source last
+confirmed it.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+from costopt.db.types import UtcDateTime
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(column_0_label)s",
+        "uq": "uq_%(table_name)s_%(column_0_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+offers = Table(
+    "offers",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("cloud", String(16), nullable=False),
+    Column("region", String(64), nullable=False),
+    Column("zone", String(64), nullable=False, server_default=""),
+    Column("instance_type", String(96), nullable=False),
+    Column("market", String(16), nullable=False),
+    # The latest change point (denormalized from price_points; kept by PriceStore.write).
+    Column("current_valid_from", UtcDateTime(), nullable=True),
+    Column("current_usd_per_hour", Float, nullable=True),
+    Column("last_confirmed_at", UtcDateTime(), nullable=True),
+    Column("last_source", String(64), nullable=True),
+    UniqueConstraint("cloud", "region", "zone", "instance_type", "market", name="uq_offers_key"),
+)
+
+price_points = Table(
+    "price_points",
+    metadata,
+    Column("offer_id", Integer, ForeignKey("offers.id", ondelete="CASCADE"), primary_key=True),
+    Column("valid_from", UtcDateTime(), primary_key=True),
+    Column("usd_per_hour", Float, nullable=False),
+    Column("source", String(64), nullable=False),
+)
+
+instance_types = Table(
+    "instance_types",
+    metadata,
+    Column("cloud", String(16), primary_key=True),
+    Column("name", String(96), primary_key=True),
+    Column("accelerator", String(32), nullable=False),
+    Column("gpu_count", Float, nullable=False),
+    Column("vcpus", Integer, nullable=True),
+    Column("memory_gib", Float, nullable=True),
+    Column("source", String(64), nullable=False),
+    Column("updated_at", UtcDateTime(), nullable=False),
+    Index("ix_instance_types_accelerator", "accelerator"),
+)
+
+source_status = Table(
+    "source_status",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("last_attempt_at", UtcDateTime(), nullable=True),
+    Column("last_success_at", UtcDateTime(), nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("last_error_at", UtcDateTime(), nullable=True),
+    Column("consecutive_failures", Integer, nullable=False, server_default="0"),
+    Column("last_points", Integer, nullable=False, server_default="0"),
+    Column("last_bad_records", Integer, nullable=False, server_default="0"),
+    Column("last_skipped", Integer, nullable=False, server_default="0"),
+    Column("last_partial", Boolean, nullable=False, server_default="0"),
+    Column("total_points", Integer, nullable=False, server_default="0"),
+)

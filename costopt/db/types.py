@@ -1,0 +1,47 @@
+"""Column types shared by every table."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import DateTime
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+
+SQLITE_TS_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
+"""How SQLite holds a UTC instant (text that sorts in time order); PostgreSQL uses timestamptz."""
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A tz-aware UTC instant: ``timestamptz`` on PostgreSQL, sortable UTC text on SQLite.
+
+    Naive datetimes are refused on the way in (a naive time is a bug, not UTC by luck).
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: pass a tz-aware UTC time")
+        value = value.astimezone(UTC)
+        if dialect.name == "sqlite":
+            return value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def sqlite_ts(value: datetime) -> str:
+    """Format a tz-aware instant the way :class:`UtcDateTime` stores it on SQLite."""
+    return value.astimezone(UTC).strftime(SQLITE_TS_FORMAT)

@@ -1,0 +1,100 @@
+"""The one settings object of costopt (environment prefix ``COSTOPT_``).
+
+Every component receives plain values taken from :class:`Settings` by the composition root
+(``api/``); nothing deeper reads the environment. Cloud credentials are never settings: each SDK
+finds them through its own default chain (AWS profile/env/instance role, GCP ADC, Azure
+DefaultAzureCredential).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _default_data_dir() -> Path | None:
+    """``../shared/data`` beside the checkout when present, else None (no real data available)."""
+    for candidate in (PROJECT_ROOT.parent / "shared" / "data", Path.cwd().parent / "shared" / "data"):
+        if candidate.is_dir():
+            return candidate.resolve()
+    return None
+
+
+DEFAULT_AWS_REGIONS = (
+    "us-east-1", "us-east-2", "us-west-1", "us-west-2", "ca-central-1", "sa-east-1",
+    "eu-central-1", "eu-west-1", "eu-west-2", "eu-west-3", "eu-north-1",
+    "ap-northeast-1", "ap-northeast-2", "ap-southeast-1", "ap-southeast-2", "ap-south-1",
+)
+
+
+class Settings(BaseSettings):
+    """Runtime configuration. Durations are ``timedelta`` (env: seconds or ISO 8601, e.g. ``PT6H``)."""
+
+    model_config = SettingsConfigDict(env_prefix="COSTOPT_", env_file=".env", extra="ignore")
+
+    database_url: str = Field(
+        default=f"sqlite:///{PROJECT_ROOT / 'var' / 'costopt.db'}",
+        description="SQLAlchemy URL. SQLite file by default; postgresql+psycopg://... for PostgreSQL.",
+    )
+    data_dir: Path | None = Field(
+        default_factory=_default_data_dir,
+        description="Folder of real public data (../shared/data when present); None when absent.",
+    )
+    catalog_dir: Path = Field(
+        default=PROJECT_ROOT / "data" / "catalog",
+        description="Curated instance catalog and list prices shipped with the project.",
+    )
+    stale_after: timedelta = Field(
+        default=timedelta(days=7),
+        description="A live price not confirmed within this long is stale and left out of plans at now.",
+    )
+    clock: Literal["live", "replay", "auto"] = Field(
+        default="auto",
+        description=(
+            "What 'now' means for plans and snapshots. live: wall-clock now. replay: the data's own "
+            "time (newest confirmation in the store). auto: live when any offer is fresh, else replay."
+        ),
+    )
+    # Collector schedule (one interval per source).
+    aws_spot_interval: timedelta = timedelta(minutes=30)
+    aws_on_demand_interval: timedelta = timedelta(hours=24)
+    gcp_interval: timedelta = timedelta(hours=6)
+    azure_interval: timedelta = timedelta(hours=6)
+    catalog_interval: timedelta = timedelta(days=7)
+    collectors_enabled: bool = True
+    seed_on_start: bool = Field(
+        default=True, description="Seed an empty store from data_dir and the curated catalog at startup."
+    )
+    # Regions polled per cloud (None = the collector's built-in default list).
+    aws_regions: list[str] = Field(default_factory=lambda: list(DEFAULT_AWS_REGIONS))
+    gcp_regions: list[str] | None = None
+    azure_regions: list[str] | None = None
+    gcp_project: str | None = Field(default=None, description="GCP project for zone/accelerator queries.")
+    # Endpoints: None means each SDK's real endpoint; tests point these at local fakes.
+    aws_endpoint_url: str | None = None
+    gcp_billing_endpoint: str | None = None
+    gcp_compute_endpoint: str | None = None
+    azure_retail_prices_url: str = "https://prices.azure.com/api/retail/prices"
+    http_timeout_s: float = 30.0
+    api_host: str = "127.0.0.1"
+    api_port: int = 8000
+
+    @field_validator("aws_regions", "gcp_regions", "azure_regions", mode="before")
+    @classmethod
+    def _split_csv(cls, v: object) -> object:
+        if isinstance(v, str) and not v.lstrip().startswith("["):
+            return [part.strip() for part in v.split(",") if part.strip()]
+        return v
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

@@ -1,0 +1,111 @@
+"""What every price source shares: the source protocol, fetch results, and problem counting.
+
+Three kinds of bad input are kept apart (see docs/architecture.md):
+- *skipped*: an empty price meaning "not offered there" -> counted, not an error;
+- *bad record*: one record with an invalid value -> live collectors skip and count it with a log
+  line naming the source and the reason; imports refuse the whole file;
+- *malformed*: a page or file of the wrong structure -> :class:`costopt.errors.MalformedInput`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from costopt.domain import Cloud, InstanceType, Market, PricePoint
+
+log = logging.getLogger("costopt.pricing")
+
+MAX_PROBLEMS_KEPT = 50
+
+
+@dataclass
+class Problems:
+    """Counts and first reasons of skipped and bad records seen while reading one source/file."""
+
+    source: str
+    skipped: int = 0
+    bad: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    def skip(self, where: str, why: str) -> None:
+        """An empty price: the offer is not sold there (not an error)."""
+        self.skipped += 1
+        log.debug("%s: skipped %s: %s", self.source, where, why)
+
+    def bad_record(self, where: str, why: str) -> None:
+        """An invalid record: counted and logged, never stored."""
+        self.bad += 1
+        msg = f"{where}: {why}"
+        if len(self.reasons) < MAX_PROBLEMS_KEPT:
+            self.reasons.append(msg)
+        log.warning("%s: bad record skipped at %s", self.source, msg)
+
+
+@dataclass
+class ParsedPage:
+    """The good records of one page plus what was wrong with the others.
+
+    ``next_token`` is the page's continuation token ("" or None when it is the last page).
+    """
+
+    points: list[PricePoint]
+    problems: Problems
+    next_token: str | None = None
+    instance_types: list[InstanceType] = field(default_factory=list)
+
+
+@dataclass
+class FetchResult:
+    """What one collection run of a source produced.
+
+    ``partial`` is True when the run stopped before the source's last page (an error mid-way, or a
+    page with a continuation token that could not be followed); the good points are still stored.
+    """
+
+    source: str
+    points: list[PricePoint] = field(default_factory=list)
+    instance_types: list[InstanceType] = field(default_factory=list)
+    skipped: int = 0
+    bad_records: int = 0
+    reasons: list[str] = field(default_factory=list)
+    partial: bool = False
+    pages: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def add_page(self, page: ParsedPage) -> None:
+        self.points.extend(page.points)
+        self.instance_types.extend(page.instance_types)
+        self.skipped += page.problems.skipped
+        self.bad_records += page.problems.bad
+        room = MAX_PROBLEMS_KEPT - len(self.reasons)
+        if room > 0:
+            self.reasons.extend(page.problems.reasons[:room])
+        self.pages += 1
+
+
+class PriceHistoryView(Protocol):
+    """What a collector may ask the store, to fetch incrementally."""
+
+    def last_change(
+        self,
+        cloud: Cloud,
+        *,
+        region: str | None = None,
+        market: Market | None = None,
+        instance_types: Sequence[str] | None = None,
+    ) -> datetime | None:
+        """The newest ``valid_from`` stored for the matching offers (None: nothing stored)."""
+        ...
+
+
+class PriceSource(Protocol):
+    """A collector. ``fetch`` never raises for bad records or a partial fetch (they are in the
+    result); it raises :class:`costopt.errors.SourceUnavailable` when nothing could be fetched."""
+
+    name: str
+
+    def fetch(self, history: PriceHistoryView) -> FetchResult: ...
