@@ -6,11 +6,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import DateTime
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SQLITE_TS_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
-"""How SQLite holds a UTC instant (text that sorts in time order); PostgreSQL uses timestamptz."""
+SQLITE_TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%f"
+"""How SQLite holds a UTC instant: ISO 8601 text with microseconds (sorts in time order, and is what
+``numpy.datetime_as_string(..., unit="us")`` prints, so bulk paths need no per-row formatting).
+PostgreSQL uses timestamptz."""
+
+_SQLITE_DT = sqlite.DATETIME(
+    storage_format="%(year)04d-%(month)02d-%(day)02dT%(hour)02d:%(minute)02d:%(second)02d.%(microsecond)06d",
+    regexp=r"(\d+)-(\d+)-(\d+)T(\d+):(\d+):(\d+)(?:\.(\d+))?",
+)
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -21,6 +29,11 @@ class UtcDateTime(TypeDecorator[datetime]):
 
     impl = DateTime(timezone=True)
     cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(_SQLITE_DT)
+        return dialect.type_descriptor(DateTime(timezone=True))
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
         if value is None:

@@ -64,18 +64,26 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('name', name=op.f('pk_source_status'))
     )
     op.create_table('price_points',
-    sa.Column('offer_id', sa.Integer(), nullable=False),
+    sa.Column('offer_id', sa.Integer(), autoincrement=False, nullable=False),
     sa.Column('valid_from', costopt.db.types.UtcDateTime(timezone=True), nullable=False),
     sa.Column('usd_per_hour', sa.Float(), nullable=False),
     sa.Column('source', sa.String(length=64), nullable=False),
-    sa.ForeignKeyConstraint(['offer_id'], ['offers.id'], name=op.f('fk_price_points_offer_id_offers'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('offer_id', 'valid_from', name=op.f('pk_price_points'))
     )
     
 
 
+    op.create_table('store_meta',
+    sa.Column('name', sa.String(length=64), nullable=False),
+    sa.Column('value', sa.BigInteger(), server_default='0', nullable=False),
+    sa.PrimaryKeyConstraint('name', name=op.f('pk_store_meta'))
+    )
+    op.execute("INSERT INTO store_meta (name, value) VALUES ('price_version', 0)")
+
+
 def downgrade() -> None:
     
+    op.drop_table('store_meta')
     op.drop_table('price_points')
     op.drop_table('source_status')
     op.drop_table('offers')

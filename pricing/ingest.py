@@ -1,0 +1,470 @@
+"""Set-based ingestion of price points: validation, offer resolution, change-point detection, bulk load.
+
+The whole batch is processed column-wise with numpy/pandas (no Python loop per point). On
+PostgreSQL new points go in by binary COPY through a background writer thread, chunk after chunk,
+so detecting change points in one chunk overlaps loading the previous one; on SQLite by one
+``executemany`` per chunk. Everything happens in the caller's transaction: all or nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import and_, func, select
+from sqlalchemy.engine import Connection
+
+from costopt.db.schema import offers as t_offers
+from costopt.db.schema import price_points as t_points
+from costopt.domain import MAX_SANE_USD_PER_HOUR, Cloud, Market
+from costopt.errors import BadRecord, StoreError
+from pricing.pgcopy import encode_binary_copy
+
+log = logging.getLogger("costopt.store")
+
+KEY_COLUMNS = ("cloud", "region", "zone", "instance_type", "market")
+PG_WRITE_LOCK = 0x636F7374  # advisory lock id serializing writers on PostgreSQL ("cost")
+CHUNK_ROWS = 100_000
+_SQLITE_MAX_VARS = 30_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_CLOUDS = frozenset(c.value for c in Cloud)
+_MARKETS = frozenset(m.value for m in Market)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What one write did. ``inserted`` counts new change points; ``unchanged`` counts incoming
+    points that repeated the price in effect (they only confirmed it); ``corrected`` counts stored
+    points whose price a newer write replaced; ``removed`` counts stored points that stopped being
+    change points because an older point arrived late with the same price."""
+
+    received: int
+    inserted: int
+    unchanged: int
+    corrected: int
+    offers_created: int
+    removed: int = 0
+
+
+def dt_to_ns(dt: datetime) -> int:
+    return (dt - _EPOCH) // timedelta(microseconds=1) * 1000
+
+
+def ns_to_dt(ns: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=int(ns) // 1000)
+
+
+def ts_text(ns: np.ndarray) -> np.ndarray:
+    """int64 ns since the epoch -> ISO 8601 text with microseconds (how SQLite holds instants)."""
+    return np.datetime_as_string(
+        np.asarray(ns, dtype=np.int64).view("datetime64[ns]").astype("datetime64[us]"), unit="us"
+    )
+
+
+def to_utc_ns(col: pd.Series) -> np.ndarray:
+    """A column of tz-aware datetimes -> int64 ns since the epoch. Naive times are refused."""
+    if not isinstance(col.dtype, pd.DatetimeTZDtype):
+        try:
+            col = pd.to_datetime(col, utc=False)
+        except (TypeError, ValueError) as exc:
+            raise BadRecord(f"valid_from/observed_at must be tz-aware UTC datetimes: {exc}") from exc
+        if not isinstance(col.dtype, pd.DatetimeTZDtype):
+            raise BadRecord("naive datetimes given to the price store: pass tz-aware UTC times")
+    return np.asarray(col.dt.tz_convert("UTC").dt.as_unit("ns").to_numpy(dtype="datetime64[ns]").view("int64"))
+
+
+@dataclass
+class _Batch:
+    keys: list[tuple[str, str, str, str, str]]  # distinct offer keys
+    key_code: np.ndarray  # per row: index into keys
+    vf: np.ndarray  # int64 ns
+    obs: np.ndarray  # int64 ns (confirmation time; >= vf)
+    price: np.ndarray  # float64 USD/h
+    source: np.ndarray  # object (str)
+
+
+def prepare(frame: pd.DataFrame) -> _Batch:
+    """Validate a points frame and factorize its keys. Raises BadRecord naming the first bad row."""
+    missing = [c for c in (*KEY_COLUMNS, "valid_from", "usd_per_hour", "source") if c not in frame]
+    if missing:
+        raise BadRecord(f"price frame lacks columns {missing}")
+    frame = frame.reset_index(drop=True)
+    price = pd.to_numeric(frame["usd_per_hour"], errors="coerce").to_numpy(dtype="float64")
+    bad = ~np.isfinite(price) | (price < 0) | (price > MAX_SANE_USD_PER_HOUR)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise BadRecord(
+            f"{int(bad.sum())} invalid price(s), first at row {i}: {frame['usd_per_hour'].iloc[i]!r} "
+            f"(prices must be finite, 0..{MAX_SANE_USD_PER_HOUR:g} USD/h)"
+        )
+    codes: list[np.ndarray] = []
+    uniques: list[list[str]] = []
+    for c in KEY_COLUMNS:
+        col = frame[c]
+        if c == "zone":
+            col = col.fillna("")
+        cc, uu = pd.factorize(col.to_numpy(dtype=object))
+        if (cc < 0).any():
+            raise BadRecord(f"missing {c} at row {int(np.flatnonzero(cc < 0)[0])}")
+        values = [str(u) for u in uu]
+        if c != "zone" and any(v in ("", "nan", "None") for v in values):
+            raise BadRecord(f"empty {c} in price frame")
+        if c == "cloud" and not set(values) <= _CLOUDS:
+            raise BadRecord(f"unknown cloud(s) {sorted(set(values) - _CLOUDS)}")
+        if c == "market" and not set(values) <= _MARKETS:
+            raise BadRecord(f"unknown market(s) {sorted(set(values) - _MARKETS)}")
+        codes.append(cc.astype(np.int64))
+        uniques.append(values)
+    dims = tuple(max(len(u), 1) for u in uniques)
+    combined = np.ravel_multi_index(tuple(codes), dims)
+    key_code, uniq_combined = pd.factorize(combined)
+    parts = np.unravel_index(np.asarray(uniq_combined, dtype=np.int64), dims)
+    keys: list[tuple[str, str, str, str, str]] = [
+        (uniques[0][a], uniques[1][b], uniques[2][c_], uniques[3][d], uniques[4][e])
+        for a, b, c_, d, e in zip(*(p.tolist() for p in parts), strict=True)
+    ]
+    vf = to_utc_ns(frame["valid_from"])
+    if "observed_at" in frame and frame["observed_at"].notna().any():
+        obs_col = frame["observed_at"]
+        present = obs_col.notna().to_numpy()
+        obs = vf.copy()
+        obs[present] = to_utc_ns(obs_col[present])
+        obs = np.maximum(obs, vf)
+    else:
+        obs = vf
+    source = frame["source"].to_numpy(dtype=object)
+    return _Batch(keys, np.asarray(key_code, dtype=np.int64), vf, obs, price, source)
+
+
+class Ingestor:
+    """Writes one prepared batch inside an open transaction (see module docstring)."""
+
+    def __init__(self, conn: Connection, dialect: str) -> None:
+        self.conn = conn
+        self.dialect = dialect
+
+    # -------------------------------------------------------------- offers
+    def ensure_offers(self, keys: list[tuple[str, str, str, str, str]]) -> tuple[np.ndarray, np.ndarray, int]:
+        """Offer id and current valid_from (ns, -1 if none) per key, creating missing offers."""
+        known = self._lookup(keys)
+        missing = [k for k in keys if k not in known]
+        if missing:
+            if self.dialect == "postgresql":
+                cols = list(zip(*missing, strict=True))
+                self.conn.exec_driver_sql(
+                    "INSERT INTO offers (cloud, region, zone, instance_type, market) "
+                    "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::text[]) "
+                    "ON CONFLICT DO NOTHING",
+                    tuple(list(c) for c in cols),
+                )
+            else:
+                self.conn.exec_driver_sql(
+                    "INSERT OR IGNORE INTO offers (cloud, region, zone, instance_type, market) VALUES (?, ?, ?, ?, ?)",
+                    missing,  # type: ignore[arg-type]
+                )
+            known.update(self._lookup(missing))
+        ids = np.array([known[k][0] for k in keys], dtype=np.int64)
+        cur = np.array([known[k][1] for k in keys], dtype=np.int64)
+        return ids, cur, len(missing)
+
+    def _lookup(self, keys: list[tuple[str, str, str, str, str]]) -> dict[tuple[str, ...], tuple[int, int]]:
+        if not keys:
+            return {}
+        clouds = sorted({k[0] for k in keys})
+        regions = sorted({k[1] for k in keys})
+        stmt = select(t_offers.c.id, *[t_offers.c[c] for c in KEY_COLUMNS], t_offers.c.current_valid_from)
+        stmt = stmt.where(t_offers.c.cloud.in_(clouds))
+        if len(regions) < 500:
+            stmt = stmt.where(t_offers.c.region.in_(regions))
+        wanted = set(keys)
+        out: dict[tuple[str, ...], tuple[int, int]] = {}
+        for row in self.conn.execute(stmt):
+            key = tuple(row[1:6])
+            if key in wanted:
+                out[key] = (row[0], dt_to_ns(row[6]) if row[6] is not None else -1)
+        return out
+
+    # -------------------------------------------------------------- stored context
+    def stored_context(self, offer_ids: np.ndarray, min_vf: np.ndarray, current: np.ndarray) -> pd.DataFrame:
+        """Stored points needed to detect change points of a batch: the current point of offers the
+        batch appends to, and every point from the one in effect at the batch's start on for
+        offers whose batch reaches back into stored history."""
+        has = current >= 0
+        append_ids = offer_ids[has & (min_vf > current)]
+        overlap = has & (min_vf <= current)
+        frames = []
+        if len(append_ids):
+            frames.append(self._read_current(append_ids.tolist()))
+        if overlap.any():
+            frames.append(self._read_points(offer_ids[overlap].tolist(), int(min_vf[overlap].min())))
+        if not frames:
+            return _empty_points()
+        return pd.concat(frames, ignore_index=True).drop_duplicates(["offer_id", "vf"])
+
+    def _chunks(self, ids: list[int]) -> list[list[int]]:
+        step = _SQLITE_MAX_VARS if self.dialect == "sqlite" else 200_000
+        return [ids[i : i + step] for i in range(0, len(ids), step)]
+
+    def _read_current(self, ids: list[int]) -> pd.DataFrame:
+        rows: list[tuple[Any, ...]] = []
+        for chunk in self._chunks(ids):
+            stmt = select(
+                t_offers.c.id, t_offers.c.current_valid_from, t_offers.c.current_usd_per_hour, t_offers.c.last_source
+            ).where(t_offers.c.id.in_(chunk), t_offers.c.current_valid_from.is_not(None))
+            rows.extend(tuple(r) for r in self.conn.execute(stmt))
+        return _rows_frame(rows)
+
+    def _read_points(self, ids: list[int], lo_ns: int) -> pd.DataFrame:
+        lo = ns_to_dt(lo_ns)
+        rows: list[tuple[Any, ...]] = []
+        cols = (t_points.c.offer_id, t_points.c.valid_from, t_points.c.usd_per_hour, t_points.c.source)
+        for chunk in self._chunks(ids):
+            prior = (
+                select(t_points.c.offer_id, func.max(t_points.c.valid_from).label("vf"))
+                .where(t_points.c.offer_id.in_(chunk), t_points.c.valid_from < lo)
+                .group_by(t_points.c.offer_id)
+                .subquery()
+            )
+            rows.extend(
+                tuple(r)
+                for r in self.conn.execute(
+                    select(*cols).join(
+                        prior, and_(t_points.c.offer_id == prior.c.offer_id, t_points.c.valid_from == prior.c.vf)
+                    )
+                )
+            )
+            rows.extend(
+                tuple(r)
+                for r in self.conn.execute(
+                    select(*cols).where(t_points.c.offer_id.in_(chunk), t_points.c.valid_from >= lo)
+                )
+            )
+        return _rows_frame(rows)
+
+    # -------------------------------------------------------------- the write
+    def write(self, batch: _Batch) -> WriteResult:
+        received = len(batch.vf)
+        key_offer, key_current, created = self.ensure_offers(batch.keys)
+        offer_id = key_offer[batch.key_code]
+        # Confirmation and last source per offer (over every incoming row, duplicates included).
+        order = np.lexsort((batch.vf, offer_id))
+        oid = offer_id[order]
+        vf = batch.vf[order]
+        price = batch.price[order]
+        source = batch.source[order]
+        obs = batch.obs[order]
+        starts = np.flatnonzero(np.r_[True, oid[1:] != oid[:-1]])
+        ends = np.r_[starts[1:], len(oid)]
+        offers_in_batch = oid[starts]
+        conf_obs = np.maximum.reduceat(obs, starts)
+        last_source = source[ends - 1]
+        # One point per (offer, valid_from): the last one written wins (stable sort keeps input order).
+        dup_next = np.r_[(oid[1:] == oid[:-1]) & (vf[1:] == vf[:-1]), False]
+        keep = ~dup_next
+        oid, vf, price, source = oid[keep], vf[keep], price[keep], source[keep]
+        min_vf = vf[np.flatnonzero(np.r_[True, oid[1:] != oid[:-1]])]
+        current = _current_for(key_offer, key_current, offers_in_batch)
+        stored = self.stored_context(offers_in_batch, min_vf, current)
+        # Merge stored and incoming rows; at equal (offer, time) the stored row comes first.
+        s_oid = stored["offer_id"].to_numpy(dtype=np.int64)
+        all_oid = np.concatenate([s_oid, oid])
+        all_vf = np.concatenate([stored["vf"].to_numpy(dtype=np.int64), vf])
+        all_price = np.concatenate([stored["price"].to_numpy(dtype=np.float64), price])
+        all_source = np.concatenate([stored["source"].to_numpy(dtype=object), source])
+        is_stored = np.concatenate([np.ones(len(s_oid), dtype=bool), np.zeros(len(oid), dtype=bool)])
+        if len(s_oid):
+            order = np.lexsort((~is_stored, all_vf, all_oid))
+            all_oid, all_vf, all_price, all_source, is_stored = (
+                all_oid[order],
+                all_vf[order],
+                all_price[order],
+                all_source[order],
+                is_stored[order],
+            )
+        # An incoming row at a stored key: same price -> nothing to do; another price -> correction.
+        collide = np.r_[False, (all_oid[1:] == all_oid[:-1]) & (all_vf[1:] == all_vf[:-1])] & ~is_stored
+        corr_idx = np.flatnonzero(collide & (all_price != np.r_[np.nan, all_price[:-1]]))
+        corrections = [(int(all_oid[i]), int(all_vf[i]), float(all_price[i]), str(all_source[i])) for i in corr_idx]
+        if len(corr_idx):
+            all_price[corr_idx - 1] = all_price[corr_idx]  # the stored twin takes the corrected price
+            all_source[corr_idx - 1] = all_source[corr_idx]
+        m = ~collide
+        all_oid, all_vf, all_price, all_source, is_stored = (
+            all_oid[m],
+            all_vf[m],
+            all_price[m],
+            all_source[m],
+            is_stored[m],
+        )
+        first = np.r_[True, all_oid[1:] != all_oid[:-1]]
+        changed = first | (all_price != np.r_[np.nan, all_price[:-1]])
+        new = ~is_stored & changed
+        self._insert(all_oid[new], all_vf[new], all_price[new], all_source[new])
+        for o, v, p, src in corrections:
+            self.conn.execute(
+                t_points.update()
+                .where(t_points.c.offer_id == o, t_points.c.valid_from == ns_to_dt(v))
+                .values(usd_per_hour=p, source=src)
+            )
+        if corrections:
+            log.info("price store: %d stored price(s) corrected by a newer write", len(corrections))
+        redundant = np.flatnonzero(is_stored & ~changed)
+        for i in redundant:
+            self.conn.execute(
+                t_points.delete().where(
+                    t_points.c.offer_id == int(all_oid[i]), t_points.c.valid_from == ns_to_dt(int(all_vf[i]))
+                )
+            )
+        # Latest change point per offer of the batch (the step function after this write).
+        k_oid, k_vf, k_price = all_oid[changed], all_vf[changed], all_price[changed]
+        last_idx = np.r_[np.flatnonzero(k_oid[1:] != k_oid[:-1]), len(k_oid) - 1]
+        latest = pd.DataFrame({"vf": k_vf[last_idx], "price": k_price[last_idx]}, index=k_oid[last_idx])
+        latest = latest.reindex(offers_in_batch)
+        self._update_offers(offers_in_batch, latest["vf"].to_numpy(), latest["price"].to_numpy(), conf_obs, last_source)
+        inserted = int(new.sum())
+        return WriteResult(
+            received=received,
+            inserted=inserted,
+            unchanged=received - inserted - len(corrections),
+            corrected=len(corrections),
+            offers_created=created,
+            removed=len(redundant),
+        )
+
+    def _insert(self, oid: np.ndarray, vf: np.ndarray, price: np.ndarray, source: np.ndarray) -> None:
+        if not len(oid):
+            return
+        if self.dialect == "postgresql":
+            raw = self.conn.connection.driver_connection
+            if raw is None:
+                raise StoreError("no live database connection for COPY")
+            from psycopg.copy import QueuedLibpqWriter
+
+            with (
+                raw.cursor() as cur,
+                cur.copy(
+                    "COPY price_points (offer_id, valid_from, usd_per_hour, source) FROM STDIN (FORMAT binary)",
+                    writer=QueuedLibpqWriter(cur),
+                ) as copy,
+            ):
+                for lo in range(0, len(oid), CHUNK_ROWS):
+                    hi = lo + CHUNK_ROWS
+                    payload = encode_binary_copy(
+                        [
+                            ("int4", oid[lo:hi]),
+                            ("timestamptz", vf[lo:hi]),
+                            ("float8", price[lo:hi]),
+                            ("text", source[lo:hi]),
+                        ],
+                        header=lo == 0,
+                        trailer=hi >= len(oid),
+                    )
+                    copy.write(payload)
+        else:
+            text_ts = ts_text(vf)
+            for lo in range(0, len(oid), CHUNK_ROWS):
+                hi = lo + CHUNK_ROWS
+                rows = list(
+                    zip(
+                        oid[lo:hi].tolist(),
+                        text_ts[lo:hi].tolist(),
+                        price[lo:hi].tolist(),
+                        source[lo:hi].tolist(),
+                        strict=True,
+                    )
+                )
+                self.conn.exec_driver_sql(
+                    "INSERT INTO price_points (offer_id, valid_from, usd_per_hour, source) VALUES (?, ?, ?, ?)",
+                    rows,  # type: ignore[arg-type]
+                )
+
+    def _update_offers(
+        self, ids: np.ndarray, vf: np.ndarray, price: np.ndarray, obs: np.ndarray, src: np.ndarray
+    ) -> None:
+        """Set each offer's current point (when newer than the stored one) and newest confirmation."""
+        if self.dialect == "postgresql":
+            self.conn.exec_driver_sql(
+                "CREATE TEMP TABLE IF NOT EXISTS _offer_upd (id integer, vf timestamptz, price double precision,"
+                " obs timestamptz, src text) ON COMMIT DROP"
+            )
+            raw = self.conn.connection.driver_connection
+            if raw is None:
+                raise StoreError("no live database connection for COPY")
+            payload = encode_binary_copy(
+                [
+                    ("int4", ids),
+                    ("timestamptz", vf.astype(np.int64)),
+                    ("float8", price.astype(np.float64)),
+                    ("timestamptz", obs),
+                    ("text", src),
+                ]
+            )
+            with raw.cursor() as cur, cur.copy("COPY _offer_upd FROM STDIN (FORMAT binary)") as copy:
+                copy.write(payload)
+            self.conn.exec_driver_sql(
+                "UPDATE offers o SET "
+                " current_valid_from = CASE WHEN o.current_valid_from IS NULL OR u.vf >= o.current_valid_from"
+                "   THEN u.vf ELSE o.current_valid_from END,"
+                " current_usd_per_hour = CASE WHEN o.current_valid_from IS NULL OR u.vf >= o.current_valid_from"
+                "   THEN u.price ELSE o.current_usd_per_hour END,"
+                " last_confirmed_at = GREATEST(COALESCE(o.last_confirmed_at, u.obs), u.obs),"
+                " last_source = u.src "
+                "FROM _offer_upd u WHERE o.id = u.id"
+            )
+            self.conn.exec_driver_sql("DROP TABLE _offer_upd")
+        else:
+            rows = list(
+                zip(
+                    ts_text(vf).tolist(),
+                    price.astype(np.float64).tolist(),
+                    ts_text(obs).tolist(),
+                    src.tolist(),
+                    ids.tolist(),
+                    strict=True,
+                )
+            )
+            self.conn.exec_driver_sql(
+                "UPDATE offers SET "
+                " current_usd_per_hour = CASE WHEN current_valid_from IS NULL OR ?1 >= current_valid_from"
+                "   THEN ?2 ELSE current_usd_per_hour END,"
+                " current_valid_from = CASE WHEN current_valid_from IS NULL OR ?1 >= current_valid_from"
+                "   THEN ?1 ELSE current_valid_from END,"
+                " last_confirmed_at = MAX(COALESCE(last_confirmed_at, ?3), ?3),"
+                " last_source = ?4 WHERE id = ?5",
+                rows,  # type: ignore[arg-type]
+            )
+
+
+def _current_for(key_offer: np.ndarray, key_current: np.ndarray, offer_ids: np.ndarray) -> np.ndarray:
+    lookup = pd.Series(key_current, index=key_offer)
+    lookup = lookup[~lookup.index.duplicated()]
+    return lookup.reindex(offer_ids).to_numpy(dtype=np.int64)
+
+
+def _empty_points() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "offer_id": np.array([], dtype=np.int64),
+            "vf": np.array([], dtype=np.int64),
+            "price": np.array([], dtype=np.float64),
+            "source": np.array([], dtype=object),
+        }
+    )
+
+
+def _rows_frame(rows: list[tuple[Any, ...]]) -> pd.DataFrame:
+    if not rows:
+        return _empty_points()
+    oid, vfs, prices, sources = zip(*rows, strict=True)
+    return pd.DataFrame(
+        {
+            "offer_id": np.asarray(oid, dtype=np.int64),
+            "vf": np.array([dt_to_ns(v) for v in vfs], dtype=np.int64),
+            "price": np.asarray(prices, dtype=np.float64),
+            "source": np.asarray(sources, dtype=object),
+        }
+    )

@@ -1,0 +1,249 @@
+"""An in-process mirror of the price store for fast snapshots (current and as-of).
+
+The database stays the source of truth. Every price write bumps ``store_meta.price_version`` in
+its own transaction; before answering, the mirror reads that counter (one tiny query) and reloads
+what it holds when it changed, so a reader never sees prices older than the last committed write,
+whichever process wrote them. Offers are mirrored always; all change points only while there are
+at most ``max_points`` of them (above that, as-of snapshots go to SQL).
+
+Snapshots are computed column-wise: for each offer, the last point at or before t is found with
+one pass over the points sorted by (offer, time) (no per-offer query).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import Engine
+
+from costopt.db.schema import store_meta
+from pricing.ingest import dt_to_ns
+
+SNAPSHOT_COLUMNS = [
+    "offer_id",
+    "cloud",
+    "region",
+    "zone",
+    "instance_type",
+    "market",
+    "usd_per_hour",
+    "valid_from",
+    "source",
+    "last_confirmed_at",
+    "accelerator",
+    "gpu_count",
+    "stale",
+]
+
+
+def read_version(engine: Engine) -> int:
+    with engine.connect() as conn:
+        value = conn.execute(
+            store_meta.select().with_only_columns(store_meta.c.value).where(store_meta.c.name == "price_version")
+        ).scalar_one_or_none()
+    return int(value or 0)
+
+
+def _ns_col(values: list[object], dialect: str) -> np.ndarray:
+    """Timestamps as returned by the driver -> int64 ns (NaT for None)."""
+    if dialect == "sqlite":
+        arr = np.array([v if v is not None else "NaT" for v in values], dtype="datetime64[us]")
+        return arr.astype("datetime64[ns]").view(np.int64)
+    return np.array([dt_to_ns(v) if v is not None else np.iinfo(np.int64).min for v in values], dtype=np.int64)  # type: ignore[arg-type]
+
+
+@dataclass
+class _Offers:
+    version: int
+    frame: pd.DataFrame  # indexed by offer id; key columns, current point, confirmation, catalog
+
+
+@dataclass
+class _Points:
+    version: int
+    offer_id: np.ndarray  # int64, sorted by (offer, time)
+    vf: np.ndarray  # int64 ns
+    price: np.ndarray  # float64
+    source_code: np.ndarray  # int32 into sources
+    sources: np.ndarray  # object
+    starts: np.ndarray  # first index of each offer's run
+    run_offer: np.ndarray  # offer id of each run
+
+
+class PriceMirror:
+    """Thread-safe, version-checked mirror of offers and (bounded) price points."""
+
+    def __init__(self, engine: Engine, *, max_points: int = 5_000_000) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+        self.max_points = max_points
+        self._lock = threading.Lock()
+        self._offers: _Offers | None = None
+        self._points: _Points | None = None
+        self._too_many_points_at: int | None = None
+
+    # ---------------------------------------------------------------- loading
+    def offers(self) -> pd.DataFrame:
+        """Current offers frame (reloaded when the store changed)."""
+        version = read_version(self.engine)
+        with self._lock:
+            if self._offers is None or self._offers.version != version:
+                self._offers = _Offers(version, self._load_offers())
+            return self._offers.frame
+
+    def _load_offers(self) -> pd.DataFrame:
+        sql = (
+            "SELECT o.id, o.cloud, o.region, o.zone, o.instance_type, o.market, o.current_usd_per_hour,"
+            " o.current_valid_from, o.last_source, o.last_confirmed_at, it.accelerator, it.gpu_count"
+            " FROM offers o LEFT JOIN instance_types it ON it.cloud = o.cloud AND it.name = o.instance_type"
+            " WHERE o.current_valid_from IS NOT NULL ORDER BY o.id"
+        )
+        with self.engine.connect() as conn:
+            rows = conn.exec_driver_sql(sql).fetchall()
+        cols = list(zip(*rows, strict=True)) if rows else [[] for _ in range(12)]
+        frame = pd.DataFrame(
+            {
+                "offer_id": np.asarray(cols[0], dtype=np.int64),
+                "cloud": np.asarray(cols[1], dtype=object),
+                "region": np.asarray(cols[2], dtype=object),
+                "zone": np.asarray(cols[3], dtype=object),
+                "instance_type": np.asarray(cols[4], dtype=object),
+                "market": np.asarray(cols[5], dtype=object),
+                "cur_price": np.asarray(cols[6], dtype=np.float64),
+                "cur_vf": _ns_col(list(cols[7]), self.dialect),
+                "cur_source": np.asarray(cols[8], dtype=object),
+                "confirmed": _ns_col(list(cols[9]), self.dialect),
+                "accelerator": np.asarray(cols[10], dtype=object),
+                "gpu_count": np.asarray([np.nan if v is None else v for v in cols[11]], dtype=np.float64),
+            }
+        )
+        return with_key_rank(frame.set_index("offer_id", drop=False))
+
+    def points(self) -> _Points | None:
+        """All change points (None when there are more than ``max_points``)."""
+        version = read_version(self.engine)
+        with self._lock:
+            if self._points is not None and self._points.version == version:
+                return self._points
+            if self._too_many_points_at == version:
+                return None
+            with self.engine.connect() as conn:
+                n = int(conn.exec_driver_sql("SELECT count(*) FROM price_points").scalar_one())
+                if n > self.max_points:
+                    self._too_many_points_at = version
+                    self._points = None
+                    return None
+                if self.dialect == "postgresql":
+                    sql = (
+                        "SELECT offer_id, (extract(epoch FROM valid_from) * 1000000)::int8, usd_per_hour, source"
+                        " FROM price_points ORDER BY offer_id, valid_from"
+                    )
+                else:
+                    sql = (
+                        "SELECT offer_id, valid_from, usd_per_hour, source"
+                        " FROM price_points ORDER BY offer_id, valid_from"
+                    )
+                rows = conn.exec_driver_sql(sql).fetchall()
+            if rows:
+                oid, vfs, price, src = zip(*rows, strict=True)
+            else:
+                oid, vfs, price, src = (), (), (), ()
+            if self.dialect == "postgresql":
+                vf = np.asarray(vfs, dtype=np.int64) * 1000
+            else:
+                vf = np.array(vfs, dtype="datetime64[us]").astype("datetime64[ns]").view(np.int64)
+            offer_id = np.asarray(oid, dtype=np.int64)
+            codes, uniq = pd.factorize(np.asarray(src, dtype=object))
+            starts = (
+                np.flatnonzero(np.r_[True, offer_id[1:] != offer_id[:-1]])
+                if len(offer_id)
+                else np.array([], dtype=np.int64)
+            )
+            self._points = _Points(
+                version,
+                offer_id,
+                vf,
+                np.asarray(price, dtype=np.float64),
+                codes.astype(np.int32),
+                np.asarray(uniq, dtype=object),
+                starts,
+                offer_id[starts] if len(offer_id) else offer_id,
+            )
+            return self._points
+
+    # ---------------------------------------------------------------- snapshots
+    def snapshot(self, at: datetime | None, judge_at: datetime, stale_after_ns: int) -> dict[str, np.ndarray] | None:
+        """Unfiltered snapshot columns (see PriceStore.snapshot_frame) or None when the points are
+        not mirrored (too many): the caller then asks SQL."""
+        offers = self.offers()
+        if at is None:
+            rows = np.arange(len(offers))
+            price = offers["cur_price"].to_numpy()
+            vf = offers["cur_vf"].to_numpy()
+            source = offers["cur_source"].to_numpy()
+        else:
+            pts = self.points()
+            if pts is None:
+                return None
+            t = dt_to_ns(at.astimezone(UTC))
+            if len(pts.offer_id) == 0:
+                return snapshot_columns_from(
+                    offers.iloc[:0],
+                    np.array([]),
+                    np.array([], dtype=np.int64),
+                    np.array([], dtype=object),
+                    judge_at,
+                    stale_after_ns,
+                )
+            le = pts.vf <= t
+            counts = np.add.reduceat(le.astype(np.int64), pts.starts)
+            ok = counts > 0
+            idx = pts.starts[ok] + counts[ok] - 1
+            rows = offers.index.get_indexer(pts.run_offer[ok])
+            keep = rows >= 0
+            rows, idx = rows[keep], idx[keep]
+            price, vf, source = pts.price[idx], pts.vf[idx], pts.sources[pts.source_code[idx]]
+        return snapshot_columns_from(offers.iloc[rows], price, vf, source, judge_at, stale_after_ns)
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._offers = None
+            self._points = None
+            self._too_many_points_at = None
+
+
+def with_key_rank(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add ``key_rank``: each offer's position in (cloud, region, zone, instance_type, market) order,
+    the tie-breaker of snapshots (so sorting needs no string comparison per query)."""
+    order = frame.sort_values(["cloud", "region", "zone", "instance_type", "market"], kind="stable").index
+    rank = pd.Series(np.arange(len(frame), dtype=np.int64), index=order)
+    frame["key_rank"] = rank.reindex(frame.index).to_numpy()
+    return frame
+
+
+def snapshot_columns_from(
+    meta: pd.DataFrame, price: np.ndarray, vf: np.ndarray, source: np.ndarray, judge_at: datetime, stale_after_ns: int
+) -> dict[str, np.ndarray]:
+    """Assemble snapshot columns: offer metadata rows aligned with their prices in effect."""
+    confirmed = meta["confirmed"].to_numpy(dtype=np.int64)
+    threshold = dt_to_ns(judge_at.astimezone(UTC)) - stale_after_ns
+    return {
+        "offer_id": meta["offer_id"].to_numpy(dtype=np.int64),
+        "cloud": meta["cloud"].to_numpy(),
+        "region": meta["region"].to_numpy(),
+        "zone": meta["zone"].to_numpy(),
+        "instance_type": meta["instance_type"].to_numpy(),
+        "market": meta["market"].to_numpy(),
+        "usd_per_hour": np.asarray(price, dtype=np.float64),
+        "vf": np.asarray(vf, dtype=np.int64),
+        "source": np.asarray(source, dtype=object),
+        "confirmed": confirmed,
+        "accelerator": meta["accelerator"].to_numpy(),
+        "gpu_count": meta["gpu_count"].to_numpy(dtype=np.float64),
+        "key_rank": meta["key_rank"].to_numpy(dtype=np.int64),
+        "stale": confirmed < threshold,
+    }

@@ -1,0 +1,568 @@
+"""The price store: change points of every offer, on SQLite (embedded default) or PostgreSQL.
+
+Contract
+- A price is a step function per offer: a point ``(offer, valid_from, usd_per_hour)`` holds until the
+  next point of the same offer. Only change points are stored; a point whose price equals the price
+  already in effect at its time only refreshes the offer's confirmation time.
+- The key of a point is ``(cloud, region, zone, instance_type, market, valid_from)``. Writing is an
+  idempotent, set-based upsert: re-writing the same points changes nothing. A point already stored
+  with another price at the same key is corrected (the newer write wins) and counted.
+- ``last_confirmed_at`` of an offer is the newest time a source vouched for its price: the fetch time
+  for live collectors (``PricePoint.observed_at``), the record's own time for imported history.
+- An offer not confirmed within ``stale_after`` of a time t is stale at t: it is left out of
+  snapshots (plans) at t unless asked for. History is always queryable.
+- Times are tz-aware UTC; prices are USD per instance-hour (float).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from sqlalchemy import Engine, func, select, text
+
+from costopt.db.schema import instance_types as t_instance_types
+from costopt.db.schema import offers as t_offers
+from costopt.db.schema import price_points as t_points
+from costopt.db.schema import source_status as t_status
+from costopt.domain import (
+    Cloud,
+    InstanceType,
+    Market,
+    OfferKey,
+    PricePoint,
+)
+from costopt.errors import StoreError
+from pricing.ingest import KEY_COLUMNS, PG_WRITE_LOCK, Ingestor, WriteResult, dt_to_ns, prepare
+from pricing.mirror import SNAPSHOT_COLUMNS, PriceMirror, snapshot_columns_from, with_key_rank
+
+BUMP_VERSION_SQL = "UPDATE store_meta SET value = value + 1 WHERE name = 'price_version'"
+_NAT = np.iinfo(np.int64).min
+
+log = logging.getLogger("costopt.store")
+
+
+ClockMode = Literal["live", "replay", "auto"]
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """One offer's price in effect at a time (a snapshot row).
+
+    ``accelerator``/``gpu_count`` are None when the instance type is not in the catalog.
+    ``usd_per_gpu_hour`` is None when the GPU count is unknown.
+    """
+
+    key: OfferKey
+    usd_per_hour: float
+    valid_from: datetime
+    source: str
+    last_confirmed_at: datetime | None
+    stale: bool
+    accelerator: str | None
+    gpu_count: float | None
+
+    @property
+    def usd_per_gpu_hour(self) -> float | None:
+        if not self.gpu_count:
+            return None
+        return self.usd_per_hour / self.gpu_count
+
+
+@dataclass(frozen=True, slots=True)
+class SourceStatus:
+    """Health of one price source. ``stale`` when its last success is older than the store's limit."""
+
+    name: str
+    last_attempt_at: datetime | None
+    last_success_at: datetime | None
+    last_error: str | None
+    last_error_at: datetime | None
+    consecutive_failures: int
+    last_points: int
+    last_bad_records: int
+    last_skipped: int
+    last_partial: bool
+    total_points: int
+    stale: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Now:
+    """The time plans are made at, and why. ``mode`` is "live" (wall clock) or "replay" (the
+    data's own time: the newest confirmation in the store)."""
+
+    at: datetime
+    mode: Literal["live", "replay"]
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def points_frame(points: Iterable[PricePoint]) -> pd.DataFrame:
+    """Turn price points into the frame :meth:`PriceStore.write` takes."""
+    rows = [
+        (
+            p.key.cloud.value,
+            p.key.region,
+            p.key.zone,
+            p.key.instance_type,
+            p.key.market.value,
+            p.valid_from,
+            p.usd_per_hour,
+            p.source,
+            p.observed_at,
+        )
+        for p in points
+    ]
+    frame = pd.DataFrame(
+        rows,
+        columns=[*KEY_COLUMNS, "valid_from", "usd_per_hour", "source", "observed_at"],
+    )
+    return frame
+
+
+def _utc_series(ns: np.ndarray) -> pd.Series:
+    """int64 ns (int64 min = missing) -> a datetime64[ns, UTC] series."""
+    return pd.Series(np.asarray(ns, dtype=np.int64).view("datetime64[ns]"), copy=False).dt.tz_localize("UTC")
+
+
+class PriceStore:
+    """Change-point price store over one SQLAlchemy engine (schema migrated by costopt.db.engine)."""
+
+    def __init__(
+        self, engine: Engine, *, stale_after: timedelta = timedelta(days=7), mirror_max_points: int = 5_000_000
+    ) -> None:
+        """``mirror_max_points``: mirror offers and up to that many change points in this process
+        for fast snapshots (0 disables the mirror; every snapshot then goes to SQL)."""
+        self.engine = engine
+        self.stale_after = stale_after
+        self.mirror = PriceMirror(engine, max_points=mirror_max_points) if mirror_max_points > 0 else None
+        self.dialect = engine.dialect.name
+        if self.dialect not in ("sqlite", "postgresql"):
+            raise StoreError(f"unsupported database {self.dialect!r}: use SQLite or PostgreSQL")
+
+    # ------------------------------------------------------------------ time helpers
+    def _ts(self, dt: datetime) -> Any:
+        """A bind value for a raw-SQL timestamp parameter on this backend."""
+        if dt.tzinfo is None:
+            raise ValueError(f"naive datetime {dt!r}: pass a tz-aware UTC time")
+        dt = dt.astimezone(UTC)
+        if self.dialect == "sqlite":
+            return dt.strftime("%Y-%m-%dT%H:%M:%S.%f")
+        return dt
+
+    def _ts_text(self, ns: np.ndarray) -> np.ndarray:
+        """int64 ns -> ISO text (microseconds) understood by both backends (UTC)."""
+        return np.datetime_as_string(
+            np.asarray(ns, dtype=np.int64).view("datetime64[ns]").astype("datetime64[us]"), unit="us"
+        )
+
+    @staticmethod
+    def _parse_ts_col(values: pd.Series) -> pd.Series:
+        if isinstance(values.dtype, pd.DatetimeTZDtype):
+            return values.dt.tz_convert("UTC")
+        return pd.to_datetime(values, utc=True, format="ISO8601")
+
+    # ------------------------------------------------------------------ writing
+    def write(self, points: Iterable[PricePoint] | pd.DataFrame) -> WriteResult:
+        """Upsert change points (idempotent); refresh confirmations. One transaction: all or nothing.
+
+        A frame needs columns ``cloud, region, zone, instance_type, market, valid_from (tz-aware),
+        usd_per_hour, source`` and optionally ``observed_at`` (tz-aware or NaT: the record's time).
+        Raises :class:`BadRecord` when a row is invalid (nothing is written then).
+        """
+        frame = points if isinstance(points, pd.DataFrame) else points_frame(points)
+        if len(frame) == 0:
+            return WriteResult(0, 0, 0, 0, 0)
+        batch = prepare(frame)
+        with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({PG_WRITE_LOCK})")
+                conn.exec_driver_sql("SET LOCAL TIME ZONE 'UTC'")
+            result = Ingestor(conn, self.dialect).write(batch)
+            conn.exec_driver_sql(BUMP_VERSION_SQL)
+            return result
+
+    # ------------------------------------------------------------------ catalog
+    def upsert_instance_types(self, types: Iterable[InstanceType], *, now: datetime | None = None) -> int:
+        """Insert or update instance types (an API's answer overrides the curated seed). Returns count."""
+        now = now or _utcnow()
+        rows = {
+            (t.cloud.value, t.name): {
+                "cloud": t.cloud.value,
+                "name": t.name,
+                "accelerator": t.accelerator,
+                "gpu_count": float(t.gpu_count),
+                "vcpus": t.vcpus,
+                "memory_gib": t.memory_gib,
+                "source": t.source,
+                "updated_at": now,
+            }
+            for t in types
+        }
+        if not rows:
+            return 0
+        values = list(rows.values())
+        if self.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+            ins = pg_insert(t_instance_types)
+            stmt = ins.on_conflict_do_update(
+                index_elements=["cloud", "name"],
+                set_={
+                    c: ins.excluded[c]
+                    for c in ("accelerator", "gpu_count", "vcpus", "memory_gib", "source", "updated_at")
+                },
+            )
+        else:
+            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+            ins_s = sqlite_insert(t_instance_types)
+            stmt = ins_s.on_conflict_do_update(
+                index_elements=["cloud", "name"],
+                set_={
+                    c: ins_s.excluded[c]
+                    for c in ("accelerator", "gpu_count", "vcpus", "memory_gib", "source", "updated_at")
+                },
+            )
+        with self.engine.begin() as conn:
+            conn.execute(stmt, values)
+            conn.exec_driver_sql(BUMP_VERSION_SQL)
+        return len(values)
+
+    def instance_types(self, cloud: Cloud | None = None) -> list[InstanceType]:
+        """Every known instance type (optionally of one cloud), sorted by cloud and name."""
+        stmt = select(t_instance_types).order_by(t_instance_types.c.cloud, t_instance_types.c.name)
+        if cloud is not None:
+            stmt = stmt.where(t_instance_types.c.cloud == cloud.value)
+        with self.engine.connect() as conn:
+            return [
+                InstanceType(Cloud(r.cloud), r.name, r.accelerator, r.gpu_count, r.vcpus, r.memory_gib, r.source)
+                for r in conn.execute(stmt)
+            ]
+
+    # ------------------------------------------------------------------ reading
+    def resolve_now(self, clock: ClockMode = "live", *, wall: datetime | None = None) -> Now:
+        """What "now" is for plans. ``live``: the wall clock. ``replay``: the newest confirmation
+        in the store (the data's own time; the wall clock when the store is empty). ``auto``: live
+        when some offer is fresh at the wall clock, else replay."""
+        wall = wall or _utcnow()
+        if clock == "live":
+            return Now(wall, "live")
+        with self.engine.connect() as conn:
+            newest = conn.execute(select(func.max(t_offers.c.last_confirmed_at))).scalar_one_or_none()
+        if newest is None:
+            return Now(wall, "live")
+        if clock == "auto" and newest >= wall - self.stale_after:
+            return Now(wall, "live")
+        return Now(min(newest, wall), "replay")
+
+    def last_change(
+        self,
+        cloud: Cloud,
+        *,
+        region: str | None = None,
+        market: Market | None = None,
+        instance_types: Sequence[str] | None = None,
+    ) -> datetime | None:
+        """The newest ``valid_from`` stored for the matching offers (None: nothing stored)."""
+        stmt = select(func.max(t_offers.c.current_valid_from)).where(t_offers.c.cloud == cloud.value)
+        if region is not None:
+            stmt = stmt.where(t_offers.c.region == region)
+        if market is not None:
+            stmt = stmt.where(t_offers.c.market == market.value)
+        if instance_types is not None:
+            stmt = stmt.where(t_offers.c.instance_type.in_(list(instance_types)))
+        with self.engine.connect() as conn:
+            value = conn.execute(stmt).scalar_one_or_none()
+        return value  # type: ignore[no-any-return]
+
+    def price_at(self, key: OfferKey, at: datetime) -> Offer | None:
+        """The price of ``key`` in effect at ``at`` (None: no point at or before ``at``)."""
+        rows = self.snapshot(
+            at,
+            cloud=key.cloud,
+            region=key.region,
+            market=key.market,
+            include_stale=True,
+            instance_type=key.instance_type,
+            zone=key.zone,
+        )
+        return rows[0] if rows else None
+
+    def snapshot(
+        self,
+        at: datetime | None = None,
+        *,
+        cloud: Cloud | Sequence[Cloud] | None = None,
+        region: str | None = None,
+        zone: str | None = None,
+        accelerator: str | None = None,
+        market: Market | None = None,
+        instance_type: str | None = None,
+        include_stale: bool = False,
+        limit: int | None = None,
+    ) -> list[Offer]:
+        """Every offer's price in effect at ``at``, cheapest first (USD/h, then key).
+
+        ``at`` None means the latest point of each offer, with staleness judged at the wall clock.
+        Filters None mean "any". Stale offers (not confirmed within ``stale_after`` of ``at``) are
+        left out unless ``include_stale``.
+        """
+        frame = self.snapshot_frame(
+            at,
+            cloud=cloud,
+            region=region,
+            zone=zone,
+            accelerator=accelerator,
+            market=market,
+            instance_type=instance_type,
+            include_stale=include_stale,
+            limit=limit,
+        )
+        out: list[Offer] = []
+        for r in frame.itertuples(index=False):
+            out.append(
+                Offer(
+                    key=OfferKey(Cloud(r.cloud), r.region, r.zone, r.instance_type, Market(r.market)),
+                    usd_per_hour=float(r.usd_per_hour),
+                    valid_from=r.valid_from.to_pydatetime(),
+                    source=r.source,
+                    last_confirmed_at=None if pd.isna(r.last_confirmed_at) else r.last_confirmed_at.to_pydatetime(),
+                    stale=bool(r.stale),
+                    accelerator=None if pd.isna(r.accelerator) else str(r.accelerator),
+                    gpu_count=None if pd.isna(r.gpu_count) else float(r.gpu_count),
+                )
+            )
+        return out
+
+    def snapshot_frame(
+        self,
+        at: datetime | None = None,
+        *,
+        cloud: Cloud | Sequence[Cloud] | None = None,
+        region: str | None = None,
+        zone: str | None = None,
+        accelerator: str | None = None,
+        market: Market | None = None,
+        instance_type: str | None = None,
+        include_stale: bool = False,
+        limit: int | None = None,
+        use_mirror: bool = True,
+    ) -> pd.DataFrame:
+        """:meth:`snapshot` as a DataFrame with columns :data:`SNAPSHOT_COLUMNS` (times as
+        ``datetime64[ns, UTC]``). ``use_mirror=False`` forces the SQL path (the reference)."""
+        judge_at = at if at is not None else _utcnow()
+        stale_ns = self.stale_after // timedelta(microseconds=1) * 1000
+        raw = self.mirror.snapshot(at, judge_at, stale_ns) if (use_mirror and self.mirror is not None) else None
+        if raw is None:
+            raw = self._snapshot_sql(at, judge_at, stale_ns)
+        mask = np.ones(len(raw["offer_id"]), dtype=bool)
+        if cloud is not None:
+            clouds = [cloud.value] if isinstance(cloud, Cloud) else [c.value for c in cloud]
+            mask &= np.isin(raw["cloud"], clouds)
+        for col, val in (
+            ("region", region),
+            ("zone", zone),
+            ("instance_type", instance_type),
+            ("accelerator", accelerator),
+        ):
+            if val is not None:
+                mask &= raw[col] == val
+        if market is not None:
+            mask &= raw["market"] == market.value
+        if not include_stale:
+            mask &= ~raw["stale"]
+        sel = np.flatnonzero(mask)
+        sel = sel[np.lexsort((raw["key_rank"][sel], raw["usd_per_hour"][sel]))]
+        if limit is not None:
+            sel = sel[:limit]
+        cols: dict[str, Any] = {c: raw[c][sel] for c in SNAPSHOT_COLUMNS if c in raw}
+        cols["valid_from"] = _utc_series(raw["vf"][sel])
+        cols["last_confirmed_at"] = _utc_series(raw["confirmed"][sel])
+        return pd.DataFrame({c: cols[c] for c in SNAPSHOT_COLUMNS})
+
+    def _snapshot_sql(self, at: datetime | None, judge_at: datetime, stale_ns: int) -> dict[str, np.ndarray]:
+        """The reference snapshot, computed by SQL (one index probe per offer)."""
+        params: dict[str, Any] = {}
+        if at is None:
+            sql = (
+                "SELECT o.id, o.cloud, o.region, o.zone, o.instance_type, o.market,"
+                " o.current_usd_per_hour, o.current_valid_from, o.last_source, o.last_confirmed_at,"
+                " it.accelerator, it.gpu_count"
+                " FROM offers o LEFT JOIN instance_types it ON it.cloud = o.cloud AND it.name = o.instance_type"
+                " WHERE o.current_valid_from IS NOT NULL"
+            )
+        else:
+            params["at"] = self._ts(at)
+            sql = (
+                "SELECT o.id, o.cloud, o.region, o.zone, o.instance_type, o.market,"
+                " p.usd_per_hour, p.valid_from, p.source, o.last_confirmed_at, it.accelerator, it.gpu_count"
+                " FROM offers o"
+                " JOIN price_points p ON p.offer_id = o.id AND p.valid_from = ("
+                "   SELECT max(p2.valid_from) FROM price_points p2"
+                "   WHERE p2.offer_id = o.id AND p2.valid_from <= :at)"
+                " LEFT JOIN instance_types it ON it.cloud = o.cloud AND it.name = o.instance_type"
+            )
+        with self.engine.connect() as conn:
+            rows = conn.execute(text(sql), params).fetchall()
+        cols = list(zip(*rows, strict=True)) if rows else [[] for _ in range(12)]
+        meta = pd.DataFrame(
+            {
+                "offer_id": np.asarray(cols[0], dtype=np.int64),
+                "cloud": np.asarray(cols[1], dtype=object),
+                "region": np.asarray(cols[2], dtype=object),
+                "zone": np.asarray(cols[3], dtype=object),
+                "instance_type": np.asarray(cols[4], dtype=object),
+                "market": np.asarray(cols[5], dtype=object),
+                "confirmed": np.array([_NAT if v is None else dt_to_ns(v) for v in cols[9]], dtype=np.int64),
+                "accelerator": np.asarray(cols[10], dtype=object),
+                "gpu_count": np.asarray([np.nan if v is None else v for v in cols[11]], dtype=np.float64),
+            }
+        )
+        meta = with_key_rank(meta)
+        return snapshot_columns_from(
+            meta,
+            np.asarray(cols[6], dtype=np.float64),
+            np.array([dt_to_ns(v) for v in cols[7]], dtype=np.int64),
+            np.asarray(cols[8], dtype=object),
+            judge_at,
+            stale_ns,
+        )
+
+    def history(
+        self,
+        start: datetime,
+        end: datetime,
+        *,
+        cloud: Cloud | None = None,
+        region: str | None = None,
+        zone: str | None = None,
+        instance_type: str | None = None,
+        market: Market | None = None,
+        include_prior: bool = True,
+    ) -> pd.DataFrame:
+        """Change points of the matching offers in ``[start, end]`` as a frame, ordered by key and
+        time (columns: cloud, region, zone, instance_type, market, valid_from, usd_per_hour, source).
+
+        With ``include_prior`` each offer's point in effect at ``start`` is included too, so the
+        frame fully describes the step function over the range.
+        """
+        conds = []
+        if cloud is not None:
+            conds.append(t_offers.c.cloud == cloud.value)
+        if region is not None:
+            conds.append(t_offers.c.region == region)
+        if zone is not None:
+            conds.append(t_offers.c.zone == zone)
+        if instance_type is not None:
+            conds.append(t_offers.c.instance_type == instance_type)
+        if market is not None:
+            conds.append(t_offers.c.market == market.value)
+        cols = [
+            *[t_offers.c[c] for c in KEY_COLUMNS],
+            t_points.c.valid_from,
+            t_points.c.usd_per_hour,
+            t_points.c.source,
+        ]
+        joined = t_points.join(t_offers, t_offers.c.id == t_points.c.offer_id)
+        lower = t_points.c.valid_from >= start
+        if include_prior:
+            p2 = t_points.alias("p2")
+            prior = (
+                select(func.max(p2.c.valid_from))
+                .where(p2.c.offer_id == t_points.c.offer_id, p2.c.valid_from <= start)
+                .scalar_subquery()
+            )
+            lower = (t_points.c.valid_from >= start) | (t_points.c.valid_from == prior)
+        stmt = (
+            select(*cols)
+            .select_from(joined)
+            .where(lower, t_points.c.valid_from <= end, *conds)
+            .order_by(*[t_offers.c[c] for c in KEY_COLUMNS], t_points.c.valid_from)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(stmt).fetchall()
+        frame = pd.DataFrame(rows, columns=[*KEY_COLUMNS, "valid_from", "usd_per_hour", "source"])
+        if not frame.empty:
+            frame["valid_from"] = self._parse_ts_col(frame["valid_from"])
+        return frame
+
+    def count_points(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(t_points)).scalar_one())
+
+    def count_offers(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(t_offers)).scalar_one())
+
+    # ------------------------------------------------------------------ source health
+    def record_fetch(
+        self,
+        name: str,
+        *,
+        ok: bool,
+        at: datetime | None = None,
+        points: int = 0,
+        bad_records: int = 0,
+        skipped: int = 0,
+        partial: bool = False,
+        error: str | None = None,
+    ) -> None:
+        """Record one collection attempt of a source (success, partial success, or failure)."""
+        at = at or _utcnow()
+        with self.engine.begin() as conn:
+            row = conn.execute(select(t_status).where(t_status.c.name == name)).first()
+            values: dict[str, Any] = {"last_attempt_at": at}
+            if ok:
+                values.update(
+                    last_success_at=at,
+                    consecutive_failures=0,
+                    last_points=points,
+                    last_bad_records=bad_records,
+                    last_skipped=skipped,
+                    last_partial=partial,
+                    total_points=(row.total_points if row else 0) + points,
+                )
+                if error:
+                    values.update(last_error=error, last_error_at=at)
+            else:
+                values.update(
+                    last_error=error or "unknown error",
+                    last_error_at=at,
+                    consecutive_failures=(row.consecutive_failures if row else 0) + 1,
+                )
+            if row is None:
+                conn.execute(t_status.insert().values(name=name, **values))
+            else:
+                conn.execute(t_status.update().where(t_status.c.name == name).values(**values))
+
+    def sources(self, *, now: datetime | None = None) -> list[SourceStatus]:
+        """Health of every source that ever ran, by name."""
+        now = now or _utcnow()
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(t_status).order_by(t_status.c.name)).fetchall()
+        return [
+            SourceStatus(
+                name=r.name,
+                last_attempt_at=r.last_attempt_at,
+                last_success_at=r.last_success_at,
+                last_error=r.last_error,
+                last_error_at=r.last_error_at,
+                consecutive_failures=r.consecutive_failures,
+                last_points=r.last_points,
+                last_bad_records=r.last_bad_records,
+                last_skipped=r.last_skipped,
+                last_partial=bool(r.last_partial),
+                total_points=r.total_points,
+                stale=r.last_success_at is None or r.last_success_at < now - self.stale_after,
+            )
+            for r in rows
+        ]

@@ -1,0 +1,69 @@
+"""Shared fixtures: the real public data folder and per-test databases on both backends."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, text
+
+from costopt.db.engine import make_engine, migrate
+from costopt.settings import Settings
+
+PG_ADMIN_URL = os.environ.get("COSTOPT_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """``../shared/data`` (real public data). Required: CI lays it beside the checkout."""
+    data = Settings().data_dir
+    if data is None or not data.is_dir():
+        pytest.fail("../shared/data is missing: the tests read real data from it (set COSTOPT_DATA_DIR)")
+    return data
+
+
+def _pg_available() -> bool:
+    try:
+        eng = make_engine(PG_ADMIN_URL)
+        with eng.connect() as conn:
+            conn.execute(text("select 1"))
+        eng.dispose()
+        return True
+    except Exception:
+        return False
+
+
+def _postgres_engine() -> Iterator[Engine]:
+    if not _pg_available():
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL is required under CI and not reachable at {PG_ADMIN_URL}")
+        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}")
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    admin = make_engine(PG_ADMIN_URL)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    eng = make_engine(PG_ADMIN_URL, connect_args={"options": f"-csearch_path={schema}"})
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """A migrated, empty database on each backend (SQLite file; PostgreSQL schema of its own)."""
+    if request.param == "sqlite":
+        eng = make_engine(f"sqlite:///{tmp_path / 'costopt.db'}")
+        migrate(eng)
+        yield eng
+        eng.dispose()
+    else:
+        for eng in _postgres_engine():
+            migrate(eng)
+            yield eng

@@ -1,0 +1,1 @@
+"""Tests of the price collectors and parsers."""
