@@ -164,7 +164,7 @@ class Ingestor:
             else:
                 self.conn.exec_driver_sql(
                     "INSERT OR IGNORE INTO offers (cloud, region, zone, instance_type, market) VALUES (?, ?, ?, ?, ?)",
-                    missing,  # type: ignore[arg-type]
+                    missing,
                 )
             known.update(self._lookup(missing))
         ids = np.array([known[k][0] for k in keys], dtype=np.int64)
@@ -379,7 +379,7 @@ class Ingestor:
                 )
                 self.conn.exec_driver_sql(
                     "INSERT INTO price_points (offer_id, valid_from, usd_per_hour, source) VALUES (?, ?, ?, ?)",
-                    rows,  # type: ignore[arg-type]
+                    rows,
                 )
 
     def _update_offers(
@@ -435,7 +435,7 @@ class Ingestor:
                 "   THEN ?1 ELSE current_valid_from END,"
                 " last_confirmed_at = MAX(COALESCE(last_confirmed_at, ?3), ?3),"
                 " last_source = ?4 WHERE id = ?5",
-                rows,  # type: ignore[arg-type]
+                rows,
             )
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -104,7 +105,7 @@ class PriceMirror:
         )
         with self.engine.connect() as conn:
             rows = conn.exec_driver_sql(sql).fetchall()
-        cols = list(zip(*rows, strict=True)) if rows else [[] for _ in range(12)]
+        cols: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [() for _ in range(12)]
         frame = pd.DataFrame(
             {
                 "offer_id": np.asarray(cols[0], dtype=np.int64),
@@ -203,7 +204,7 @@ class PriceMirror:
             counts = np.add.reduceat(le.astype(np.int64), pts.starts)
             ok = counts > 0
             idx = pts.starts[ok] + counts[ok] - 1
-            rows = offers.index.get_indexer(pts.run_offer[ok])
+            rows = offers.index.get_indexer(pd.Index(pts.run_offer[ok]))
             keep = rows >= 0
             rows, idx = rows[keep], idx[keep]
             price, vf, source = pts.price[idx], pts.vf[idx], pts.sources[pts.source_code[idx]]

@@ -36,6 +36,7 @@ from costopt.domain import (
     Market,
     OfferKey,
     PricePoint,
+    utc,
 )
 from costopt.errors import StoreError
 from pricing.ingest import KEY_COLUMNS, PG_WRITE_LOCK, Ingestor, WriteResult, dt_to_ns, prepare
@@ -72,6 +73,16 @@ class Offer:
         if not self.gpu_count:
             return None
         return self.usd_per_hour / self.gpu_count
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPoint:
+    """A stored change point: ``usd_per_hour`` from ``valid_from`` until the key's next point."""
+
+    key: OfferKey
+    valid_from: datetime
+    usd_per_hour: float
+    source: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +141,9 @@ def points_frame(points: Iterable[PricePoint]) -> pd.DataFrame:
 
 def _utc_series(ns: np.ndarray) -> pd.Series:
     """int64 ns (int64 min = missing) -> a datetime64[ns, UTC] series."""
-    return pd.Series(np.asarray(ns, dtype=np.int64).view("datetime64[ns]"), copy=False).dt.tz_localize("UTC")
+    series: pd.Series = pd.Series(np.asarray(ns, dtype=np.int64).view("datetime64[ns]"), copy=False)
+    localized: pd.Series = series.dt.tz_localize("UTC")
+    return localized
 
 
 class PriceStore:
@@ -167,8 +180,10 @@ class PriceStore:
     @staticmethod
     def _parse_ts_col(values: pd.Series) -> pd.Series:
         if isinstance(values.dtype, pd.DatetimeTZDtype):
-            return values.dt.tz_convert("UTC")
-        return pd.to_datetime(values, utc=True, format="ISO8601")
+            converted: pd.Series = values.dt.tz_convert("UTC")
+            return converted
+        parsed: pd.Series = pd.to_datetime(values, utc=True, format="ISO8601")
+        return parsed
 
     # ------------------------------------------------------------------ writing
     def write(self, points: Iterable[PricePoint] | pd.DataFrame) -> WriteResult:
@@ -214,7 +229,7 @@ class PriceStore:
             from sqlalchemy.dialects.postgresql import insert as pg_insert
 
             ins = pg_insert(t_instance_types)
-            stmt = ins.on_conflict_do_update(
+            stmt: Any = ins.on_conflict_do_update(
                 index_elements=["cloud", "name"],
                 set_={
                     c: ins.excluded[c]
@@ -282,7 +297,7 @@ class PriceStore:
             stmt = stmt.where(t_offers.c.instance_type.in_(list(instance_types)))
         with self.engine.connect() as conn:
             value = conn.execute(stmt).scalar_one_or_none()
-        return value  # type: ignore[no-any-return]
+        return None if value is None else utc(value)
 
     def price_at(self, key: OfferKey, at: datetime) -> Offer | None:
         """The price of ``key`` in effect at ``at`` (None: no point at or before ``at``)."""
@@ -328,17 +343,27 @@ class PriceStore:
             limit=limit,
         )
         out: list[Offer] = []
-        for r in frame.itertuples(index=False):
+        cols = {c: frame[c].tolist() for c in SNAPSHOT_COLUMNS}
+        for i in range(len(frame)):
+            confirmed = cols["last_confirmed_at"][i]
+            acc = cols["accelerator"][i]
+            gpus = cols["gpu_count"][i]
             out.append(
                 Offer(
-                    key=OfferKey(Cloud(r.cloud), r.region, r.zone, r.instance_type, Market(r.market)),
-                    usd_per_hour=float(r.usd_per_hour),
-                    valid_from=r.valid_from.to_pydatetime(),
-                    source=r.source,
-                    last_confirmed_at=None if pd.isna(r.last_confirmed_at) else r.last_confirmed_at.to_pydatetime(),
-                    stale=bool(r.stale),
-                    accelerator=None if pd.isna(r.accelerator) else str(r.accelerator),
-                    gpu_count=None if pd.isna(r.gpu_count) else float(r.gpu_count),
+                    key=OfferKey(
+                        Cloud(cols["cloud"][i]),
+                        cols["region"][i],
+                        cols["zone"][i],
+                        cols["instance_type"][i],
+                        Market(cols["market"][i]),
+                    ),
+                    usd_per_hour=float(cols["usd_per_hour"][i]),
+                    valid_from=cols["valid_from"][i].to_pydatetime(),
+                    source=cols["source"][i],
+                    last_confirmed_at=None if pd.isna(confirmed) else confirmed.to_pydatetime(),
+                    stale=bool(cols["stale"][i]),
+                    accelerator=None if acc is None or pd.isna(acc) else str(acc),
+                    gpu_count=None if gpus is None or pd.isna(gpus) else float(gpus),
                 )
             )
         return out
@@ -413,7 +438,7 @@ class PriceStore:
             )
         with self.engine.connect() as conn:
             rows = conn.execute(text(sql), params).fetchall()
-        cols = list(zip(*rows, strict=True)) if rows else [[] for _ in range(12)]
+        cols: list[tuple[Any, ...]] = list(zip(*rows, strict=True)) if rows else [() for _ in range(12)]
         meta = pd.DataFrame(
             {
                 "offer_id": np.asarray(cols[0], dtype=np.int64),
@@ -494,6 +519,46 @@ class PriceStore:
         if not frame.empty:
             frame["valid_from"] = self._parse_ts_col(frame["valid_from"])
         return frame
+
+    def history_points(
+        self,
+        start: datetime,
+        end: datetime,
+        *,
+        cloud: Cloud | None = None,
+        region: str | None = None,
+        zone: str | None = None,
+        instance_type: str | None = None,
+        market: Market | None = None,
+        include_prior: bool = True,
+    ) -> list[HistoryPoint]:
+        """:meth:`history` as typed records."""
+        frame = self.history(
+            start,
+            end,
+            cloud=cloud,
+            region=region,
+            zone=zone,
+            instance_type=instance_type,
+            market=market,
+            include_prior=include_prior,
+        )
+        cols = {c: frame[c].tolist() for c in frame.columns}
+        return [
+            HistoryPoint(
+                OfferKey(
+                    Cloud(cols["cloud"][i]),
+                    cols["region"][i],
+                    cols["zone"][i],
+                    cols["instance_type"][i],
+                    Market(cols["market"][i]),
+                ),
+                cols["valid_from"][i].to_pydatetime(),
+                float(cols["usd_per_hour"][i]),
+                str(cols["source"][i]),
+            )
+            for i in range(len(frame))
+        ]
 
     def count_points(self) -> int:
         with self.engine.connect() as conn:

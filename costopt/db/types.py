@@ -15,7 +15,7 @@ SQLITE_TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%f"
 ``numpy.datetime_as_string(..., unit="us")`` prints, so bulk paths need no per-row formatting).
 PostgreSQL uses timestamptz."""
 
-_SQLITE_DT = sqlite.DATETIME(
+_SQLITE_DT = sqlite.DATETIME(  # type: ignore[no-untyped-call]
     storage_format="%(year)04d-%(month)02d-%(day)02dT%(hour)02d:%(minute)02d:%(second)02d.%(microsecond)06d",
     regexp=r"(\d+)-(\d+)-(\d+)T(\d+):(\d+):(\d+)(?:\.(\d+))?",
 )
@@ -50,9 +50,8 @@ class UtcDateTime(TypeDecorator[datetime]):
             return None
         if isinstance(value, str):
             value = datetime.fromisoformat(value)
-        if value.tzinfo is None:
-            return value.replace(tzinfo=UTC)
-        return value.astimezone(UTC)
+        result: datetime = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        return result
 
 
 def sqlite_ts(value: datetime) -> str:

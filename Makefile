@@ -1,0 +1,39 @@
+# costopt: `make run` starts the service on its embedded defaults; `make test` runs every check.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: setup run test lint typecheck unit bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(BIN)/costopt db migrate
+	$(BIN)/costopt serve
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy costopt pricing providers api
+
+unit: setup
+	$(BIN)/pytest -n 2 -q
+
+test: lint typecheck unit
+
+bench: setup
+	$(BIN)/python bench/store_bench.py
+	$(BIN)/python bench/import_bench.py
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

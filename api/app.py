@@ -1,0 +1,55 @@
+"""The FastAPI application: routes, startup (migrate, seed, schedule collectors), metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from prometheus_client import make_asgi_app
+
+from api.routes import health, prices
+from api.wiring import build_sources, build_store, seed_if_empty
+from costopt.settings import Settings, get_settings
+
+log = logging.getLogger("costopt.api")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the service. At startup the store is migrated, seeded when empty (curated list prices
+    and, when present, the real data folder) and the collectors are scheduled (if enabled)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = build_store(settings)
+        if settings.seed_on_start:
+            seed_if_empty(store, settings)
+        app.state.store = store
+        scheduler = None
+        if settings.collectors_enabled:
+            from api.scheduler import build_scheduler
+
+            scheduler = build_scheduler(store, build_sources(settings), settings)
+            scheduler.start()
+        try:
+            yield
+        finally:
+            if scheduler is not None:
+                scheduler.shutdown(wait=False)
+            store.engine.dispose()
+
+    app = FastAPI(
+        title="costopt",
+        version="0.1.0",
+        description="Cross-cloud spot-market cost optimizer for ML training. Prices in USD per instance-hour; "
+        "times in UTC.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.store = None
+    app.include_router(health.router)
+    app.include_router(prices.router)
+    app.mount("/metrics", make_asgi_app())
+    return app

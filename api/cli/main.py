@@ -1,0 +1,91 @@
+"""The ``costopt`` command line: one app, verbs grouped by resource."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from api.cli import catalog as catalog_cmd
+from api.cli import prices as prices_cmd
+from api.cli.common import Exit, configure_logging, failures, settings_with
+from api.cli.output import OutputFormat, emit_object, note
+
+app = typer.Typer(
+    name="costopt",
+    help="Cross-cloud spot-market cost optimizer for ML training.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(prices_cmd.app, name="prices")
+app.add_typer(catalog_cmd.app, name="catalog")
+db_app = typer.Typer(help="The database: migrations and status.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+@app.callback()
+def main(
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug details to stderr.")] = False,
+) -> None:
+    configure_logging(verbose)
+
+
+@app.command("serve")
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (default from COSTOPT_API_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default from COSTOPT_API_PORT).")] = None,
+    collect: Annotated[bool, typer.Option(help="Run the price collectors on their schedule.")] = True,
+) -> None:
+    """Run the REST service (migrates and seeds the store first)."""
+    import uvicorn
+
+    from api.app import create_app
+
+    settings = settings_with()
+    if not collect:
+        settings = settings.model_copy(update={"collectors_enabled": False})
+    with failures():
+        application = create_app(settings)
+    uvicorn.run(application, host=host or settings.api_host, port=port or settings.api_port, log_level="info")
+
+
+@db_app.command("migrate")
+def db_migrate() -> None:
+    """Bring the database schema to the newest migration (idempotent)."""
+    from costopt.db.engine import current_revision, make_engine, migrate
+
+    settings = settings_with()
+    with failures():
+        engine = make_engine(settings.database_url)
+        migrate(engine)
+        note(f"database at revision {current_revision(engine)} ({engine.url.render_as_string()})")
+
+
+@db_app.command("status")
+def db_status(fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table) -> None:
+    """Where the database is, its schema revision, and what it holds."""
+    from costopt.db.engine import current_revision, head_revision, make_engine
+
+    settings = settings_with()
+    with failures():
+        engine = make_engine(settings.database_url)
+        rev = current_revision(engine)
+        info: dict[str, object] = {
+            "database_url": engine.url.render_as_string(hide_password=True),
+            "revision": rev,
+            "head": head_revision(),
+            "migrated": rev == head_revision(),
+        }
+        if rev == head_revision():
+            from pricing.store import PriceStore
+
+            store = PriceStore(engine)
+            info["offers"] = store.count_offers()
+            info["price_points"] = store.count_points()
+    emit_object(info, fmt, title="Database")
+    if rev != head_revision():
+        raise typer.Exit(Exit.FAILED)
+
+
+if __name__ == "__main__":
+    app()

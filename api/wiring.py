@@ -1,0 +1,94 @@
+"""The composition root: builds the store, the price sources and the seed from the settings.
+
+Nothing below api/ reads settings; this module hands each component plain values.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from costopt.db.engine import make_engine, migrate
+from costopt.settings import Settings
+from pricing.base import PriceSource
+from pricing.store import PriceStore
+
+log = logging.getLogger("costopt.wiring")
+
+
+def build_store(settings: Settings, *, migrate_schema: bool = True) -> PriceStore:
+    """The price store on ``settings.database_url``, migrated to the newest schema by default."""
+    engine = make_engine(settings.database_url)
+    if migrate_schema:
+        migrate(engine)
+    return PriceStore(engine, stale_after=settings.stale_after)
+
+
+def build_sources(settings: Settings, names: list[str] | None = None) -> list[PriceSource]:
+    """The live collectors, in a fixed order (``names`` None: all of them)."""
+    from pricing.aws import AwsInstanceTypeSource, AwsOnDemandSource, AwsSpotSource
+    from pricing.azure import AzureRetailPriceSource
+    from pricing.gcp import GcpPriceSource
+
+    all_sources: list[PriceSource] = [
+        AwsSpotSource.from_settings(settings),
+        AwsOnDemandSource.from_settings(settings),
+        GcpPriceSource.from_settings(settings),
+        AzureRetailPriceSource.from_settings(settings),
+        AwsInstanceTypeSource.from_settings(settings),
+    ]
+    if names is None:
+        return all_sources
+    by_name = {s.name: s for s in all_sources}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"unknown price source(s) {unknown}; choose from {sorted(by_name)}")
+    return [by_name[n] for n in names]
+
+
+def source_intervals(settings: Settings) -> dict[str, float]:
+    """Collection interval of each source, in seconds."""
+    return {
+        "aws-spot": settings.aws_spot_interval.total_seconds(),
+        "aws-on-demand": settings.aws_on_demand_interval.total_seconds(),
+        "gcp": settings.gcp_interval.total_seconds(),
+        "azure": settings.azure_interval.total_seconds(),
+        "aws-catalog": settings.catalog_interval.total_seconds(),
+    }
+
+
+def seed_paths(settings: Settings) -> list[Path]:
+    """What an empty store is seeded from: the curated list prices, and the real data when present."""
+    from pricing.replay import seed_paths as replay_seed_paths
+
+    if settings.data_dir is None:
+        return [settings.catalog_dir / "list_prices.csv"]
+    return replay_seed_paths(settings.data_dir, settings.catalog_dir)
+
+
+def seed_catalog(store: PriceStore, settings: Settings) -> int:
+    """Load the curated instance catalog (the collectors' API answers take precedence later)."""
+    from pricing.catalog import INSTANCE_TYPES_FILE, load_instance_catalog
+
+    known = {(t.cloud, t.name) for t in store.instance_types()}
+    types = [
+        t for t in load_instance_catalog(settings.catalog_dir / INSTANCE_TYPES_FILE) if (t.cloud, t.name) not in known
+    ]
+    return store.upsert_instance_types(types)
+
+
+def seed_if_empty(store: PriceStore, settings: Settings) -> int:
+    """Seed the catalog always (missing types only) and prices when the store holds none.
+    Returns the number of change points inserted."""
+    from pricing.replay import import_paths
+
+    seed_catalog(store, settings)
+    if store.count_points() > 0:
+        return 0
+    reports = import_paths(store, seed_paths(settings))
+    inserted = sum(r.inserted for r in reports)
+    failed = [r for r in reports if r.status in ("failed", "refused")]
+    for r in failed:
+        log.error("seeding from %s failed: %s", r.path, r.error)
+    log.info("seeded the store with %d change points from %d files", inserted, len(reports))
+    return inserted

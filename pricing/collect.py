@@ -1,0 +1,120 @@
+"""Running collectors: fetch -> store, with per-source health and back-off.
+
+One source failing never stops the others: :func:`collect_once` catches each source's failure,
+records it (``costopt prices sources`` shows it) and goes on. A partial fetch stores its good
+points and is recorded as partial; nothing is ever deleted because a fetch failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from costopt.errors import CostoptError
+from pricing.base import FetchResult, PriceSource
+from pricing.store import PriceStore
+
+log = logging.getLogger("costopt.collect")
+
+
+@dataclass(frozen=True, slots=True)
+class CollectOutcome:
+    """What one run of one source did. ``error`` is None on success (partial or not)."""
+
+    source: str
+    ok: bool
+    points: int
+    inserted: int
+    bad_records: int
+    skipped: int
+    partial: bool
+    seconds: float
+    error: str | None = None
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def run_source(store: PriceStore, source: PriceSource, *, clock: Callable[[], datetime] = _now) -> CollectOutcome:
+    """Fetch one source and store what it returned. Never raises for the source's own failures."""
+    started = time.perf_counter()
+    at = clock()
+    try:
+        result: FetchResult = source.fetch(store)
+    except Exception as exc:  # a failing source must never stop the scheduler or the others
+        msg = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CostoptError) else str(exc)
+        log.error("price source %s failed: %s", source.name, msg)
+        store.record_fetch(source.name, ok=False, at=at, error=msg)
+        return CollectOutcome(source.name, False, 0, 0, 0, 0, False, time.perf_counter() - started, msg)
+    try:
+        if result.instance_types:
+            known = {(t.cloud, t.name) for t in store.instance_types()}
+            new_types = [
+                t for t in result.instance_types if (t.cloud, t.name) not in known or t.source.endswith("-api")
+            ]
+            store.upsert_instance_types(new_types)
+        written = store.write(result.points)
+    except Exception as exc:  # the store refused the batch: record, keep the previous prices
+        msg = f"storing {len(result.points)} points failed: {type(exc).__name__}: {exc}"
+        log.error("price source %s: %s", source.name, msg)
+        store.record_fetch(source.name, ok=False, at=at, error=msg)
+        return CollectOutcome(
+            source.name,
+            False,
+            len(result.points),
+            0,
+            result.bad_records,
+            result.skipped,
+            result.partial,
+            time.perf_counter() - started,
+            msg,
+        )
+    note = "; ".join(result.errors) if result.errors else None
+    store.record_fetch(
+        source.name,
+        ok=True,
+        at=at,
+        points=len(result.points),
+        bad_records=result.bad_records,
+        skipped=result.skipped,
+        partial=result.partial,
+        error=note,
+    )
+    log.info(
+        "price source %s: %d points (%d new), %d bad, %d skipped%s",
+        source.name,
+        len(result.points),
+        written.inserted,
+        result.bad_records,
+        result.skipped,
+        " (partial)" if result.partial else "",
+    )
+    return CollectOutcome(
+        source.name,
+        True,
+        len(result.points),
+        written.inserted,
+        result.bad_records,
+        result.skipped,
+        result.partial,
+        time.perf_counter() - started,
+        note,
+    )
+
+
+def collect_once(store: PriceStore, sources: Sequence[PriceSource]) -> list[CollectOutcome]:
+    """Run every source once, in order; each failure is recorded and the next source still runs."""
+    return [run_source(store, s) for s in sources]
+
+
+def backoff_delay(interval: timedelta, consecutive_failures: int, *, cap: timedelta = timedelta(hours=6)) -> timedelta:
+    """How long to wait after ``consecutive_failures`` failures: the interval, doubled per failure
+    beyond the first, never above ``cap`` (nor below the interval)."""
+    if consecutive_failures <= 1:
+        return interval
+    grown: timedelta = interval * (2 ** min(consecutive_failures - 1, 16))
+    return min(max(interval, cap), grown)
