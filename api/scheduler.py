@@ -28,7 +28,7 @@ log = logging.getLogger("costopt.scheduler")
 def _job(store: PriceStore, source: PriceSource, interval: timedelta) -> None:
     status = {s.name: s for s in store.sources()}.get(source.name)
     now = datetime.now(UTC)
-    if status is not None and status.consecutive_failures > 0 and status.last_attempt_at is not None:
+    if status is not None and status.consecutive_failures >= 2 and status.last_attempt_at is not None:
         wait = backoff_delay(interval, status.consecutive_failures)
         if now - status.last_attempt_at < wait - timedelta(seconds=1):
             log.info(

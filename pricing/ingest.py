@@ -39,15 +39,13 @@ _MARKETS = frozenset(m.value for m in Market)
 class WriteResult:
     """What one write did. ``inserted`` counts new change points; ``unchanged`` counts incoming
     points that repeated the price in effect (they only confirmed it); ``corrected`` counts stored
-    points whose price a newer write replaced; ``removed`` counts stored points that stopped being
-    change points because an older point arrived late with the same price."""
+    points whose price a newer write replaced. Nothing stored is ever deleted by a write."""
 
     received: int
     inserted: int
     unchanged: int
     corrected: int
     offers_created: int
-    removed: int = 0
 
 
 def dt_to_ns(dt: datetime) -> int:
@@ -213,7 +211,10 @@ class Ingestor:
         rows: list[tuple[Any, ...]] = []
         for chunk in self._chunks(ids):
             stmt = select(
-                t_offers.c.id, t_offers.c.current_valid_from, t_offers.c.current_usd_per_hour, t_offers.c.last_source
+                t_offers.c.id,
+                t_offers.c.current_valid_from,
+                t_offers.c.current_usd_per_hour,
+                t_offers.c.current_source,
             ).where(t_offers.c.id.in_(chunk), t_offers.c.current_valid_from.is_not(None))
             rows.extend(tuple(r) for r in self.conn.execute(stmt))
         return _rows_frame(rows)
@@ -300,9 +301,15 @@ class Ingestor:
             all_source[m],
             is_stored[m],
         )
+        # A point newer than its offer's stored current point is an append: a repeat of the price
+        # before it only confirms it. A point older than that (a backfill) is stored as it is and
+        # nothing stored is ever removed, so the step function does not depend on arrival order
+        # (dropping a backfilled repeat could lose a change that a later write would reveal).
         first = np.r_[True, all_oid[1:] != all_oid[:-1]]
         changed = first | (all_price != np.r_[np.nan, all_price[:-1]])
-        new = ~is_stored & changed
+        cur_of_row = _current_for(offers_in_batch, current, all_oid)
+        backfill = ~is_stored & (all_vf < cur_of_row)
+        new = ~is_stored & (changed | backfill)
         self._insert(all_oid[new], all_vf[new], all_price[new], all_source[new])
         for o, v, p, src in corrections:
             self.conn.execute(
@@ -312,19 +319,23 @@ class Ingestor:
             )
         if corrections:
             log.info("price store: %d stored price(s) corrected by a newer write", len(corrections))
-        redundant = np.flatnonzero(is_stored & ~changed)
-        for i in redundant:
-            self.conn.execute(
-                t_points.delete().where(
-                    t_points.c.offer_id == int(all_oid[i]), t_points.c.valid_from == ns_to_dt(int(all_vf[i]))
-                )
-            )
+        changed = is_stored | new  # the rows of the step function after this write
         # Latest change point per offer of the batch (the step function after this write).
-        k_oid, k_vf, k_price = all_oid[changed], all_vf[changed], all_price[changed]
+        # It is complete: for appended offers it holds the stored current point and the new ones,
+        # for overlapping offers every stored point from the batch's start on (writers serialize).
+        k_oid, k_vf, k_price, k_src = all_oid[changed], all_vf[changed], all_price[changed], all_source[changed]
         last_idx = np.r_[np.flatnonzero(k_oid[1:] != k_oid[:-1]), len(k_oid) - 1]
-        latest = pd.DataFrame({"vf": k_vf[last_idx], "price": k_price[last_idx]}, index=k_oid[last_idx])
-        latest = latest.reindex(offers_in_batch)
-        self._update_offers(offers_in_batch, latest["vf"].to_numpy(), latest["price"].to_numpy(), conf_obs, last_source)
+        latest = pd.DataFrame(
+            {"vf": k_vf[last_idx], "price": k_price[last_idx], "src": k_src[last_idx]}, index=k_oid[last_idx]
+        ).reindex(offers_in_batch)
+        self._update_offers(
+            offers_in_batch,
+            latest["vf"].to_numpy(dtype=np.int64),
+            latest["price"].to_numpy(dtype=np.float64),
+            latest["src"].to_numpy(dtype=object),
+            conf_obs,
+            last_source,
+        )
         inserted = int(new.sum())
         return WriteResult(
             received=received,
@@ -332,7 +343,6 @@ class Ingestor:
             unchanged=received - inserted - len(corrections),
             corrected=len(corrections),
             offers_created=created,
-            removed=len(redundant),
         )
 
     def _insert(self, oid: np.ndarray, vf: np.ndarray, price: np.ndarray, source: np.ndarray) -> None:
@@ -383,13 +393,20 @@ class Ingestor:
                 )
 
     def _update_offers(
-        self, ids: np.ndarray, vf: np.ndarray, price: np.ndarray, obs: np.ndarray, src: np.ndarray
+        self,
+        ids: np.ndarray,
+        vf: np.ndarray,
+        price: np.ndarray,
+        current_src: np.ndarray,
+        obs: np.ndarray,
+        src: np.ndarray,
     ) -> None:
-        """Set each offer's current point (when newer than the stored one) and newest confirmation."""
+        """Set each offer's current point (its latest after this write), its newest confirmation,
+        and which source confirmed it last (only when this batch's confirmation is the newest)."""
         if self.dialect == "postgresql":
             self.conn.exec_driver_sql(
                 "CREATE TEMP TABLE IF NOT EXISTS _offer_upd (id integer, vf timestamptz, price double precision,"
-                " obs timestamptz, src text) ON COMMIT DROP"
+                " csrc text, obs timestamptz, src text) ON COMMIT DROP"
             )
             raw = self.conn.connection.driver_connection
             if raw is None:
@@ -397,8 +414,9 @@ class Ingestor:
             payload = encode_binary_copy(
                 [
                     ("int4", ids),
-                    ("timestamptz", vf.astype(np.int64)),
-                    ("float8", price.astype(np.float64)),
+                    ("timestamptz", vf),
+                    ("float8", price),
+                    ("text", current_src),
                     ("timestamptz", obs),
                     ("text", src),
                 ]
@@ -406,21 +424,20 @@ class Ingestor:
             with raw.cursor() as cur, cur.copy("COPY _offer_upd FROM STDIN (FORMAT binary)") as copy:
                 copy.write(payload)
             self.conn.exec_driver_sql(
-                "UPDATE offers o SET "
-                " current_valid_from = CASE WHEN o.current_valid_from IS NULL OR u.vf >= o.current_valid_from"
-                "   THEN u.vf ELSE o.current_valid_from END,"
-                " current_usd_per_hour = CASE WHEN o.current_valid_from IS NULL OR u.vf >= o.current_valid_from"
-                "   THEN u.price ELSE o.current_usd_per_hour END,"
-                " last_confirmed_at = GREATEST(COALESCE(o.last_confirmed_at, u.obs), u.obs),"
-                " last_source = u.src "
-                "FROM _offer_upd u WHERE o.id = u.id"
+                "UPDATE offers o SET current_valid_from = u.vf, current_usd_per_hour = u.price,"
+                " current_source = u.csrc,"
+                " last_source = CASE WHEN o.last_confirmed_at IS NULL OR u.obs >= o.last_confirmed_at"
+                "   THEN u.src ELSE o.last_source END,"
+                " last_confirmed_at = GREATEST(COALESCE(o.last_confirmed_at, u.obs), u.obs)"
+                " FROM _offer_upd u WHERE o.id = u.id"
             )
             self.conn.exec_driver_sql("DROP TABLE _offer_upd")
         else:
             rows = list(
                 zip(
                     ts_text(vf).tolist(),
-                    price.astype(np.float64).tolist(),
+                    price.tolist(),
+                    current_src.tolist(),
                     ts_text(obs).tolist(),
                     src.tolist(),
                     ids.tolist(),
@@ -428,13 +445,10 @@ class Ingestor:
                 )
             )
             self.conn.exec_driver_sql(
-                "UPDATE offers SET "
-                " current_usd_per_hour = CASE WHEN current_valid_from IS NULL OR ?1 >= current_valid_from"
-                "   THEN ?2 ELSE current_usd_per_hour END,"
-                " current_valid_from = CASE WHEN current_valid_from IS NULL OR ?1 >= current_valid_from"
-                "   THEN ?1 ELSE current_valid_from END,"
-                " last_confirmed_at = MAX(COALESCE(last_confirmed_at, ?3), ?3),"
-                " last_source = ?4 WHERE id = ?5",
+                "UPDATE offers SET current_valid_from = ?1, current_usd_per_hour = ?2, current_source = ?3,"
+                " last_source = CASE WHEN last_confirmed_at IS NULL OR ?4 >= last_confirmed_at"
+                "   THEN ?5 ELSE last_source END,"
+                " last_confirmed_at = MAX(COALESCE(last_confirmed_at, ?4), ?4) WHERE id = ?6",
                 rows,
             )
 

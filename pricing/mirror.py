@@ -99,7 +99,7 @@ class PriceMirror:
     def _load_offers(self) -> pd.DataFrame:
         sql = (
             "SELECT o.id, o.cloud, o.region, o.zone, o.instance_type, o.market, o.current_usd_per_hour,"
-            " o.current_valid_from, o.last_source, o.last_confirmed_at, it.accelerator, it.gpu_count"
+            " o.current_valid_from, o.current_source, o.last_confirmed_at, it.accelerator, it.gpu_count"
             " FROM offers o LEFT JOIN instance_types it ON it.cloud = o.cloud AND it.name = o.instance_type"
             " WHERE o.current_valid_from IS NOT NULL ORDER BY o.id"
         )

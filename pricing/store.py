@@ -42,6 +42,8 @@ from costopt.errors import StoreError
 from pricing.ingest import KEY_COLUMNS, PG_WRITE_LOCK, Ingestor, WriteResult, dt_to_ns, prepare
 from pricing.mirror import SNAPSHOT_COLUMNS, PriceMirror, snapshot_columns_from, with_key_rank
 
+REFERENCE_SOURCES = frozenset({"list-price"})
+"""Sources of curated reference facts (published list prices), not observations of the market."""
 BUMP_VERSION_SQL = "UPDATE store_meta SET value = value + 1 WHERE name = 'price_version'"
 _NAT = np.iinfo(np.int64).min
 
@@ -265,14 +267,20 @@ class PriceStore:
 
     # ------------------------------------------------------------------ reading
     def resolve_now(self, clock: ClockMode = "live", *, wall: datetime | None = None) -> Now:
-        """What "now" is for plans. ``live``: the wall clock. ``replay``: the newest confirmation
-        in the store (the data's own time; the wall clock when the store is empty). ``auto``: live
-        when some offer is fresh at the wall clock, else replay."""
+        """What "now" is for plans. ``live``: the wall clock. ``replay``: the data's own time, the
+        newest confirmation by a market observation (curated reference prices, see
+        :data:`REFERENCE_SOURCES`, do not move it; the wall clock when the store is empty).
+        ``auto``: live when some observed offer is fresh at the wall clock, else replay."""
         wall = wall or _utcnow()
         if clock == "live":
             return Now(wall, "live")
+        observed = select(func.max(t_offers.c.last_confirmed_at)).where(
+            t_offers.c.last_source.not_in(list(REFERENCE_SOURCES))
+        )
         with self.engine.connect() as conn:
-            newest = conn.execute(select(func.max(t_offers.c.last_confirmed_at))).scalar_one_or_none()
+            newest = conn.execute(observed).scalar_one_or_none()
+            if newest is None:
+                newest = conn.execute(select(func.max(t_offers.c.last_confirmed_at))).scalar_one_or_none()
         if newest is None:
             return Now(wall, "live")
         if clock == "auto" and newest >= wall - self.stale_after:
@@ -420,7 +428,7 @@ class PriceStore:
         if at is None:
             sql = (
                 "SELECT o.id, o.cloud, o.region, o.zone, o.instance_type, o.market,"
-                " o.current_usd_per_hour, o.current_valid_from, o.last_source, o.last_confirmed_at,"
+                " o.current_usd_per_hour, o.current_valid_from, o.current_source, o.last_confirmed_at,"
                 " it.accelerator, it.gpu_count"
                 " FROM offers o LEFT JOIN instance_types it ON it.cloud = o.cloud AND it.name = o.instance_type"
                 " WHERE o.current_valid_from IS NOT NULL"

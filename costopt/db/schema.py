@@ -44,6 +44,7 @@ offers = Table(
     # The latest change point (denormalized from price_points; kept by PriceStore.write).
     Column("current_valid_from", UtcDateTime(), nullable=True),
     Column("current_usd_per_hour", Float, nullable=True),
+    Column("current_source", String(64), nullable=True),
     Column("last_confirmed_at", UtcDateTime(), nullable=True),
     Column("last_source", String(64), nullable=True),
     UniqueConstraint("cloud", "region", "zone", "instance_type", "market", name="uq_offers_key"),

@@ -44,6 +44,7 @@ def upgrade() -> None:
     sa.Column('market', sa.String(length=16), nullable=False),
     sa.Column('current_valid_from', costopt.db.types.UtcDateTime(timezone=True), nullable=True),
     sa.Column('current_usd_per_hour', sa.Float(), nullable=True),
+    sa.Column('current_source', sa.String(length=64), nullable=True),
     sa.Column('last_confirmed_at', costopt.db.types.UtcDateTime(timezone=True), nullable=True),
     sa.Column('last_source', sa.String(length=64), nullable=True),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_offers')),
