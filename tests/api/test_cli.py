@@ -1,0 +1,122 @@
+"""The costopt command line: formats, exit codes, import all-or-nothing, seeding."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from api.cli.main import app
+from costopt.settings import get_settings
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    monkeypatch.setenv("COSTOPT_DATABASE_URL", url)
+    get_settings.cache_clear()
+    yield url
+    get_settings.cache_clear()
+
+
+def _invoke(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_latest_at_a_2020_time_lists_real_v100_prices_as_json(db: str, shared_data: Path) -> None:
+    code, out, _ = _invoke(
+        "prices", "latest", "--gpu", "v100", "--market", "spot", "--at", "2020-03-01T00:00:00Z",
+        "--data-dir", str(shared_data), "--format", "json",
+    )
+    assert code == 0
+    rows = json.loads(out)
+    assert isinstance(rows, list) and rows
+    required = {"cloud", "region", "zone", "instance_type", "market", "accelerator", "gpu_count", "usd_per_hour",
+                "valid_from"}
+    assert required <= set(rows[0])
+    prices = [r["usd_per_hour"] for r in rows]
+    assert prices == sorted(prices)
+    assert {r["accelerator"] for r in rows} == {"v100"}
+    assert {r["cloud"] for r in rows} == {"aws", "azure"}  # Azure's sheet starts 2020-02-24
+    p3 = [r for r in rows if r["instance_type"] == "p3.2xlarge" and r["zone"] == "us-east-1f"]
+    assert p3 and 0.9 < p3[0]["usd_per_hour"] < 1.3
+
+
+def test_latest_as_csv_has_a_header_row(db: str, shared_data: Path) -> None:
+    code, out, _ = _invoke("prices", "latest", "--cloud", "azure", "--at", "2020-03-10", "--limit", "3",
+                           "--data-dir", str(shared_data), "-f", "csv")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 3 and rows[0]["cloud"] == "azure"
+
+
+def test_latest_with_no_match_exits_4(db: str, shared_data: Path) -> None:
+    code, _, _ = _invoke("prices", "latest", "--gpu", "h100", "--at", "2020-03-01", "--data-dir", str(shared_data))
+    assert code == 4
+
+
+def test_a_malformed_time_is_a_usage_error(db: str) -> None:
+    code, _, err = _invoke("prices", "latest", "--at", "yesterday-ish")
+    assert code == 2
+    assert "Invalid value" in err
+
+
+def test_import_of_a_bad_file_exits_1_names_the_line_and_stores_nothing(db: str, tmp_path: Path) -> None:
+    bad = tmp_path / "aws.csv"
+    bad.write_text(
+        "timestamp_utc,region,availability_zone,instance_type,gpu_type,gpu_count,product_description,spot_usd_per_hour\n"
+        "2020-01-01T00:00:00Z,us-east-1,us-east-1a,p3.2xlarge,v100,1,Linux/UNIX,0.9\n"
+        "2020-01-02T00:00:00Z,us-east-1,us-east-1a,p3.2xlarge,v100,1,Linux/UNIX,cheap\n"
+    )
+    code, _, err = _invoke("prices", "import", str(bad))
+    assert code == 1
+    assert "line 3" in err and "cheap" in err
+    code, out, _ = _invoke("db", "status", "-f", "json")
+    assert code == 0 and json.loads(out)["price_points"] == 0
+
+
+def test_import_of_a_readme_is_refused(db: str, shared_data: Path) -> None:
+    code, _, err = _invoke("prices", "import", str(shared_data / "prices" / "README.md"))
+    assert code == 1
+    assert "not price data" in err.lower() or "README" in err
+
+
+def test_import_reports_each_file_and_is_idempotent(db: str, shared_data: Path) -> None:
+    path = str(shared_data / "prices" / "azure_spot_price_daily_2020-02_2020-03.csv")
+    code, out, _ = _invoke("prices", "import", path, "-f", "json")
+    assert code == 0
+    first = json.loads(out)[0]
+    assert first["status"] == "imported" and first["inserted"] > 0 and first["skipped_records"] == 232
+    code, out, _ = _invoke("prices", "import", path, "-f", "json")
+    assert code == 0 and json.loads(out)[0]["inserted"] == 0
+
+
+def test_sources_lists_nothing_before_any_collection(db: str) -> None:
+    code, out, _ = _invoke("prices", "sources", "-f", "json")
+    assert code == 0 and json.loads(out) == []
+
+
+def test_catalog_lists_instance_types_with_units(db: str) -> None:
+    code, out, _ = _invoke("catalog", "list", "--gpu", "a100", "--cloud", "aws", "-f", "json")
+    assert code == 0
+    rows = json.loads(out)
+    assert rows and all(r["accelerator"] in ("a100", "a100-80gb") or r["accelerator"] == "a100" for r in rows)
+    assert all(r["cloud"] == "aws" for r in rows)
+
+
+def test_history_lists_the_price_changes_of_an_offer(db: str, shared_data: Path) -> None:
+    code, out, _ = _invoke(
+        "prices", "history", "--cloud", "aws", "--region", "us-east-1", "--instance-type", "p3.2xlarge",
+        "--market", "spot", "--from", "2020-03-01", "--to", "2020-03-08", "--data-dir", str(shared_data), "-f", "json",
+    )
+    assert code == 0
+    rows = json.loads(out)
+    assert rows and {r["instance_type"] for r in rows} == {"p3.2xlarge"}
+    assert all(r["valid_from"] <= "2020-03-08" for r in rows)
