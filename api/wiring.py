@@ -7,11 +7,19 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Engine
 
 from costopt.db.engine import make_engine, migrate
 from costopt.settings import Settings
 from pricing.base import PriceSource
 from pricing.store import PriceStore
+
+if TYPE_CHECKING:
+    from costopt.planning.model import Assumptions
+    from costopt.risk.hazard import HazardModel
+    from costopt.throughput.catalog import ThroughputCatalog
 
 log = logging.getLogger("costopt.wiring")
 
@@ -92,3 +100,43 @@ def seed_if_empty(store: PriceStore, settings: Settings) -> int:
         log.error("seeding from %s failed: %s", r.path, r.error)
     log.info("seeded the store with %d change points from %d files", inserted, len(reports))
     return inserted
+
+
+def build_catalog(settings: Settings, engine: Engine | None = None) -> ThroughputCatalog:
+    """The throughput catalog: the measurement file, users' and jobs' measurements from the
+    database (when ``engine`` is given), and estimates for unmeasured GPUs (marked estimated)."""
+    from costopt.throughput.catalog import ThroughputCatalog
+    from costopt.throughput.estimate import estimate_catalog, load_accelerator_specs
+    from costopt.throughput.loaders import load_throughput_file
+    from costopt.throughput.registry import MeasurementRegistry
+
+    path = settings.resolved_throughput_file()
+    catalog = (
+        ThroughputCatalog.from_measurements(load_throughput_file(path)) if path is not None else ThroughputCatalog()
+    )
+    if engine is not None:
+        catalog = MeasurementRegistry(engine).apply(catalog)
+    if settings.estimate_new_accelerators:
+        catalog = estimate_catalog(catalog, load_accelerator_specs())
+    return catalog
+
+
+def build_hazards(settings: Settings) -> HazardModel:
+    """Preemption hazards estimated from the availability logs (documented defaults without them)."""
+    from costopt.risk.availability import load_availability_logs
+    from costopt.risk.hazard import HazardModel
+
+    logs = settings.resolved_availability_logs()
+    if logs is None or not logs.is_dir():
+        return HazardModel()
+    lifetimes, _ = load_availability_logs(logs.glob("*/availability/*.out"))
+    return HazardModel.from_lifetimes(lifetimes)
+
+
+def build_assumptions(settings: Settings) -> Assumptions:
+    from costopt.planning.model import Assumptions
+
+    return Assumptions(
+        checkpoint_interval_hours=settings.checkpoint_interval.total_seconds() / 3600,
+        restart_hours=settings.restart_time.total_seconds() / 3600,
+    )

@@ -64,6 +64,25 @@ class Settings(BaseSettings):
         default=PROJECT_ROOT / "data" / "catalog",
         description="Curated instance catalog and list prices shipped with the project.",
     )
+    throughput_file: Path | None = Field(
+        default=None,
+        description=(
+            "Measured throughputs (Gavel format or the older single-GPU format). None: "
+            "<data_dir>/gavel/simulation_throughputs.json."
+        ),
+    )
+    estimate_new_accelerators: bool = Field(
+        default=True, description="Estimate throughputs on GPUs no job type was measured on (marked estimated)."
+    )
+    availability_logs_dir: Path | None = Field(
+        default=None,
+        description="Spot availability logs for preemption hazards. None: <data_dir>/raw/training_on_a_dime/logs.",
+    )
+    checkpoint_interval: timedelta = Field(default=timedelta(hours=1), description="How often jobs checkpoint.")
+    restart_time: timedelta = Field(
+        default=timedelta(minutes=10), description="Boot + restore after a preemption or move (billed)."
+    )
+    deadline_confidence: float = Field(default=0.95, description="Probability a deadline must be met with.")
     stale_after: timedelta = Field(
         default=timedelta(days=7),
         description="A live price not confirmed within this long is stale and left out of plans at now.",
@@ -98,6 +117,21 @@ class Settings(BaseSettings):
     http_timeout_s: float = 30.0
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+
+    def resolved_throughput_file(self) -> Path | None:
+        """The throughput file to load (None: no file configured and no data folder)."""
+        if self.throughput_file is not None:
+            return self.throughput_file
+        if self.data_dir is None:
+            return None
+        return self.data_dir / "gavel" / "simulation_throughputs.json"
+
+    def resolved_availability_logs(self) -> Path | None:
+        if self.availability_logs_dir is not None:
+            return self.availability_logs_dir
+        if self.data_dir is None:
+            return None
+        return self.data_dir / "raw" / "training_on_a_dime" / "logs"
 
     @field_validator("aws_regions", "gcp_regions", "azure_regions", mode="before")
     @classmethod

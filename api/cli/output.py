@@ -39,6 +39,10 @@ def _cell(value: Any, unit: str | None = None) -> str:
             return f"{value:,.4f}"
         if unit == "USD":
             return f"{value:,.2f}"
+        if unit == "%":
+            return f"{100 * value:.0f}"
+        if unit in ("h", "steps/s"):
+            return f"{value:,.2f}"
         return f"{value:g}"
     return str(value)
 

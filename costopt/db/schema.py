@@ -98,3 +98,20 @@ store_meta = Table(
     Column("value", BigInteger, nullable=False, server_default="0"),
 )
 """Counters. ``price_version`` grows with every price write, so readers' caches know when to reload."""
+
+throughput_measurements = Table(
+    "throughput_measurements",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_type", String(200), nullable=False),
+    Column("accelerator", String(32), nullable=False),
+    Column("gpu_count", Integer, nullable=False),
+    Column("placement", String(16), nullable=False),
+    Column("steps_per_s", Float, nullable=False),
+    Column("n_measurements", Integer, nullable=False, server_default="1"),
+    Column("provenance", String(16), nullable=False),
+    Column("source", String(200), nullable=False),
+    Column("measured_at", UtcDateTime(), nullable=False),
+    Index("ix_throughput_measurements_job_type", "job_type"),
+)
+"""Throughputs users registered or running jobs reported (steps/s); folded over the file's values."""

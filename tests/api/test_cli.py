@@ -32,14 +32,33 @@ def _invoke(*args: str) -> tuple[int, str, str]:
 
 def test_latest_at_a_2020_time_lists_real_v100_prices_as_json(db: str, shared_data: Path) -> None:
     code, out, _ = _invoke(
-        "prices", "latest", "--gpu", "v100", "--market", "spot", "--at", "2020-03-01T00:00:00Z",
-        "--data-dir", str(shared_data), "--format", "json",
+        "prices",
+        "latest",
+        "--gpu",
+        "v100",
+        "--market",
+        "spot",
+        "--at",
+        "2020-03-01T00:00:00Z",
+        "--data-dir",
+        str(shared_data),
+        "--format",
+        "json",
     )
     assert code == 0
     rows = json.loads(out)
     assert isinstance(rows, list) and rows
-    required = {"cloud", "region", "zone", "instance_type", "market", "accelerator", "gpu_count", "usd_per_hour",
-                "valid_from"}
+    required = {
+        "cloud",
+        "region",
+        "zone",
+        "instance_type",
+        "market",
+        "accelerator",
+        "gpu_count",
+        "usd_per_hour",
+        "valid_from",
+    }
     assert required <= set(rows[0])
     prices = [r["usd_per_hour"] for r in rows]
     assert prices == sorted(prices)
@@ -50,8 +69,20 @@ def test_latest_at_a_2020_time_lists_real_v100_prices_as_json(db: str, shared_da
 
 
 def test_latest_as_csv_has_a_header_row(db: str, shared_data: Path) -> None:
-    code, out, _ = _invoke("prices", "latest", "--cloud", "azure", "--at", "2020-03-10", "--limit", "3",
-                           "--data-dir", str(shared_data), "-f", "csv")
+    code, out, _ = _invoke(
+        "prices",
+        "latest",
+        "--cloud",
+        "azure",
+        "--at",
+        "2020-03-10",
+        "--limit",
+        "3",
+        "--data-dir",
+        str(shared_data),
+        "-f",
+        "csv",
+    )
     assert code == 0
     rows = list(csv.DictReader(io.StringIO(out)))
     assert len(rows) == 3 and rows[0]["cloud"] == "azure"
@@ -113,8 +144,24 @@ def test_catalog_lists_instance_types_with_units(db: str) -> None:
 
 def test_history_lists_the_price_changes_of_an_offer(db: str, shared_data: Path) -> None:
     code, out, _ = _invoke(
-        "prices", "history", "--cloud", "aws", "--region", "us-east-1", "--instance-type", "p3.2xlarge",
-        "--market", "spot", "--from", "2020-03-01", "--to", "2020-03-08", "--data-dir", str(shared_data), "-f", "json",
+        "prices",
+        "history",
+        "--cloud",
+        "aws",
+        "--region",
+        "us-east-1",
+        "--instance-type",
+        "p3.2xlarge",
+        "--market",
+        "spot",
+        "--from",
+        "2020-03-01",
+        "--to",
+        "2020-03-08",
+        "--data-dir",
+        str(shared_data),
+        "-f",
+        "json",
     )
     assert code == 0
     rows = json.loads(out)

@@ -1,0 +1,192 @@
+"""``costopt plan``: the best placement of one job under an objective."""
+
+from __future__ import annotations
+
+import json
+import sys
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Annotated, Any
+
+import pandas as pd
+import typer
+
+from api.cli.common import Exit, failures, parse_time, settings_with
+from api.cli.output import OutputFormat, emit, note
+from api.planning import plan_single
+from api.wiring import build_store, seed_if_empty
+from costopt.domain import Cloud
+from costopt.planning.model import (
+    Candidate,
+    Infeasible,
+    JobSpec,
+    Location,
+    MinCost,
+    MinCostByDeadline,
+    MinTime,
+    MinTimeWithinBudget,
+    Objective,
+    Plan,
+    Weighted,
+    to_cents,
+)
+from costopt.throughput.model import JobType
+
+OBJECTIVES = ("min-cost", "min-time", "min-cost-deadline", "min-time-budget", "weighted")
+
+
+def parse_duration_hours(text: str, option: str) -> float:
+    """'48h', '2d', '90min', '1.5h' or ISO 8601 'PT48H' -> hours."""
+    try:
+        td = pd.Timedelta(text)
+    except (ValueError, TypeError) as exc:
+        raise typer.BadParameter(f"{text!r} is not a duration (e.g. 48h, 2d, 90min, PT48H)", param_hint=option) from exc
+    hours = td.total_seconds() / 3600
+    if hours <= 0:
+        raise typer.BadParameter("must be positive", param_hint=option)
+    return hours
+
+
+def parse_money(text: str, option: str) -> Decimal:
+    try:
+        value = Decimal(text.replace("$", "").replace(",", ""))
+    except InvalidOperation as exc:
+        raise typer.BadParameter(f"{text!r} is not an amount of USD", param_hint=option) from exc
+    if not value > 0:
+        raise typer.BadParameter("must be positive", param_hint=option)
+    return value
+
+
+def build_objective(
+    name: str, deadline: str | None, budget: str | None, confidence: float, cost_weight: float
+) -> Objective:
+    """The objective named on the command line; a deadline or budget turns min-cost / min-time into
+    their constrained forms."""
+    if name not in OBJECTIVES:
+        raise typer.BadParameter(f"choose one of {', '.join(OBJECTIVES)}", param_hint="--objective")
+    if name in ("min-cost", "min-cost-deadline") and deadline is not None:
+        return MinCostByDeadline(parse_duration_hours(deadline, "--deadline"), confidence)
+    if name == "min-cost-deadline":
+        raise typer.BadParameter("min-cost-deadline needs --deadline", param_hint="--deadline")
+    if name in ("min-time", "min-time-budget") and budget is not None:
+        return MinTimeWithinBudget(parse_money(budget, "--budget"))
+    if name == "min-time-budget":
+        raise typer.BadParameter("min-time-budget needs --budget", param_hint="--budget")
+    if name == "min-cost":
+        return MinCost()
+    if name == "min-time":
+        return MinTime()
+    return Weighted(cost_weight)
+
+
+def candidate_record(c: Candidate) -> dict[str, Any]:
+    """A candidate as plain JSON values (floats; money rounded to the cent)."""
+    return {
+        "cloud": c.cloud,
+        "region": c.region,
+        "zone": c.zone,
+        "instance_type": c.instance_type,
+        "market": c.market,
+        "accelerator": c.accelerator,
+        "gpu_count": c.gpu_count,
+        "usd_per_hour": c.usd_per_hour,
+        "job_usd_per_hour": c.job_usd_per_hour,
+        "steps_per_s": c.steps_per_s,
+        "throughput_estimated": c.throughput_estimated,
+        "expected_hours": round(c.expected_hours, 4),
+        "expected_cost_usd": float(to_cents(c.expected_cost_usd)),
+        "move_cost_usd": float(to_cents(c.move_cost_usd)),
+        "usd_per_million_steps": round(c.usd_per_million_steps, 4),
+        "preemptions_per_hour": c.preemptions_per_hour,
+        "risk": round(c.risk, 4),
+    }
+
+
+def plan_record(plan: Plan, as_of: str, clock: str) -> dict[str, Any]:
+    return {
+        "job_type": plan.job.job_type.name,
+        "steps": plan.job.steps,
+        "gpus": plan.job.gpu_count,
+        "objective": plan.objective.name,
+        "as_of": as_of,
+        "clock": clock,
+        "offers_considered": plan.offers_considered,
+        "offers_feasible": plan.offers_feasible,
+        "winner": candidate_record(plan.winner),
+        "alternatives": [candidate_record(c) for c in plan.alternatives],
+        "reason": plan.reason,
+    }
+
+
+PLAN_COLUMNS: list[tuple[str, str, str | None]] = [
+    ("rank", "#", None),
+    ("cloud", "cloud", None),
+    ("region", "region", None),
+    ("zone", "zone", None),
+    ("instance_type", "instance type", None),
+    ("market", "market", None),
+    ("accelerator", "GPU", None),
+    ("job_usd_per_hour", "job price", "USD/h"),
+    ("steps_per_s", "speed", "steps/s"),
+    ("expected_hours", "time", "h"),
+    ("expected_cost_usd", "cost", "USD"),
+    ("risk", "P(preempted)", "%"),
+]
+
+
+def plan(
+    job_type: Annotated[str, typer.Option("--job-type", help='e.g. "ResNet-50 (batch size 128)".')],
+    steps: Annotated[float, typer.Option(min=1, help="Training steps still to run.")],
+    objective: Annotated[str, typer.Option(help=f"One of: {', '.join(OBJECTIVES)}.")] = "min-cost",
+    deadline: Annotated[str | None, typer.Option(help="Finish within this long, e.g. 48h, 3d.")] = None,
+    budget: Annotated[str | None, typer.Option(help="Spend at most this many USD.")] = None,
+    gpus: Annotated[int, typer.Option(help="GPUs the job trains on (1, 2, 4, 8).")] = 1,
+    clouds: Annotated[str | None, typer.Option(help="Only these clouds, comma-separated.")] = None,
+    at: Annotated[str | None, typer.Option(help="Plan at this time (ISO 8601) with the prices then.")] = None,
+    top: Annotated[int, typer.Option(min=1, max=1000, help="How many alternatives to list.")] = 10,
+    confidence: Annotated[float | None, typer.Option(help="Deadline confidence (default 0.95).")] = None,
+    cost_weight: Annotated[float, typer.Option(help="Weight of cost for --objective weighted.")] = 0.5,
+    checkpoint_gb: Annotated[float, typer.Option(help="Checkpoint size, GB (moved across regions).")] = 0.0,
+    from_location: Annotated[
+        str | None, typer.Option("--from", help="Where the checkpoint is now: CLOUD:REGION, e.g. aws:us-east-1.")
+    ] = None,
+    data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Seed an empty store from this folder.")] = None,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+) -> None:
+    """The cheapest or fastest placement of one job over every offer in effect, with alternatives."""
+    settings = settings_with(data_dir)
+    when = parse_time(at, "--at")
+    obj = build_objective(objective, deadline, budget, confidence or settings.deadline_confidence, cost_weight)
+    try:
+        cloud_list = [Cloud(c.strip()) for c in clouds.split(",")] if clouds else None
+    except ValueError as exc:
+        raise typer.BadParameter(f"{exc}; clouds are aws, gcp, azure", param_hint="--clouds") from exc
+    location = None
+    if from_location:
+        cloud_s, _, region = from_location.partition(":")
+        try:
+            location = Location(Cloud(cloud_s), region)
+        except ValueError as exc:
+            raise typer.BadParameter("use CLOUD:REGION, e.g. aws:us-east-1", param_hint="--from") from exc
+    with failures():
+        job = JobSpec(JobType.parse(job_type), steps, gpus, checkpoint_gb, location)
+        store = build_store(settings)
+        if data_dir is not None:
+            seed_if_empty(store, settings)
+        try:
+            now, result = plan_single(store, settings, job, obj, at=when, clouds=cloud_list, top=top)
+        except Infeasible as exc:
+            note(f"[red]infeasible[/red] ({exc.binding}): {exc}")
+            raise typer.Exit(Exit.NOT_FOUND) from exc
+    record = plan_record(result, now.at.isoformat().replace("+00:00", "Z"), "explicit" if when else now.mode)
+    if fmt is OutputFormat.json:
+        sys.stdout.write(json.dumps(record, indent=2) + "\n")
+        return
+    rows = [{"rank": i + 1, **r} for i, r in enumerate(record["alternatives"])]
+    emit(rows, PLAN_COLUMNS, fmt, title=f"{job.job_type.name}, {steps:,.0f} steps on {gpus} GPU(s): {obj.name}")
+    if fmt is OutputFormat.table:
+        note(
+            f"{result.offers_considered} offers considered ({result.offers_feasible} admissible) at "
+            f"{record['as_of']} ({record['clock']})"
+        )
+        note(f"[bold]why:[/bold] {result.reason}")

@@ -1,0 +1,83 @@
+"""Planning as a service: the inputs of the core planner built from the store and the settings.
+
+Throughput catalog and hazard model are built once per process (they only change when files or
+registered measurements change; :func:`reset` drops them).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+
+import pandas as pd
+
+from api.wiring import build_assumptions, build_catalog, build_hazards
+from costopt.domain import Cloud
+from costopt.planning.evaluate import OfferTable
+from costopt.planning.model import Assumptions, JobSpec, Objective, Plan
+from costopt.planning.single import plan_job
+from costopt.risk.hazard import HazardModel
+from costopt.settings import Settings
+from costopt.throughput.catalog import ThroughputCatalog
+from pricing.store import Now, PriceStore
+
+_lock = threading.Lock()
+_cache: dict[str, object] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerInputs:
+    catalog: ThroughputCatalog
+    hazards: HazardModel
+    assumptions: Assumptions
+
+
+def planner_inputs(settings: Settings, store: PriceStore) -> PlannerInputs:
+    """Catalog (file + registered measurements + estimates), hazards and assumptions (cached)."""
+    with _lock:
+        cached = _cache.get("inputs")
+        if isinstance(cached, PlannerInputs):
+            return cached
+        inputs = PlannerInputs(
+            build_catalog(settings, store.engine), build_hazards(settings), build_assumptions(settings)
+        )
+        _cache["inputs"] = inputs
+        return inputs
+
+
+def reset() -> None:
+    """Forget the cached planner inputs (after a new measurement is registered)."""
+    with _lock:
+        _cache.clear()
+
+
+def offers_at(
+    store: PriceStore, settings: Settings, at: datetime | None, clouds: list[Cloud] | None
+) -> tuple[Now, pd.DataFrame]:
+    """Offers in effect at ``at`` (None: now as the settings' clock defines it), optionally only
+    on some clouds; stale offers are left out."""
+    if at is not None:
+        now = Now(at, "replay")
+        frame = store.snapshot_frame(at, cloud=clouds)
+    else:
+        now = store.resolve_now(settings.clock)
+        frame = store.snapshot_frame(None if now.mode == "live" else now.at, cloud=clouds)
+    return now, frame
+
+
+def plan_single(
+    store: PriceStore,
+    settings: Settings,
+    job: JobSpec,
+    objective: Objective,
+    *,
+    at: datetime | None = None,
+    clouds: list[Cloud] | None = None,
+    top: int = 10,
+) -> tuple[Now, Plan]:
+    """Plan one job over every offer in effect (raises costopt.planning.model.Infeasible)."""
+    inputs = planner_inputs(settings, store)
+    now, frame = offers_at(store, settings, at, clouds)
+    table = OfferTable.from_frame(frame, inputs.hazards)
+    return now, plan_job(job, objective, table, inputs.catalog, inputs.assumptions, top=top)

@@ -1,0 +1,91 @@
+"""Persisted throughput measurements: users' registrations and running jobs' reports.
+
+The catalog a planner uses is the measurement file's catalog with these folded in, in the order
+they were recorded (:meth:`ThroughputCatalog.with_measurement`: a count-weighted mean per cell).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import Engine, select
+
+from costopt.db.schema import throughput_measurements as t_meas
+from costopt.domain import normalize_accelerator
+from costopt.throughput.catalog import ThroughputCatalog
+from costopt.throughput.model import JobType, Placement, Provenance, as_job_type, check_steps_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One throughput observation (steps/s) of a job type on ``gpu_count`` GPUs of ``accelerator``;
+    ``n_measurements`` is how many windows it averages (its weight)."""
+
+    job_type: JobType
+    accelerator: str
+    gpu_count: int
+    steps_per_s: float
+    placement: Placement = "consolidated"
+    n_measurements: int = 1
+    provenance: Provenance = "user"
+    source: str = "user"
+    measured_at: datetime | None = None
+
+
+class MeasurementRegistry:
+    """Throughput measurements in the database (table ``throughput_measurements``)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def add(self, m: Measurement) -> None:
+        """Record one measurement. Raises InvalidThroughput for a negative/NaN/infinite value."""
+        check_steps_per_s(m.steps_per_s)
+        with self.engine.begin() as conn:
+            conn.execute(
+                t_meas.insert().values(
+                    job_type=m.job_type.name,
+                    accelerator=normalize_accelerator(m.accelerator),
+                    gpu_count=m.gpu_count,
+                    placement=m.placement,
+                    steps_per_s=m.steps_per_s,
+                    n_measurements=m.n_measurements,
+                    provenance=m.provenance,
+                    source=m.source,
+                    measured_at=m.measured_at or datetime.now(UTC),
+                )
+            )
+
+    def all(self) -> list[Measurement]:
+        """Every measurement, oldest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(t_meas).order_by(t_meas.c.id)).fetchall()
+        return [
+            Measurement(
+                job_type=as_job_type(r.job_type),
+                accelerator=r.accelerator,
+                gpu_count=r.gpu_count,
+                steps_per_s=r.steps_per_s,
+                placement=r.placement,
+                n_measurements=r.n_measurements,
+                provenance=r.provenance,
+                source=r.source,
+                measured_at=r.measured_at,
+            )
+            for r in rows
+        ]
+
+    def apply(self, catalog: ThroughputCatalog) -> ThroughputCatalog:
+        """``catalog`` with every recorded measurement folded in, oldest first."""
+        for m in self.all():
+            catalog = catalog.with_measurement(
+                m.job_type,
+                m.accelerator,
+                m.gpu_count,
+                m.steps_per_s,
+                placement=m.placement,
+                n_measurements=m.n_measurements,
+                provenance=m.provenance,
+            )
+        return catalog
