@@ -46,6 +46,10 @@ class OfferTable:
     hazard: np.ndarray
     cloud: np.ndarray
     region: np.ndarray
+    zone: np.ndarray
+    instance_type: np.ndarray
+    market: np.ndarray
+    accelerator: np.ndarray
 
     @classmethod
     def from_frame(cls, offers: pd.DataFrame, hazards: HazardModel | None = None) -> OfferTable:
@@ -65,6 +69,10 @@ class OfferTable:
             hazard=model.rates(frame) if len(frame) else np.zeros(0),
             cloud=frame["cloud"].to_numpy(dtype=object),
             region=frame["region"].to_numpy(dtype=object),
+            zone=frame["zone"].to_numpy(dtype=object),
+            instance_type=frame["instance_type"].to_numpy(dtype=object),
+            market=frame["market"].to_numpy(dtype=object),
+            accelerator=frame["accelerator"].to_numpy(dtype=object),
         )
 
     def __len__(self) -> int:

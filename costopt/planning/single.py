@@ -74,20 +74,19 @@ def rank(
 
 
 def _candidate(table: OfferTable, ev: Evaluation, i: int, q_hours: np.ndarray | None, steps: float) -> Candidate:
-    row = table.frame.iloc[i]
     hours = float(ev.expected_hours[i])
     price = float(ev.job_price[i])
     move = money(float(ev.move_cost[i]))
     cost = money(price) * money(hours) + move
     return Candidate(
-        cloud=str(row["cloud"]),
-        region=str(row["region"]),
-        zone=str(row["zone"]),
-        instance_type=str(row["instance_type"]),
-        market=str(row["market"]),
-        accelerator=str(row["accelerator"]),
-        gpu_count=float(row["gpu_count"]),
-        usd_per_hour=float(row["usd_per_hour"]),
+        cloud=str(table.cloud[i]),
+        region=str(table.region[i]),
+        zone=str(table.zone[i]),
+        instance_type=str(table.instance_type[i]),
+        market=str(table.market[i]),
+        accelerator=str(table.accelerator[i]),
+        gpu_count=float(table.gpus[i]),
+        usd_per_hour=float(table.price[i]),
         job_usd_per_hour=price,
         steps_per_s=float(ev.steps_per_s[i]),
         throughput_estimated=bool(ev.estimated[i]),
@@ -180,20 +179,22 @@ def plan_job(
     best_idx, ok, q_hours = rank(ev, objective, a, max(top, 50), table.gpus)
     if len(best_idx) == 0:
         raise _why_infeasible(ev, objective, q_hours, table)
-    cands = [_candidate(table, ev, int(i), q_hours, job.steps) for i in best_idx]
+    cands = [_candidate(table, ev, int(i), q_hours, job.steps) for i in best_idx[:top]]
     # Explain against the best genuinely different option (another cloud, GPU or market), not a
     # twin zone or a larger size at the same per-GPU price.
     first = cands[0]
-    other = next(
-        (c for c in cands[1:] if (c.cloud, c.accelerator, c.market) != (first.cloud, first.accelerator, first.market)),
-        cands[1] if len(cands) > 1 else None,
-    )
+    kind = (table.cloud[best_idx[0]], table.accelerator[best_idx[0]], table.market[best_idx[0]])
+    differs = [int(i) for i in best_idx[1:] if (table.cloud[i], table.accelerator[i], table.market[i]) != kind]
+    if differs:
+        other: Candidate | None = _candidate(table, ev, differs[0], q_hours, job.steps)
+    else:
+        other = cands[1] if len(cands) > 1 else None
     reason = _explain(objective, first, other)
     return Plan(
         job=job,
         objective=objective,
         winner=cands[0],
-        alternatives=tuple(cands[:top]),
+        alternatives=tuple(cands),
         offers_considered=len(table),
         offers_feasible=int(ok.sum()),
         reason=reason,
