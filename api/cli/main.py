@@ -9,6 +9,7 @@ import typer
 from api.cli import catalog as catalog_cmd
 from api.cli import plan as plan_cmd
 from api.cli import prices as prices_cmd
+from api.cli import throughput as throughput_cmd
 from api.cli.common import Exit, configure_logging, failures, settings_with
 from api.cli.output import OutputFormat, emit_object, note
 
@@ -20,6 +21,7 @@ app = typer.Typer(
 )
 app.add_typer(prices_cmd.app, name="prices")
 app.add_typer(catalog_cmd.app, name="catalog")
+app.add_typer(throughput_cmd.app, name="throughput")
 app.command("plan")(plan_cmd.plan)
 db_app = typer.Typer(help="The database: migrations and status.", no_args_is_help=True)
 app.add_typer(db_app, name="db")

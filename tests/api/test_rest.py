@@ -150,3 +150,32 @@ def test_sources_lists_recorded_collection_runs(client: TestClient) -> None:
 def test_metrics_are_exposed_for_prometheus(client: TestClient) -> None:
     r = client.get("/metrics/")
     assert r.status_code == 200 and "python_info" in r.text
+
+
+def test_a_plan_request_returns_winner_alternatives_and_reason(client: TestClient) -> None:
+    body = {"job_type": "ResNet-50 (batch size 128)", "steps": 100000, "objective": "min-cost",
+            "at": "2020-03-01T06:00:00Z", "top": 3}
+    r = client.post("/v1/plans", json=body)
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    assert plan["winner"] == plan["alternatives"][0]
+    assert plan["winner"]["accelerator"] in ("k80", "v100") and plan["reason"]
+    assert isinstance(plan["winner"]["expected_cost_usd"], float)
+
+
+def test_an_infeasible_plan_names_the_binding_constraint(client: TestClient) -> None:
+    body = {"job_type": "ResNet-50 (batch size 128)", "steps": 1e9, "objective": "min-cost-deadline",
+            "deadline_hours": 1, "at": "2020-03-01T06:00:00Z"}
+    r = client.post("/v1/plans", json=body)
+    assert r.status_code == 404
+    assert r.json()["detail"]["binding"] == "deadline"
+
+
+def test_a_malformed_plan_request_is_rejected_with_the_field(client: TestClient) -> None:
+    r = client.post("/v1/plans", json={"job_type": "ResNet-50 (batch size 128)", "steps": -5})
+    assert r.status_code == 422
+    assert "steps" in r.text
+    r = client.post("/v1/plans", json={"job_type": "X", "steps": 5, "objective": "min-time-budget"})
+    assert r.status_code == 422
+    assert "budget" in r.text
+    assert client.post("/v1/plans", content=b"{not json").status_code == 422

@@ -1,0 +1,108 @@
+"""``costopt throughput ...``: job types' speed per GPU, users' measurements, estimator error."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from api.cli.common import Exit, failures, settings_with
+from api.cli.output import OutputFormat, emit, note
+from api.planning import reset
+from api.wiring import build_catalog, build_store
+from costopt.domain import normalize_accelerator
+from costopt.throughput.model import JobType
+from costopt.throughput.registry import Measurement, MeasurementRegistry
+
+app = typer.Typer(help="Training throughput (steps/s) per job type and GPU.", no_args_is_help=True)
+
+
+@app.command("list")
+def list_(
+    job_type: Annotated[str | None, typer.Option("--job-type", help="Only this job type.")] = None,
+    gpu: Annotated[str | None, typer.Option(help="Only this accelerator.")] = None,
+    gpus: Annotated[int | None, typer.Option(help="Only this GPU count.")] = None,
+    measured_only: Annotated[bool, typer.Option(help="Hide estimated cells.")] = False,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+) -> None:
+    """Every known cell: measured (file), user (registered or reported), or estimated."""
+    settings = settings_with()
+    with failures():
+        store = build_store(settings)
+        catalog = build_catalog(settings, store.engine)
+    acc = normalize_accelerator(gpu) if gpu else None
+    jt = JobType.parse(job_type) if job_type else None
+    rows = []
+    for key, cell in sorted(
+        catalog.cells.items(), key=lambda kv: (kv[0].job_type.name, kv[0].accelerator, kv[0].gpu_count)
+    ):
+        if (jt and key.job_type != jt) or (acc and key.accelerator != acc) or (gpus and key.gpu_count != gpus):
+            continue
+        if measured_only and cell.is_estimate:
+            continue
+        rows.append(
+            {
+                "job_type": key.job_type.name,
+                "accelerator": key.accelerator,
+                "gpu_count": key.gpu_count,
+                "placement": key.placement,
+                "steps_per_s": cell.steps_per_s,
+                "provenance": cell.provenance,
+                "estimator": cell.estimator,
+                "n_measurements": cell.n_measurements,
+            }
+        )
+    emit(
+        rows,
+        [("job_type", "job type", None), ("accelerator", "GPU", None), ("gpu_count", "GPUs", "count"),
+         ("placement", "placement", None), ("steps_per_s", "speed", "steps/s"), ("provenance", "provenance", None),
+         ("estimator", "estimator", None), ("n_measurements", "measurements", "count")],
+        fmt,
+        title="Throughput catalog",
+    )
+    if not rows:
+        raise typer.Exit(Exit.NOT_FOUND)
+
+
+@app.command("register")
+def register(
+    job_type: Annotated[str, typer.Option("--job-type", help='e.g. "MyModel (batch size 32)".')],
+    gpu: Annotated[str, typer.Option(help="Accelerator, e.g. a100.")],
+    steps_per_s: Annotated[float, typer.Option("--steps-per-s", min=0, help="Measured speed, steps/s.")],
+    gpus: Annotated[int, typer.Option(help="GPU count of the measurement.")] = 1,
+    spread: Annotated[bool, typer.Option(help="Measured across servers, not on one.")] = False,
+    windows: Annotated[int, typer.Option(min=1, help="How many measurement windows this averages.")] = 1,
+    source: Annotated[str, typer.Option(help="Who measured it.")] = "user",
+) -> None:
+    """Register a measurement (a new job type, or one more measurement of a known cell)."""
+    settings = settings_with()
+    with failures():
+        store = build_store(settings)
+        MeasurementRegistry(store.engine).add(
+            Measurement(JobType.parse(job_type), normalize_accelerator(gpu), gpus, steps_per_s,
+                        "spread" if spread else "consolidated", windows, "user", source)
+        )
+        reset()
+    note(f"registered {job_type} on {gpus} x {gpu}: {steps_per_s:g} steps/s")
+
+
+@app.command("report")
+def report(
+    holdout: Annotated[float, typer.Option(help="Fraction of cells hidden for the low-rank test.")] = 0.2,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+) -> None:
+    """How wrong the estimators are on held-out measured cells (markdown)."""
+    from costopt.throughput.catalog import ThroughputCatalog
+    from costopt.throughput.estimate import load_accelerator_specs
+    from costopt.throughput.loaders import load_throughput_file
+    from costopt.throughput.report import estimator_error_report, render_markdown
+
+    settings = settings_with()
+    path = settings.resolved_throughput_file()
+    if path is None:
+        raise typer.BadParameter("no throughput file: set COSTOPT_THROUGHPUT_FILE or COSTOPT_DATA_DIR")
+    with failures():
+        catalog = ThroughputCatalog.from_measurements(load_throughput_file(path))
+        result = estimator_error_report(catalog, load_accelerator_specs(), holdout_fraction=holdout, seed=seed)
+    sys.stdout.write(render_markdown(result) + "\n")

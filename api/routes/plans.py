@@ -1,0 +1,88 @@
+"""``/v1/plans``: plan one job under an objective (same planner as ``costopt plan``)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, HTTPException
+from pydantic import BaseModel, Field
+
+from api.cli.plan import plan_record
+from api.deps import SettingsDep, StoreDep
+from api.planning import plan_single
+from costopt.domain import Cloud
+from costopt.errors import CostoptError
+from costopt.planning.model import (
+    Infeasible,
+    InvalidJob,
+    JobSpec,
+    Location,
+    MinCost,
+    MinCostByDeadline,
+    MinTime,
+    MinTimeWithinBudget,
+    Objective,
+    Weighted,
+)
+from costopt.throughput.model import JobType
+
+router = APIRouter(prefix="/v1/plans", tags=["plans"])
+
+
+class LocationIn(BaseModel):
+    cloud: Cloud
+    region: str = Field(min_length=1)
+
+
+class PlanRequest(BaseModel):
+    """A job and its objective. ``deadline_hours`` / ``budget_usd`` are required by the constrained
+    objectives; ``at`` (with offset) plans with the prices then; default now."""
+
+    job_type: str = Field(min_length=1, examples=["ResNet-50 (batch size 128)"])
+    steps: Annotated[float, Field(gt=0)]
+    gpus: Literal[1, 2, 4, 8] = 1
+    objective: Literal["min-cost", "min-time", "min-cost-deadline", "min-time-budget", "weighted"] = "min-cost"
+    deadline_hours: Annotated[float | None, Field(gt=0)] = None
+    budget_usd: Annotated[Decimal | None, Field(gt=0)] = None
+    confidence: Annotated[float, Field(ge=0.5, lt=1)] = 0.95
+    cost_weight: Annotated[float, Field(ge=0, le=1)] = 0.5
+    clouds: list[Cloud] | None = None
+    checkpoint_gb: Annotated[float, Field(ge=0)] = 0.0
+    location: LocationIn | None = None
+    at: datetime | None = None
+    top: Annotated[int, Field(ge=1, le=1000)] = 10
+
+    def build_objective(self) -> Objective:
+        if self.objective == "min-cost-deadline" or (self.objective == "min-cost" and self.deadline_hours):
+            if self.deadline_hours is None:
+                raise InvalidJob("min-cost-deadline needs deadline_hours")
+            return MinCostByDeadline(self.deadline_hours, self.confidence)
+        if self.objective == "min-time-budget" or (self.objective == "min-time" and self.budget_usd):
+            if self.budget_usd is None:
+                raise InvalidJob("min-time-budget needs budget_usd")
+            return MinTimeWithinBudget(self.budget_usd)
+        if self.objective == "min-cost":
+            return MinCost()
+        if self.objective == "min-time":
+            return MinTime()
+        return Weighted(self.cost_weight)
+
+
+@router.post("", responses={404: {"description": "infeasible: the detail names the binding constraint"}})
+def create_plan(body: PlanRequest, store: StoreDep, settings: SettingsDep) -> dict[str, Any]:
+    """The winner, ranked alternatives and the reason; money in USD (floats, rounded to the cent)."""
+    if body.at is not None and body.at.tzinfo is None:
+        raise HTTPException(status_code=422, detail="at must carry a UTC offset, e.g. 2020-03-01T00:00:00Z")
+    try:
+        objective = body.build_objective()
+        loc = Location(body.location.cloud, body.location.region) if body.location else None
+        job = JobSpec(JobType.parse(body.job_type), body.steps, body.gpus, body.checkpoint_gb, loc)
+        at = body.at.astimezone(UTC) if body.at else None
+        now, plan = plan_single(store, settings, job, objective, at=at, clouds=body.clouds, top=body.top)
+    except Infeasible as exc:
+        raise HTTPException(status_code=404, detail={"binding": exc.binding, "message": str(exc)}) from exc
+    except (InvalidJob, CostoptError) as exc:
+        raise HTTPException(status_code=422, detail=str(exc)) from exc
+    return plan_record(plan, now.at.isoformat().replace("+00:00", "Z"), "explicit" if at else now.mode)
