@@ -56,23 +56,30 @@ def ns_to_dt(ns: int) -> datetime:
     return _EPOCH + timedelta(microseconds=int(ns) // 1000)
 
 
-def ts_text(ns: np.ndarray) -> np.ndarray:
-    """int64 ns since the epoch -> ISO 8601 text with microseconds (how SQLite holds instants)."""
-    return np.datetime_as_string(
-        np.asarray(ns, dtype=np.int64).view("datetime64[ns]").astype("datetime64[us]"), unit="us"
-    )
+def sqlite_us(ns: np.ndarray) -> np.ndarray:
+    """int64 ns since the epoch -> int64 µs (how SQLite holds instants, see costopt.db.types)."""
+    return np.asarray(ns, dtype=np.int64) // 1000
 
 
-def to_utc_ns(col: pd.Series) -> np.ndarray:
-    """A column of tz-aware datetimes -> int64 ns since the epoch. Naive times are refused."""
+def to_utc_ns(col: pd.Series, name: str = "valid_from") -> np.ndarray:
+    """A column of tz-aware datetimes (any UTC offsets, mixed allowed) -> int64 ns since the epoch,
+    truncated to microseconds (what the store keeps). Naive or missing times raise BadRecord."""
+    if col.isna().any():
+        raise BadRecord(f"missing {name} at row {int(np.flatnonzero(col.isna().to_numpy())[0])}")
     if not isinstance(col.dtype, pd.DatetimeTZDtype):
+        if col.dtype == object:
+            naive = col.map(lambda v: getattr(v, "tzinfo", None) is None and not isinstance(v, str)).to_numpy()
+            if naive.any():
+                raise BadRecord(f"naive {name} at row {int(np.flatnonzero(naive)[0])}: pass tz-aware UTC times")
         try:
-            col = pd.to_datetime(col, utc=False)
+            col = pd.to_datetime(col, utc=col.dtype == object)
         except (TypeError, ValueError) as exc:
-            raise BadRecord(f"valid_from/observed_at must be tz-aware UTC datetimes: {exc}") from exc
+            raise BadRecord(f"{name} must be tz-aware UTC datetimes: {exc}") from exc
         if not isinstance(col.dtype, pd.DatetimeTZDtype):
-            raise BadRecord("naive datetimes given to the price store: pass tz-aware UTC times")
-    return np.asarray(col.dt.tz_convert("UTC").dt.as_unit("ns").to_numpy(dtype="datetime64[ns]").view("int64"))
+            raise BadRecord(f"naive {name} given to the price store: pass tz-aware UTC times")
+    ns = np.asarray(col.dt.tz_convert("UTC").dt.as_unit("ns").to_numpy(dtype="datetime64[ns]").view("int64"))
+    # The store keeps microseconds (both backends): truncate here, so keys compare as stored.
+    return ns - np.mod(ns, 1000)
 
 
 @dataclass
@@ -130,11 +137,14 @@ def prepare(frame: pd.DataFrame) -> _Batch:
         obs_col = frame["observed_at"]
         present = obs_col.notna().to_numpy()
         obs = vf.copy()
-        obs[present] = to_utc_ns(obs_col[present])
+        obs[present] = to_utc_ns(obs_col[present], "observed_at")
         obs = np.maximum(obs, vf)
     else:
         obs = vf
     source = frame["source"].to_numpy(dtype=object)
+    bad_source = frame["source"].isna().to_numpy() | (frame["source"].astype(str).str.strip() == "").to_numpy()
+    if bad_source.any():
+        raise BadRecord(f"missing source at row {int(np.flatnonzero(bad_source)[0])}")
     return _Batch(keys, np.asarray(key_code, dtype=np.int64), vf, obs, price, source)
 
 
@@ -373,7 +383,7 @@ class Ingestor:
                     )
                     copy.write(payload)
         else:
-            text_ts = ts_text(vf)
+            text_ts = sqlite_us(vf)
             for lo in range(0, len(oid), CHUNK_ROWS):
                 hi = lo + CHUNK_ROWS
                 rows = list(
@@ -433,10 +443,10 @@ class Ingestor:
         else:
             rows = list(
                 zip(
-                    ts_text(vf).tolist(),
+                    sqlite_us(vf).tolist(),
                     price.tolist(),
                     current_src.tolist(),
-                    ts_text(obs).tolist(),
+                    sqlite_us(obs).tolist(),
                     src.tolist(),
                     ids.tolist(),
                     strict=True,

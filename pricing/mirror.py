@@ -22,6 +22,7 @@ import pandas as pd
 from sqlalchemy import Engine
 
 from costopt.db.schema import store_meta
+from costopt.db.types import db_value_to_ns
 from pricing.ingest import dt_to_ns
 
 SNAPSHOT_COLUMNS = [
@@ -50,11 +51,10 @@ def read_version(engine: Engine) -> int:
 
 
 def _ns_col(values: list[object], dialect: str) -> np.ndarray:
-    """Timestamps as returned by the driver -> int64 ns (NaT for None)."""
-    if dialect == "sqlite":
-        arr = np.array([v if v is not None else "NaT" for v in values], dtype="datetime64[us]")
-        return arr.astype("datetime64[ns]").view(np.int64)
-    return np.array([dt_to_ns(v) if v is not None else np.iinfo(np.int64).min for v in values], dtype=np.int64)  # type: ignore[arg-type]
+    """Timestamps as returned by the driver (int µs on SQLite, datetime on PostgreSQL) -> int64 ns
+    (int64 min for None)."""
+    missing = np.iinfo(np.int64).min
+    return np.array([missing if v is None else db_value_to_ns(v) for v in values], dtype=np.int64)
 
 
 @dataclass
@@ -156,7 +156,7 @@ class PriceMirror:
             if self.dialect == "postgresql":
                 vf = np.asarray(vfs, dtype=np.int64) * 1000
             else:
-                vf = np.array(vfs, dtype="datetime64[us]").astype("datetime64[ns]").view(np.int64)
+                vf = np.asarray(vfs, dtype=np.int64) * 1000
             offer_id = np.asarray(oid, dtype=np.int64)
             codes, uniq = pd.factorize(np.asarray(src, dtype=object))
             starts = (
@@ -180,6 +180,8 @@ class PriceMirror:
     def snapshot(self, at: datetime | None, judge_at: datetime, stale_after_ns: int) -> dict[str, np.ndarray] | None:
         """Unfiltered snapshot columns (see PriceStore.snapshot_frame) or None when the points are
         not mirrored (too many): the caller then asks SQL."""
+        if (at is not None and at.tzinfo is None) or judge_at.tzinfo is None:
+            raise ValueError("naive datetime: pass a tz-aware UTC time")
         offers = self.offers()
         if at is None:
             rows = np.arange(len(offers))

@@ -30,6 +30,7 @@ from costopt.db.schema import instance_types as t_instance_types
 from costopt.db.schema import offers as t_offers
 from costopt.db.schema import price_points as t_points
 from costopt.db.schema import source_status as t_status
+from costopt.db.types import db_value_to_ns, to_epoch_us
 from costopt.domain import (
     Cloud,
     InstanceType,
@@ -39,7 +40,7 @@ from costopt.domain import (
     utc,
 )
 from costopt.errors import StoreError
-from pricing.ingest import KEY_COLUMNS, PG_WRITE_LOCK, Ingestor, WriteResult, dt_to_ns, prepare
+from pricing.ingest import KEY_COLUMNS, PG_WRITE_LOCK, Ingestor, WriteResult, prepare
 from pricing.mirror import SNAPSHOT_COLUMNS, PriceMirror, snapshot_columns_from, with_key_rank
 
 REFERENCE_SOURCES = frozenset({"list-price"})
@@ -170,14 +171,8 @@ class PriceStore:
             raise ValueError(f"naive datetime {dt!r}: pass a tz-aware UTC time")
         dt = dt.astimezone(UTC)
         if self.dialect == "sqlite":
-            return dt.strftime("%Y-%m-%dT%H:%M:%S.%f")
+            return to_epoch_us(dt)
         return dt
-
-    def _ts_text(self, ns: np.ndarray) -> np.ndarray:
-        """int64 ns -> ISO text (microseconds) understood by both backends (UTC)."""
-        return np.datetime_as_string(
-            np.asarray(ns, dtype=np.int64).view("datetime64[ns]").astype("datetime64[us]"), unit="us"
-        )
 
     @staticmethod
     def _parse_ts_col(values: pd.Series) -> pd.Series:
@@ -203,9 +198,11 @@ class PriceStore:
             if self.dialect == "postgresql":
                 conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({PG_WRITE_LOCK})")
                 conn.exec_driver_sql("SET LOCAL TIME ZONE 'UTC'")
-            result = Ingestor(conn, self.dialect).write(batch)
+            # First statement: a write. On SQLite it takes the database's write lock before the
+            # stored context is read, so concurrent writers serialize (as the advisory lock does on
+            # PostgreSQL) and never decide on prices another writer is changing.
             conn.exec_driver_sql(BUMP_VERSION_SQL)
-            return result
+            return Ingestor(conn, self.dialect).write(batch)
 
     # ------------------------------------------------------------------ catalog
     def upsert_instance_types(self, types: Iterable[InstanceType], *, now: datetime | None = None) -> int:
@@ -455,7 +452,7 @@ class PriceStore:
                 "zone": np.asarray(cols[3], dtype=object),
                 "instance_type": np.asarray(cols[4], dtype=object),
                 "market": np.asarray(cols[5], dtype=object),
-                "confirmed": np.array([_NAT if v is None else dt_to_ns(v) for v in cols[9]], dtype=np.int64),
+                "confirmed": np.array([_NAT if v is None else db_value_to_ns(v) for v in cols[9]], dtype=np.int64),
                 "accelerator": np.asarray(cols[10], dtype=object),
                 "gpu_count": np.asarray([np.nan if v is None else v for v in cols[11]], dtype=np.float64),
             }
@@ -464,7 +461,7 @@ class PriceStore:
         return snapshot_columns_from(
             meta,
             np.asarray(cols[6], dtype=np.float64),
-            np.array([dt_to_ns(v) for v in cols[7]], dtype=np.int64),
+            np.array([db_value_to_ns(v) for v in cols[7]], dtype=np.int64),
             np.asarray(cols[8], dtype=object),
             judge_at,
             stale_ns,

@@ -55,9 +55,16 @@ def list_(
         )
     emit(
         rows,
-        [("job_type", "job type", None), ("accelerator", "GPU", None), ("gpu_count", "GPUs", "count"),
-         ("placement", "placement", None), ("steps_per_s", "speed", "steps/s"), ("provenance", "provenance", None),
-         ("estimator", "estimator", None), ("n_measurements", "measurements", "count")],
+        [
+            ("job_type", "job type", None),
+            ("accelerator", "GPU", None),
+            ("gpu_count", "GPUs", "count"),
+            ("placement", "placement", None),
+            ("steps_per_s", "speed", "steps/s"),
+            ("provenance", "provenance", None),
+            ("estimator", "estimator", None),
+            ("n_measurements", "measurements", "count"),
+        ],
         fmt,
         title="Throughput catalog",
     )
@@ -80,8 +87,16 @@ def register(
     with failures():
         store = build_store(settings)
         MeasurementRegistry(store.engine).add(
-            Measurement(JobType.parse(job_type), normalize_accelerator(gpu), gpus, steps_per_s,
-                        "spread" if spread else "consolidated", windows, "user", source)
+            Measurement(
+                JobType.parse(job_type),
+                normalize_accelerator(gpu),
+                gpus,
+                steps_per_s,
+                "spread" if spread else "consolidated",
+                windows,
+                "user",
+                source,
+            )
         )
         reset()
     note(f"registered {job_type} on {gpus} x {gpu}: {steps_per_s:g} steps/s")

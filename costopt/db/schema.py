@@ -59,6 +59,7 @@ price_points = Table(
     Column("valid_from", UtcDateTime(), primary_key=True),
     Column("usd_per_hour", Float, nullable=False),
     Column("source", String(64), nullable=False),
+    sqlite_with_rowid=False,  # clustered on the primary key: one B-tree, not table + index
 )
 
 instance_types = Table(

@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import DateTime
-from sqlalchemy.dialects import sqlite
+from sqlalchemy import BigInteger, DateTime
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
-SQLITE_TS_FORMAT = "%Y-%m-%dT%H:%M:%S.%f"
-"""How SQLite holds a UTC instant: ISO 8601 text with microseconds (sorts in time order, and is what
-``numpy.datetime_as_string(..., unit="us")`` prints, so bulk paths need no per-row formatting).
-PostgreSQL uses timestamptz."""
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_US = timedelta(microseconds=1)
 
-_SQLITE_DT = sqlite.DATETIME(  # type: ignore[no-untyped-call]
-    storage_format="%(year)04d-%(month)02d-%(day)02dT%(hour)02d:%(minute)02d:%(second)02d.%(microsecond)06d",
-    regexp=r"(\d+)-(\d+)-(\d+)T(\d+):(\d+):(\d+)(?:\.(\d+))?",
-)
+
+def to_epoch_us(value: datetime) -> int:
+    """A tz-aware instant as integer microseconds since 1970-01-01T00:00:00Z."""
+    return (value - EPOCH) // _US
+
+
+def from_epoch_us(value: int) -> datetime:
+    return EPOCH + timedelta(microseconds=int(value))
 
 
 class UtcDateTime(TypeDecorator[datetime]):
-    """A tz-aware UTC instant: ``timestamptz`` on PostgreSQL, sortable UTC text on SQLite.
+    """A tz-aware UTC instant: ``timestamptz`` on PostgreSQL; on SQLite an integer of microseconds
+    since the Unix epoch (exact, sorts in time order, and bulk paths write numpy int64 as is).
 
     Naive datetimes are refused on the way in (a naive time is a bug, not UTC by luck).
     """
@@ -32,7 +34,7 @@ class UtcDateTime(TypeDecorator[datetime]):
 
     def load_dialect_impl(self, dialect: Dialect) -> Any:
         if dialect.name == "sqlite":
-            return dialect.type_descriptor(_SQLITE_DT)
+            return dialect.type_descriptor(BigInteger())
         return dialect.type_descriptor(DateTime(timezone=True))
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
@@ -40,20 +42,25 @@ class UtcDateTime(TypeDecorator[datetime]):
             return None
         if value.tzinfo is None:
             raise ValueError(f"naive datetime {value!r}: pass a tz-aware UTC time")
-        value = value.astimezone(UTC)
         if dialect.name == "sqlite":
-            return value.replace(tzinfo=None)
-        return value
+            return to_epoch_us(value)
+        return value.astimezone(UTC)
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
+        if isinstance(value, int):
+            return from_epoch_us(value)
         if isinstance(value, str):
             value = datetime.fromisoformat(value)
         result: datetime = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
         return result
 
 
-def sqlite_ts(value: datetime) -> str:
-    """Format a tz-aware instant the way :class:`UtcDateTime` stores it on SQLite."""
-    return value.astimezone(UTC).strftime(SQLITE_TS_FORMAT)
+def db_value_to_ns(value: Any) -> int:
+    """A raw timestamp as a driver returns it (int µs on SQLite, datetime on PostgreSQL) -> ns."""
+    if isinstance(value, int):
+        return value * 1000
+    if isinstance(value, datetime):
+        return to_epoch_us(value) * 1000
+    raise TypeError(f"not a stored timestamp: {value!r}")

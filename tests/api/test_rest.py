@@ -153,8 +153,13 @@ def test_metrics_are_exposed_for_prometheus(client: TestClient) -> None:
 
 
 def test_a_plan_request_returns_winner_alternatives_and_reason(client: TestClient) -> None:
-    body = {"job_type": "ResNet-50 (batch size 128)", "steps": 100000, "objective": "min-cost",
-            "at": "2020-03-01T06:00:00Z", "top": 3}
+    body = {
+        "job_type": "ResNet-50 (batch size 128)",
+        "steps": 100000,
+        "objective": "min-cost",
+        "at": "2020-03-01T06:00:00Z",
+        "top": 3,
+    }
     r = client.post("/v1/plans", json=body)
     assert r.status_code == 200, r.text
     plan = r.json()
@@ -164,8 +169,13 @@ def test_a_plan_request_returns_winner_alternatives_and_reason(client: TestClien
 
 
 def test_an_infeasible_plan_names_the_binding_constraint(client: TestClient) -> None:
-    body = {"job_type": "ResNet-50 (batch size 128)", "steps": 1e9, "objective": "min-cost-deadline",
-            "deadline_hours": 1, "at": "2020-03-01T06:00:00Z"}
+    body = {
+        "job_type": "ResNet-50 (batch size 128)",
+        "steps": 1e9,
+        "objective": "min-cost-deadline",
+        "deadline_hours": 1,
+        "at": "2020-03-01T06:00:00Z",
+    }
     r = client.post("/v1/plans", json=body)
     assert r.status_code == 404
     assert r.json()["detail"]["binding"] == "deadline"

@@ -69,7 +69,8 @@ def upgrade() -> None:
     sa.Column('valid_from', costopt.db.types.UtcDateTime(timezone=True), nullable=False),
     sa.Column('usd_per_hour', sa.Float(), nullable=False),
     sa.Column('source', sa.String(length=64), nullable=False),
-    sa.PrimaryKeyConstraint('offer_id', 'valid_from', name=op.f('pk_price_points'))
+    sa.PrimaryKeyConstraint('offer_id', 'valid_from', name=op.f('pk_price_points')),
+    sqlite_with_rowid=False,
     )
     
 

@@ -1,0 +1,104 @@
+"""Schema migrations: idempotent, detectable, and a clear StoreError when the database is unreachable."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, inspect
+
+from costopt.db.engine import current_revision, head_revision, is_migrated, make_engine, migrate
+from costopt.db.schema import metadata
+from costopt.errors import StoreError
+from pricing.store import PriceStore
+from tests.store.helpers import h, price_of, pt
+
+TABLES = {"offers", "price_points", "instance_types", "source_status", "store_meta"}
+
+
+@pytest.fixture
+def blank_sqlite(tmp_path: Path) -> Iterator[Engine]:
+    eng = make_engine(f"sqlite:///{tmp_path / 'nested' / 'dir' / 'blank.db'}")
+    yield eng
+    eng.dispose()
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_there_is_a_head_revision() -> None:
+    assert head_revision()
+
+
+def test_a_migrated_database_is_at_the_head_revision(engine: Engine) -> None:
+    assert current_revision(engine) == head_revision()
+    assert is_migrated(engine)
+    assert set(inspect(engine).get_table_names()) >= TABLES
+
+
+def test_the_migrated_schema_is_exactly_the_declared_schema(engine: Engine) -> None:
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), metadata) == []
+
+
+def test_migrating_twice_changes_nothing(engine: Engine) -> None:
+    store = PriceStore(engine)
+    store.write([pt(0, 1.0), pt(5, 2.0)])
+
+    migrate(engine)
+    migrate(engine)
+
+    assert is_migrated(engine)
+    assert store.count_points() == 2
+    assert price_of(PriceStore(engine), h(6)) == 2.0
+
+
+def test_a_blank_database_is_not_migrated_until_migrate_runs(blank_sqlite: Engine) -> None:
+    assert current_revision(blank_sqlite) is None
+    assert not is_migrated(blank_sqlite)
+
+    migrate(blank_sqlite)
+
+    assert is_migrated(blank_sqlite)
+    assert set(inspect(blank_sqlite).get_table_names()) >= TABLES
+    store = PriceStore(blank_sqlite)
+    assert store.write([pt(0, 1.0)]).inserted == 1
+    assert price_of(store, h(1)) == 1.0
+
+
+def test_current_revision_of_an_unreachable_postgres_raises_store_error() -> None:
+    eng = make_engine(f"postgresql://postgres@127.0.0.1:{_closed_port()}/nothing", connect_args={"connect_timeout": 2})
+    try:
+        with pytest.raises(StoreError, match="unreachable"):
+            current_revision(eng)
+        with pytest.raises(StoreError):
+            is_migrated(eng)
+    finally:
+        eng.dispose()
+
+
+def test_current_revision_of_an_unopenable_sqlite_file_raises_store_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where a folder should be")
+    eng = make_engine(f"sqlite:///{tmp_path / 'db-dir'}/x.db")
+    (tmp_path / "db-dir").rmdir()
+    (tmp_path / "db-dir").symlink_to(blocker)
+    try:
+        with pytest.raises(StoreError):
+            current_revision(eng)
+    finally:
+        eng.dispose()
+
+
+def test_the_price_version_counter_starts_at_zero(blank_sqlite: Engine) -> None:
+    migrate(blank_sqlite)
+    with blank_sqlite.connect() as conn:
+        rows = conn.exec_driver_sql("SELECT name, value FROM store_meta").fetchall()
+    assert [tuple(r) for r in rows] == [("price_version", 0)]
