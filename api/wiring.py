@@ -35,7 +35,7 @@ def build_store(settings: Settings, *, migrate_schema: bool = True) -> PriceStor
 def build_sources(settings: Settings, names: list[str] | None = None) -> list[PriceSource]:
     """The live collectors, in a fixed order (``names`` None: all of them)."""
     from pricing.aws import AwsInstanceTypeSource, AwsOnDemandSource, AwsSpotSource
-    from pricing.azure import AzureRetailPriceSource
+    from pricing.azure import AzureResourceSkus, AzureRetailPriceSource, AzureSkuSource
     from pricing.gcp import GcpPriceSource
 
     all_sources: list[PriceSource] = [
@@ -45,6 +45,8 @@ def build_sources(settings: Settings, names: list[str] | None = None) -> list[Pr
         AzureRetailPriceSource.from_settings(settings),
         AwsInstanceTypeSource.from_settings(settings),
     ]
+    if settings.azure_subscription_id:
+        all_sources.append(AzureSkuSource(AzureResourceSkus(settings.azure_subscription_id), settings.azure_regions))
     if names is None:
         return all_sources
     by_name = {s.name: s for s in all_sources}
@@ -62,6 +64,7 @@ def source_intervals(settings: Settings) -> dict[str, float]:
         "gcp": settings.gcp_interval.total_seconds(),
         "azure": settings.azure_interval.total_seconds(),
         "aws-catalog": settings.catalog_interval.total_seconds(),
+        "azure-skus": settings.catalog_interval.total_seconds(),
     }
 
 

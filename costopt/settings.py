@@ -109,6 +109,9 @@ class Settings(BaseSettings):
     gcp_regions: list[str] | None = None
     azure_regions: list[str] | None = None
     gcp_project: str | None = Field(default=None, description="GCP project for zone/accelerator queries.")
+    azure_subscription_id: str | None = Field(
+        default=None, description="Azure subscription for resource-SKU discovery (None: not scheduled)."
+    )
     # Endpoints: None means each SDK's real endpoint; tests point these at local fakes.
     aws_endpoint_url: str | None = None
     gcp_billing_endpoint: str | None = None

@@ -675,3 +675,23 @@ class AzureResourceSkus:
                 region = str(loc).lower()
                 if region not in restricted:
                     available.setdefault(region, set()).add(itype.name)
+
+
+class AzureSkuSource:
+    """The resource-SKU discovery as a scheduled source: it returns instance types, no prices.
+
+    Needs a subscription id (setting ``azure_subscription_id``); credentials come from
+    ``DefaultAzureCredential``.
+    """
+
+    name = "azure-skus"
+
+    def __init__(self, discovery: AzureResourceSkus, regions: Sequence[str] | None = None) -> None:
+        self.discovery = discovery
+        self.regions = regions
+
+    def fetch(self, history: PriceHistoryView | None = None) -> FetchResult:
+        found = self.discovery.discover(self.regions)
+        return FetchResult(
+            self.name, instance_types=list(found.instance_types), partial=found.partial, errors=list(found.errors)
+        )

@@ -79,7 +79,8 @@ def to_utc_ns(col: pd.Series, name: str = "valid_from") -> np.ndarray:
             raise BadRecord(f"naive {name} given to the price store: pass tz-aware UTC times")
     ns = np.asarray(col.dt.tz_convert("UTC").dt.as_unit("ns").to_numpy(dtype="datetime64[ns]").view("int64"))
     # The store keeps microseconds (both backends): truncate here, so keys compare as stored.
-    return ns - np.mod(ns, 1000)
+    truncated: np.ndarray = ns - np.mod(ns, 1000)
+    return truncated
 
 
 @dataclass
