@@ -14,6 +14,8 @@ Contracts:
 
 from __future__ import annotations
 
+import builtins
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -80,9 +82,9 @@ class CloudProvider(Protocol):
 
     def describe(self, instance_id: str) -> Instance: ...
 
-    def list(self, tags: Mapping[str, str]) -> list[Instance]: ...
+    def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]: ...
 
-    def interruptions(self, since: datetime) -> list[Interruption]: ...
+    def interruptions(self, since: datetime) -> builtins.list[Interruption]: ...
 
 
 class CloudError(CostoptError):
