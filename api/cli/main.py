@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from api.cli import backtest as backtest_cmd
 from api.cli import catalog as catalog_cmd
 from api.cli import plan as plan_cmd
 from api.cli import prices as prices_cmd
@@ -22,6 +23,7 @@ app = typer.Typer(
 app.add_typer(prices_cmd.app, name="prices")
 app.add_typer(catalog_cmd.app, name="catalog")
 app.add_typer(throughput_cmd.app, name="throughput")
+app.add_typer(backtest_cmd.app, name="backtest")
 app.command("plan")(plan_cmd.plan)
 db_app = typer.Typer(help="The database: migrations and status.", no_args_is_help=True)
 app.add_typer(db_app, name="db")

@@ -167,3 +167,18 @@ def test_history_lists_the_price_changes_of_an_offer(db: str, shared_data: Path)
     rows = json.loads(out)
     assert rows and {r["instance_type"] for r in rows} == {"p3.2xlarge"}
     assert all(r["valid_from"] <= "2020-03-08" for r in rows)
+
+
+def test_backtest_paper_prints_the_papers_rows_as_json(db: str, shared_data: Path) -> None:
+    code, out, _ = _invoke("backtest", "paper", "--region", "us-east-1", "--job-days", "1", "-f", "json")
+    assert code == 0
+    rows = json.loads(out)
+    assert {r["policy"] for r in rows} == {
+        "baseline", "gpu_type", "multi_gpu", "multi_cloud", "dynamic", "dynamic_migration_cost"
+    }
+    assert {tuple(sorted(r)) for r in rows} == {("cost_reduction", "job_days", "model", "policy", "region")}
+    base = [r for r in rows if r["policy"] == "baseline"]
+    assert all(r["cost_reduction"] == 1.0 for r in base)
+    dyn = {r["model"]: r["cost_reduction"] for r in rows if r["policy"] == "dynamic"}
+    static = {r["model"]: r["cost_reduction"] for r in rows if r["policy"] == "multi_cloud"}
+    assert sum(dyn.values()) >= sum(static.values())  # re-choosing daily with free moves helps on average
