@@ -34,6 +34,9 @@ test: lint typecheck unit
 bench: setup
 	$(BIN)/python bench/store_bench.py
 	$(BIN)/python bench/import_bench.py
+	$(BIN)/python bench/plan_bench.py
+	$(BIN)/python bench/plan_collection_bench.py
+	$(BIN)/python bench/backtest_bench.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

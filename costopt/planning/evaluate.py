@@ -118,8 +118,10 @@ class Evaluation:
         """Run time (h) that the job beats with probability ``confidence``."""
         c, r = assumptions.checkpoint_interval_hours, assumptions.restart_hours
         mean_preemptions = np.where(self.feasible, self.hazard * self.expected_hours, 0.0)
-        n_q = poisson.ppf(confidence, mean_preemptions)
-        n_q = np.where(mean_preemptions > 0, n_q, 0.0)
+        n_q = np.zeros_like(mean_preemptions)
+        risky = mean_preemptions > 0  # on-demand and infeasible offers need no quantile
+        if risky.any():
+            n_q[risky] = poisson.ppf(confidence, mean_preemptions[risky])
         return np.asarray(self.clean_hours + n_q * (c + r) + r, dtype=np.float64)
 
 

@@ -39,7 +39,8 @@ def _score(ev: Evaluation, objective: Objective, q_hours: np.ndarray | None) -> 
     if isinstance(objective, MinTime):
         return hours, ok
     if isinstance(objective, MinCostByDeadline):
-        assert q_hours is not None
+        if q_hours is None:
+            raise TypeError("hours at confidence are required for a deadline objective")
         return cost, ok & (q_hours <= objective.deadline_hours)
     if isinstance(objective, MinTimeWithinBudget):
         return hours, ok & (cost <= float(objective.budget_usd))

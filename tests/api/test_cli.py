@@ -174,7 +174,12 @@ def test_backtest_paper_prints_the_papers_rows_as_json(db: str, shared_data: Pat
     assert code == 0
     rows = json.loads(out)
     assert {r["policy"] for r in rows} == {
-        "baseline", "gpu_type", "multi_gpu", "multi_cloud", "dynamic", "dynamic_migration_cost"
+        "baseline",
+        "gpu_type",
+        "multi_gpu",
+        "multi_cloud",
+        "dynamic",
+        "dynamic_migration_cost",
     }
     assert {tuple(sorted(r)) for r in rows} == {("cost_reduction", "job_days", "model", "policy", "region")}
     base = [r for r in rows if r["policy"] == "baseline"]
@@ -182,3 +187,38 @@ def test_backtest_paper_prints_the_papers_rows_as_json(db: str, shared_data: Pat
     dyn = {r["model"]: r["cost_reduction"] for r in rows if r["policy"] == "dynamic"}
     static = {r["model"]: r["cost_reduction"] for r in rows if r["policy"] == "multi_cloud"}
     assert sum(dyn.values()) >= sum(static.values())  # re-choosing daily with free moves helps on average
+
+
+def test_plan_batch_plans_a_sweep_within_quotas(db: str, shared_data: Path) -> None:
+    from costopt.settings import PROJECT_ROOT
+
+    code, out, _ = _invoke(
+        "plan-batch", str(PROJECT_ROOT / "examples" / "sweep.yaml"), "--data-dir", str(shared_data), "-f", "json"
+    )
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["status"] == "optimal"
+    assert sum(a["count"] for g in plan["groups"] for a in g["allocations"]) == 30
+    assert all(q["gpus_used"] <= q["max_gpus"] for q in plan["quotas"])
+    total = sum(a["cost_usd"] for g in plan["groups"] for a in g["allocations"])
+    assert abs(total - plan["total_expected_cost_usd"]) < 0.05
+    assert all(a["expected_hours"] <= 48 for g in plan["groups"] for a in g["allocations"])
+
+
+def test_plan_batch_names_a_bad_field(db: str, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("objective: {kind: sweep-min-cost, deadline: 48h}\njobs:\n  - {type: A3C, steps: -3}\n")
+    code, _, err = _invoke("plan-batch", str(bad))
+    assert code == 2
+    assert "jobs.0.steps" in err
+
+
+def test_plan_batch_reports_the_binding_constraint(db: str, shared_data: Path, tmp_path: Path) -> None:
+    f = tmp_path / "tight.yaml"
+    f.write_text(
+        "objective: {kind: sweep-min-cost, deadline: 1h}\nat: 2020-03-01T00:00:00Z\n"
+        "jobs:\n  - {type: 'ResNet-50 (batch size 128)', steps: 1000000, count: 3}\n"
+    )
+    code, _, err = _invoke("plan-batch", str(f), "--data-dir", str(shared_data))
+    assert code == 4
+    assert "deadline" in err
