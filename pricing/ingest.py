@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import and_, func, select
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from costopt.db.schema import offers as t_offers
@@ -218,41 +218,55 @@ class Ingestor:
         step = _SQLITE_MAX_VARS if self.dialect == "sqlite" else 200_000
         return [ids[i : i + step] for i in range(0, len(ids), step)]
 
+    def _ts_sql(self, column: str) -> str:
+        """SQL giving a timestamp column as integer microseconds since the epoch."""
+        if self.dialect == "postgresql":
+            return f"(extract(epoch FROM {column}) * 1000000)::int8"
+        return column
+
+    def _id_filter(self, column: str, chunk: list[int]) -> tuple[str, list[Any]]:
+        if self.dialect == "postgresql":
+            return f"{column} = ANY(%s)", [chunk]
+        return f"{column} IN ({', '.join('?' * len(chunk))})", list(chunk)
+
+    def _raw(self, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in self.conn.exec_driver_sql(sql, tuple(params)).fetchall()]
+
     def _read_current(self, ids: list[int]) -> pd.DataFrame:
         rows: list[tuple[Any, ...]] = []
         for chunk in self._chunks(ids):
-            stmt = select(
-                t_offers.c.id,
-                t_offers.c.current_valid_from,
-                t_offers.c.current_usd_per_hour,
-                t_offers.c.current_source,
-            ).where(t_offers.c.id.in_(chunk), t_offers.c.current_valid_from.is_not(None))
-            rows.extend(tuple(r) for r in self.conn.execute(stmt))
+            cond, params = self._id_filter("id", chunk)
+            rows.extend(
+                self._raw(
+                    f"SELECT id, {self._ts_sql('current_valid_from')}, current_usd_per_hour, current_source"
+                    f" FROM offers WHERE {cond} AND current_valid_from IS NOT NULL",
+                    params,
+                )
+            )
         return _rows_frame(rows)
 
     def _read_points(self, ids: list[int], lo_ns: int) -> pd.DataFrame:
-        lo = ns_to_dt(lo_ns)
+        """Points of ``ids`` from the one in effect at ``lo_ns`` on (the prior point, then all later)."""
+        lo: Any = ns_to_dt(lo_ns) if self.dialect == "postgresql" else lo_ns // 1000
+        ph = "%s" if self.dialect == "postgresql" else "?"
+        ts = self._ts_sql("p.valid_from")
         rows: list[tuple[Any, ...]] = []
-        cols = (t_points.c.offer_id, t_points.c.valid_from, t_points.c.usd_per_hour, t_points.c.source)
         for chunk in self._chunks(ids):
-            prior = (
-                select(t_points.c.offer_id, func.max(t_points.c.valid_from).label("vf"))
-                .where(t_points.c.offer_id.in_(chunk), t_points.c.valid_from < lo)
-                .group_by(t_points.c.offer_id)
-                .subquery()
-            )
+            cond, params = self._id_filter("offer_id", chunk)
             rows.extend(
-                tuple(r)
-                for r in self.conn.execute(
-                    select(*cols).join(
-                        prior, and_(t_points.c.offer_id == prior.c.offer_id, t_points.c.valid_from == prior.c.vf)
-                    )
+                self._raw(
+                    f"SELECT p.offer_id, {ts}, p.usd_per_hour, p.source FROM price_points p"
+                    f" JOIN (SELECT offer_id AS oid, max(valid_from) AS vf FROM price_points"
+                    f"       WHERE {cond} AND valid_from < {ph} GROUP BY offer_id) prior"
+                    f" ON p.offer_id = prior.oid AND p.valid_from = prior.vf",
+                    [*params, lo],
                 )
             )
             rows.extend(
-                tuple(r)
-                for r in self.conn.execute(
-                    select(*cols).where(t_points.c.offer_id.in_(chunk), t_points.c.valid_from >= lo)
+                self._raw(
+                    f"SELECT p.offer_id, {ts}, p.usd_per_hour, p.source FROM price_points p"
+                    f" WHERE {cond.replace('offer_id', 'p.offer_id')} AND p.valid_from >= {ph}",
+                    [*params, lo],
                 )
             )
         return _rows_frame(rows)
@@ -486,7 +500,7 @@ def _rows_frame(rows: list[tuple[Any, ...]]) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "offer_id": np.asarray(oid, dtype=np.int64),
-            "vf": np.array([dt_to_ns(v) for v in vfs], dtype=np.int64),
+            "vf": np.asarray(vfs, dtype=np.int64) * 1000,  # rows carry integer microseconds
             "price": np.asarray(prices, dtype=np.float64),
             "source": np.asarray(sources, dtype=object),
         }
