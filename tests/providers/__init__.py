@@ -1,0 +1,1 @@
+"""Tests of the cloud providers behind costopt.cloud.CloudProvider."""
