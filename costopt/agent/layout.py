@@ -1,0 +1,205 @@
+"""The files at a checkpoint location, their names and formats (shared by the agent and the migrator).
+
+::
+
+    <checkpoint URI>/
+        epoch.json                               fencing marker: the highest epoch that claimed the job
+        checkpoints/ckpt-e<epoch>-s<step>.ckpt    one file per checkpoint (header line + payload)
+        progress/e<epoch>.jsonl                   progress log of the copies that ran with that epoch
+        control/request.json                      a checkpoint request written by the migrator
+
+A checkpoint file is ``MAGIC``, one JSON header line, then the payload. The header carries the job,
+epoch, step, run, request served, encoding (``bytes`` or ``json``), payload size and SHA-256, so a
+torn or foreign file is recognised and skipped. The *latest* checkpoint is the valid one with the
+greatest ``(epoch, step)``: a newer epoch always supersedes an older one, whatever the steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from costopt.agent.errors import AgentError, CheckpointError
+from costopt.agent.storage import Storage
+
+log = logging.getLogger("costopt.agent")
+
+MAGIC = b"COSTOPT-CKPT/1\n"
+EPOCH_MARKER = "epoch.json"
+CHECKPOINT_DIR = "checkpoints"
+PROGRESS_DIR = "progress"
+REQUEST_FILE = "control/request.json"
+
+_NAME_RE = re.compile(r"^ckpt-e(\d+)-s(\d+)\.ckpt$")
+_TEMP_EPOCH_RE = re.compile(r"^\.tmp-e(\d+)-")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class CheckpointRef:
+    """A checkpoint known by its name only (ordered by ``(epoch, step)``, the order of recency)."""
+
+    epoch: int
+    step: int
+    name: str = field(compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A restored checkpoint: the step count reached and the user's state (``bytes`` or a JSON value)."""
+
+    step: int
+    epoch: int
+    state: Any
+    job_id: str
+    run_id: str
+    created_at: float
+    request_id: str | None
+    meta: dict[str, Any]
+    name: str
+
+    @property
+    def ref(self) -> CheckpointRef:
+        return CheckpointRef(self.epoch, self.step, self.name)
+
+
+def checkpoint_name(epoch: int, step: int) -> str:
+    return f"{CHECKPOINT_DIR}/ckpt-e{epoch:010d}-s{step:015d}.ckpt"
+
+
+def progress_name(epoch: int) -> str:
+    return f"{PROGRESS_DIR}/e{epoch:010d}.jsonl"
+
+
+def parse_checkpoint_name(name: str) -> CheckpointRef | None:
+    m = _NAME_RE.match(name.rsplit("/", 1)[-1])
+    if m is None:
+        return None
+    return CheckpointRef(int(m.group(1)), int(m.group(2)), name)
+
+
+def temp_epoch(name: str) -> int | None:
+    """The epoch an agent's temporary file was written by (None: not an agent's temporary file)."""
+    m = _TEMP_EPOCH_RE.match(name.rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else None
+
+
+def encode_state(state: Any) -> tuple[bytes, str]:
+    """``(payload, encoding)``: raw bytes as they are, anything else as JSON."""
+    if isinstance(state, (bytes, bytearray, memoryview)):
+        return bytes(state), "bytes"
+    try:
+        return json.dumps(state, separators=(",", ":")).encode(), "json"
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(
+            f"checkpoint state must be bytes or JSON-serializable ({exc}); serialize arrays to bytes first"
+        ) from exc
+
+
+def encode_checkpoint(header: dict[str, Any], payload: bytes) -> bytes:
+    full = dict(header, size=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+    return MAGIC + json.dumps(full, separators=(",", ":")).encode() + b"\n" + payload
+
+
+class CorruptCheckpoint(AgentError, ValueError):
+    """A checkpoint file that is torn, truncated or not a checkpoint at all."""
+
+
+def decode_checkpoint(data: bytes, name: str) -> Checkpoint:
+    if not data.startswith(MAGIC):
+        raise CorruptCheckpoint(f"{name}: not a costopt checkpoint")
+    end = data.find(b"\n", len(MAGIC))
+    if end < 0:
+        raise CorruptCheckpoint(f"{name}: truncated header")
+    try:
+        header = json.loads(data[len(MAGIC) : end])
+        payload = data[end + 1 :]
+        if len(payload) != header["size"] or hashlib.sha256(payload).hexdigest() != header["sha256"]:
+            raise CorruptCheckpoint(f"{name}: payload size or checksum mismatch (torn write)")
+        encoding = header["encoding"]
+        if encoding == "bytes":
+            state: Any = payload
+        elif encoding == "json":
+            state = json.loads(payload)
+        else:
+            raise CorruptCheckpoint(f"{name}: unknown encoding {encoding!r}")
+        return Checkpoint(
+            step=int(header["step"]),
+            epoch=int(header["epoch"]),
+            state=state,
+            job_id=str(header.get("job_id", "")),
+            run_id=str(header.get("run_id", "")),
+            created_at=float(header.get("created_at", 0.0)),
+            request_id=header.get("request_id"),
+            meta=dict(header.get("meta") or {}),
+            name=name,
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, CorruptCheckpoint):
+            raise
+        raise CorruptCheckpoint(f"{name}: bad header ({exc})") from exc
+
+
+def list_checkpoints(storage: Storage) -> list[CheckpointRef]:
+    """Every published checkpoint name at the location, oldest first (temporary files excluded)."""
+    refs = [r for r in (parse_checkpoint_name(n) for n in storage.list_files(CHECKPOINT_DIR)) if r is not None]
+    return sorted(refs)
+
+
+def load_checkpoint(storage: Storage, ref: CheckpointRef) -> Checkpoint | None:
+    """The checkpoint ``ref`` names, or None when it vanished or does not verify."""
+    data = storage.read_bytes(ref.name)
+    if data is None:
+        return None
+    try:
+        ckpt = decode_checkpoint(data, ref.name)
+    except CorruptCheckpoint as exc:
+        log.warning("skipping checkpoint %s: %s", ref.name, exc)
+        return None
+    if (ckpt.epoch, ckpt.step) != (ref.epoch, ref.step):
+        log.warning("skipping checkpoint %s: header says epoch %d step %d", ref.name, ckpt.epoch, ckpt.step)
+        return None
+    return ckpt
+
+
+def latest_checkpoint(storage: Storage) -> Checkpoint | None:
+    """The valid checkpoint with the greatest ``(epoch, step)``; torn or vanished files are skipped."""
+    for ref in reversed(list_checkpoints(storage)):
+        ckpt = load_checkpoint(storage, ref)
+        if ckpt is not None:
+            return ckpt
+    return None
+
+
+def read_epoch_marker(storage: Storage) -> int:
+    """The epoch claimed at the location (0: never claimed)."""
+    data = storage.read_bytes(EPOCH_MARKER)
+    if data is None:
+        return 0
+    try:
+        return int(json.loads(data)["epoch"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AgentError(f"{storage.uri}/{EPOCH_MARKER} is unreadable ({exc}); fencing cannot be checked") from exc
+
+
+def write_epoch_marker(storage: Storage, epoch: int, *, at: float, by: str, temp_tag: str = "") -> None:
+    body = json.dumps({"epoch": epoch, "claimed_at": at, "by": by}).encode()
+    storage.write_atomic(EPOCH_MARKER, body, temp_tag=temp_tag)
+
+
+def read_request(storage: Storage) -> dict[str, Any] | None:
+    """The pending checkpoint request (``{"id", "requested_at", "epoch"?, "reason"?}``), or None."""
+    data = storage.read_bytes(REQUEST_FILE)
+    if not data:
+        return None
+    try:
+        req = json.loads(data)
+    except ValueError:
+        log.warning("ignoring unreadable checkpoint request at %s/%s", storage.uri, REQUEST_FILE)
+        return None
+    if not isinstance(req, dict) or not req.get("id"):
+        return None
+    return req

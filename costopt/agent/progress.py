@@ -1,0 +1,297 @@
+"""Progress logs and their audit: did the job do exactly the steps it asked for?
+
+Every copy of a job (a *run*: one process, one fencing epoch) appends JSON lines to
+``progress/e<epoch>.jsonl`` at the checkpoint location:
+
+- ``start``: the run began; ``restored_step`` / ``restored_epoch`` / ``restored_run`` name the
+  checkpoint it resumed from (0 / None when it started from scratch);
+- ``step``: one training step completed (``step`` is its 1-based number);
+- ``checkpoint``: a checkpoint of ``step`` was published (``request_id`` when it served a request);
+- ``stale``: a checkpoint was refused because a newer epoch owns the job;
+- ``notice``: a preemption notice arrived (``deadline``);
+- ``done``: the run reached the requested number of steps.
+
+Every record carries ``event``, ``epoch``, ``run`` (a random id per process) and ``t`` (Unix seconds).
+
+:func:`audit` reconstructs the *lineage* of the final state: the run that finished, the run whose
+checkpoint it restored, and so on back to a run that started from scratch. A step is *counted* when
+the run that executed it is in the lineage and the step lies between the checkpoint that run restored
+and the checkpoint its successor restored. From there:
+
+- ``steps_done``: step executions that went into the final state;
+- ``repeated_steps``: executions counted more than once (a step run again after a restore already
+  contained it, or logged twice by the same run);
+- ``lost_steps``: steps missing from the lineage (gaps), plus steps a run threw away by resuming
+  from an older checkpoint than the newest one already published when it started;
+- ``wasted_steps``: executions that went nowhere (done after a copy's last checkpoint, then redone by
+  the next copy); expected after a preemption, and at most a checkpoint interval each time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from costopt.agent.layout import PROGRESS_DIR, progress_name
+from costopt.agent.storage import Storage
+
+log = logging.getLogger("costopt.agent")
+
+
+def read_records(storage: Storage, epoch: int | None = None) -> list[dict[str, Any]]:
+    """Progress records at a location (of one epoch, or of all), by epoch then in writing order."""
+    wanted = None if epoch is None else progress_name(epoch)
+    out: list[dict[str, Any]] = []
+    for name in sorted(storage.list_logs(PROGRESS_DIR)):
+        if wanted is not None and name != wanted:
+            continue
+        for line in storage.read_lines(name):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                log.warning("skipping an unreadable progress line in %s: %r", name, line[:200])
+                continue
+            if isinstance(rec, dict) and "event" in rec:
+                out.append(rec)
+    return out
+
+
+@dataclass(slots=True)
+class Run:
+    """What one process of a job did, from its progress records."""
+
+    run_id: str
+    epoch: int
+    started_at: float | None = None
+    restored_step: int = 0
+    restored_epoch: int | None = None
+    restored_run: str | None = None
+    has_start: bool = False
+    executed: list[int] = field(default_factory=list)
+    checkpoints: list[tuple[int, float]] = field(default_factory=list)
+    refused: list[int] = field(default_factory=list)
+    notices: int = 0
+    done_step: int | None = None
+    done_at: float | None = None
+    last_at: float = 0.0
+
+    @property
+    def last_step(self) -> int:
+        return max(self.executed, default=self.restored_step)
+
+
+def runs_of(records: Iterable[dict[str, Any]]) -> dict[str, Run]:
+    """Group progress records into runs (keyed by run id, in order of first appearance)."""
+    runs: dict[str, Run] = {}
+    for rec in records:
+        rid = str(rec.get("run", ""))
+        run = runs.get(rid)
+        if run is None:
+            run = runs[rid] = Run(rid, int(rec.get("epoch", 0)))
+        t = float(rec.get("t", 0.0))
+        if run.started_at is None:
+            run.started_at = t
+        run.last_at = max(run.last_at, t)
+        ev = rec.get("event")
+        if ev == "start":
+            run.has_start = True
+            run.started_at = t
+            run.restored_step = int(rec.get("restored_step") or 0)
+            run.restored_epoch = rec.get("restored_epoch")
+            run.restored_run = rec.get("restored_run")
+        elif ev == "step":
+            run.executed.append(int(rec["step"]))
+        elif ev == "checkpoint":
+            run.checkpoints.append((int(rec["step"]), t))
+        elif ev == "stale":
+            run.refused.append(int(rec.get("step", -1)))
+        elif ev == "notice":
+            run.notices += 1
+        elif ev == "done":
+            run.done_step = int(rec["step"])
+            run.done_at = t
+    return runs
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressAudit:
+    """The verdict on a job's progress logs (see the module docstring for the definitions)."""
+
+    steps_requested: int | None
+    steps_done: int
+    lost_steps: int
+    repeated_steps: int
+    wasted_steps: int
+    finished: bool
+    lineage_complete: bool
+    checkpoints_monotonic: bool
+    runs: int
+    lineage: tuple[str, ...]
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.finished
+            and self.lineage_complete
+            and self.lost_steps == 0
+            and self.repeated_steps == 0
+            and self.checkpoints_monotonic
+            and (self.steps_requested is None or self.steps_done == self.steps_requested)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "steps_requested": self.steps_requested,
+            "steps_done": self.steps_done,
+            "lost_steps": self.lost_steps,
+            "repeated_steps": self.repeated_steps,
+            "wasted_steps": self.wasted_steps,
+            "finished": self.finished,
+            "lineage_complete": self.lineage_complete,
+            "checkpoints_monotonic": self.checkpoints_monotonic,
+            "runs": self.runs,
+            "lineage": list(self.lineage),
+            "problems": list(self.problems),
+            "ok": self.ok,
+        }
+
+
+def audit(records: Iterable[dict[str, Any]], steps_requested: int | None = None) -> ProgressAudit:
+    """Check from progress records that the job did exactly ``steps_requested`` steps (see module doc)."""
+    runs = runs_of(records)
+    problems: list[str] = []
+    total_executed = sum(len(r.executed) for r in runs.values())
+    if not runs:
+        return ProgressAudit(steps_requested, 0, 0, 0, 0, False, False, True, 0, (), ("no progress records",))
+
+    done_runs = [r for r in runs.values() if r.done_step is not None]
+    if done_runs:
+        final = max(done_runs, key=lambda r: (r.epoch, r.done_at or 0.0))
+        end = final.done_step or 0
+        finished = True
+        if steps_requested is not None and end != steps_requested:
+            problems.append(f"run {final.run_id} finished at step {end}, not {steps_requested}")
+    else:
+        final = max(runs.values(), key=lambda r: (r.last_step, r.epoch))
+        end = final.last_step
+        finished = False
+        problems.append("no run reached the end (no 'done' record)")
+
+    counted: Counter[int] = Counter()
+    repeated = 0
+    rerun = 0
+    lost = 0
+    lineage: list[str] = []
+    lineage_complete = False
+    cur: Run | None = final
+    cur_end = end
+    while cur is not None and cur.run_id not in lineage:
+        lineage.append(cur.run_id)
+        r = cur.restored_step
+        for s in cur.executed:
+            if s <= r:
+                rerun += 1
+                problems.append(f"run {cur.run_id} ran step {s} again after restoring step {r}")
+            elif s <= cur_end:
+                counted[s] += 1
+        lost += _discarded(cur, runs, problems)
+        if cur.restored_run is None:
+            if r == 0:
+                lineage_complete = True
+            else:
+                problems.append(f"run {cur.run_id} restored step {r} from a run with no progress log")
+            break
+        prev = runs.get(cur.restored_run)
+        if prev is None:
+            problems.append(f"run {cur.run_id} restored step {r} from run {cur.restored_run}, which left no log")
+            break
+        if not any(step == r for step, _ in prev.checkpoints):
+            problems.append(f"run {prev.run_id} has no checkpoint record of step {r}, restored by run {cur.run_id}")
+        cur, cur_end = prev, r
+
+    for s, c in counted.items():
+        if c > 1:
+            repeated += c - 1
+            problems.append(f"step {s} counted {c} times")
+    repeated += rerun
+    gaps = [s for s in range(1, end + 1) if s not in counted]
+    if gaps:
+        lost += len(gaps)
+        problems.append(f"{len(gaps)} step(s) missing from the lineage, first {gaps[:5]}")
+    steps_done = sum(counted.values()) + rerun
+
+    ckpts = sorted((t, run.epoch, step) for run in runs.values() for step, t in run.checkpoints)
+    monotonic = all(a[2] <= b[2] for a, b in itertools.pairwise(ckpts))
+    if not monotonic:
+        problems.append("published checkpoints went back in steps")
+    wasted = max(0, total_executed - steps_done)
+    return ProgressAudit(
+        steps_requested=steps_requested,
+        steps_done=steps_done,
+        lost_steps=lost,
+        repeated_steps=repeated,
+        wasted_steps=wasted,
+        finished=finished,
+        lineage_complete=lineage_complete,
+        checkpoints_monotonic=monotonic,
+        runs=len(runs),
+        lineage=tuple(reversed(lineage)),
+        problems=tuple(problems),
+    )
+
+
+def _discarded(cur: Run, runs: dict[str, Run], problems: list[str]) -> int:
+    """Steps ``cur`` threw away: the newest checkpoint published before it started, minus what it restored."""
+    if cur.started_at is None:
+        return 0
+    best: tuple[int, int] | None = None
+    for other in runs.values():
+        if other is cur or other.epoch > cur.epoch:
+            continue
+        for step, t in other.checkpoints:
+            if t < cur.started_at and (best is None or (other.epoch, step) > best):
+                best = (other.epoch, step)
+    if best is None or best[1] <= cur.restored_step:
+        return 0
+    problems.append(f"run {cur.run_id} resumed from step {cur.restored_step} although step {best[1]} was checkpointed")
+    return best[1] - cur.restored_step
+
+
+@dataclass(frozen=True, slots=True)
+class EpochProgress:
+    """How the copy (copies) of one epoch are doing: for the migrator's "verifying" step."""
+
+    epoch: int
+    started: bool
+    restored_step: int
+    last_step: int
+    last_report_at: float | None
+    checkpoints: tuple[int, ...]
+    done: bool
+
+    @property
+    def progressing(self) -> bool:
+        """The copy restored and has completed at least one step past what it restored."""
+        return self.started and self.last_step > self.restored_step
+
+
+def epoch_progress(records: Iterable[dict[str, Any]], epoch: int) -> EpochProgress:
+    runs = [r for r in runs_of(rec for rec in records if int(rec.get("epoch", -1)) == epoch).values()]
+    if not runs:
+        return EpochProgress(epoch, False, 0, 0, None, (), False)
+    run = max(runs, key=lambda r: r.started_at or 0.0)
+    return EpochProgress(
+        epoch=epoch,
+        started=run.has_start,
+        restored_step=run.restored_step,
+        last_step=run.last_step,
+        last_report_at=run.last_at,
+        checkpoints=tuple(step for step, _ in run.checkpoints),
+        done=run.done_step is not None,
+    )

@@ -1,0 +1,288 @@
+"""Where checkpoints live: a directory named by a URI, behind a tiny storage interface.
+
+Local paths and ``file://`` URIs use the standard library (write to a temporary name, ``fsync``,
+``os.replace``: a crash never leaves a torn file under the final name). Any other scheme (``s3://``,
+``gs://``, ``az://``, ``memory://`` ...) goes through fsspec, imported only when such a URI is opened,
+so the agent runs in a training image that carries nothing but Python. Object stores publish an
+object only once its upload completed, so there the final name is written directly; other fsspec
+file systems write a temporary name and move it.
+
+Names inside the storage are relative POSIX paths (``checkpoints/ckpt-...``, ``epoch.json``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
+
+TEMP_PREFIX = ".tmp-"
+"""Temporary files start with this; readers ignore them."""
+
+_OBJECT_STORE_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "memory"})
+
+
+class Storage(Protocol):
+    """The few operations the agent and the migrator need on a checkpoint location."""
+
+    uri: str
+
+    def read_bytes(self, name: str) -> bytes | None:
+        """The whole content of ``name``, or None when it does not exist."""
+        ...
+
+    def write_atomic(self, name: str, data: bytes, *, temp_tag: str = "") -> None:
+        """Publish ``data`` under ``name`` all at once: a reader sees the old content or the new, never
+        part of it. ``temp_tag`` goes into the temporary name (the agent puts its epoch there)."""
+        ...
+
+    def list_files(self, directory: str) -> list[str]:
+        """Names (relative to the root, not temporary files) of the files directly in ``directory``."""
+        ...
+
+    def delete(self, name: str) -> None:
+        """Remove ``name``; a missing file is not an error."""
+        ...
+
+    def append_lines(self, name: str, lines: list[str]) -> None:
+        """Append text lines to the log ``name`` (one writer per log)."""
+        ...
+
+    def read_lines(self, name: str) -> list[str]:
+        """Every line appended to ``name`` so far (empty when none)."""
+        ...
+
+    def list_temps(self, directory: str) -> list[str]:
+        """Temporary files left in ``directory`` (by a writer that crashed)."""
+        ...
+
+    def list_logs(self, directory: str) -> list[str]:
+        """Names of the ``*.jsonl`` logs in ``directory`` (as passed to :meth:`append_lines`)."""
+        ...
+
+
+def _split(name: str) -> tuple[str, str]:
+    head, _, tail = name.rpartition("/")
+    return head, tail
+
+
+class LocalStorage:
+    """A directory on this machine."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.uri = str(self.root)
+
+    def _path(self, name: str) -> Path:
+        return self.root / name
+
+    def read_bytes(self, name: str) -> bytes | None:
+        try:
+            return self._path(name).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def write_atomic(self, name: str, data: bytes, *, temp_tag: str = "") -> None:
+        final = self._path(name)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tag = f"{temp_tag}-" if temp_tag else ""
+        temp = final.parent / f"{TEMP_PREFIX}{tag}{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, final)
+        _fsync_dir(final.parent)
+
+    def list_files(self, directory: str) -> list[str]:
+        base = self._path(directory) if directory else self.root
+        try:
+            entries = sorted(os.listdir(base))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        prefix = f"{directory}/" if directory else ""
+        return [prefix + e for e in entries if not e.startswith(TEMP_PREFIX) and (base / e).is_file()]
+
+    def list_temps(self, directory: str) -> list[str]:
+        base = self._path(directory) if directory else self.root
+        try:
+            entries = sorted(os.listdir(base))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        prefix = f"{directory}/" if directory else ""
+        return [prefix + e for e in entries if e.startswith(TEMP_PREFIX)]
+
+    def list_logs(self, directory: str) -> list[str]:
+        return [n for n in self.list_files(directory) if n.endswith(".jsonl")]
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path(name).unlink()
+
+    def append_lines(self, name: str, lines: list[str]) -> None:
+        if not lines:
+            return
+        path = self._path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = "".join(line + "\n" for line in lines).encode()
+        # O_APPEND: each write lands at the end even with another process appending to the same file.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+        finally:
+            os.close(fd)
+
+    def read_lines(self, name: str) -> list[str]:
+        data = self.read_bytes(name)
+        if not data:
+            return []
+        lines = data.decode(errors="replace").split("\n")
+        # A writer killed mid-line leaves a last line without its newline: drop it.
+        return [line for line in lines[:-1] if line]
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class FsspecStorage:
+    """Any fsspec file system (``s3://``, ``gs://``, ``az://``, ``memory://`` ...), imported lazily.
+
+    Object stores cannot append: a log ``name`` is kept as chunk files under ``name.d/``, one per
+    :meth:`append_lines` call, named so that they sort in writing order.
+    """
+
+    def __init__(self, uri: str, **storage_options: Any) -> None:
+        try:
+            import fsspec  # lazy on purpose: only remote URIs need it
+        except ImportError as exc:  # pragma: no cover - depends on the image
+            scheme = uri.split("://", 1)[0]
+            raise ImportError(
+                f"checkpoint URI {uri!r} needs fsspec and the {scheme} driver; install costopt's extra "
+                f"(e.g. pip install 'costopt[{_extra_for(scheme)}]')"
+            ) from exc
+        self.uri = uri
+        self.fs, root = fsspec.core.url_to_fs(uri, **storage_options)
+        self.root = str(root).rstrip("/")
+        protocol = self.fs.protocol
+        protocols = {protocol} if isinstance(protocol, str) else set(protocol)
+        self.atomic_put = bool(protocols & _OBJECT_STORE_PROTOCOLS)
+
+    def _path(self, name: str) -> str:
+        return f"{self.root}/{name}" if name else self.root
+
+    def read_bytes(self, name: str) -> bytes | None:
+        try:
+            data = self.fs.cat_file(self._path(name))
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+        return bytes(data)
+
+    def write_atomic(self, name: str, data: bytes, *, temp_tag: str = "") -> None:
+        final = self._path(name)
+        if self.atomic_put:
+            self.fs.pipe_file(final, data)
+            return
+        head, tail = _split(final)
+        tag = f"{temp_tag}-" if temp_tag else ""
+        temp = f"{head}/{TEMP_PREFIX}{tag}{tail}-{os.getpid()}-{secrets.token_hex(4)}"
+        with contextlib.suppress(Exception):
+            self.fs.makedirs(head, exist_ok=True)
+        self.fs.pipe_file(temp, data)
+        self.fs.mv(temp, final)
+
+    def _entries(self, directory: str) -> list[tuple[str, bool]]:
+        try:
+            infos = self.fs.ls(self._path(directory), detail=True)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        out = []
+        for info in infos:
+            base = str(info["name"]).rstrip("/").rsplit("/", 1)[-1]
+            out.append((base, info.get("type") == "file"))
+        return sorted(out)
+
+    def list_files(self, directory: str) -> list[str]:
+        prefix = f"{directory}/" if directory else ""
+        return [prefix + b for b, is_file in self._entries(directory) if is_file and not b.startswith(TEMP_PREFIX)]
+
+    def list_temps(self, directory: str) -> list[str]:
+        prefix = f"{directory}/" if directory else ""
+        return [prefix + b for b, is_file in self._entries(directory) if is_file and b.startswith(TEMP_PREFIX)]
+
+    def list_logs(self, directory: str) -> list[str]:
+        prefix = f"{directory}/" if directory else ""
+        entries = self._entries(directory)
+        return [prefix + b[: -len(".d")] for b, is_file in entries if not is_file and b.endswith(".jsonl.d")]
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self._path(name))
+
+    def append_lines(self, name: str, lines: list[str]) -> None:
+        if not lines:
+            return
+        chunk = f"{name}.d/{time.time_ns():020d}-{secrets.token_hex(3)}.jsonl"
+        self.write_atomic(chunk, "".join(line + "\n" for line in lines).encode())
+
+    def read_lines(self, name: str) -> list[str]:
+        out: list[str] = []
+        for chunk in self.list_files(f"{name}.d"):
+            data = self.read_bytes(chunk) or b""
+            out.extend(line for line in data.decode(errors="replace").split("\n") if line)
+        return out
+
+
+def _extra_for(scheme: str) -> str:
+    return {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure"}.get(
+        scheme, scheme
+    )
+
+
+def is_local_uri(uri: str) -> bool:
+    """True for a plain path or a ``file://`` URI (handled with the standard library)."""
+    if "://" not in uri:
+        return True
+    return urlsplit(uri).scheme in ("file", "")
+
+
+def local_path(uri: str) -> Path:
+    """The directory a local URI names (``/a/b``, ``a/b``, ``file:///a/b``, ``file://localhost/a/b``)."""
+    if "://" not in uri:
+        return Path(uri).expanduser()
+    parts = urlsplit(uri)
+    if parts.scheme != "file":
+        raise ValueError(f"not a local URI: {uri!r}")
+    if parts.netloc not in ("", "localhost"):
+        raise ValueError(f"file URI with a remote host is not supported: {uri!r}")
+    return Path(unquote(parts.path))
+
+
+def open_storage(uri: str, **storage_options: Any) -> Storage:
+    """The storage a checkpoint URI names: local by default, fsspec for any other scheme."""
+    if not uri:
+        raise ValueError("empty checkpoint URI")
+    if is_local_uri(uri):
+        return LocalStorage(local_path(uri))
+    return FsspecStorage(uri, **storage_options)
