@@ -15,7 +15,6 @@ Contracts:
 from __future__ import annotations
 
 import builtins
-
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
