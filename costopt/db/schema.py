@@ -116,3 +116,5 @@ throughput_measurements = Table(
     Index("ix_throughput_measurements_job_type", "job_type"),
 )
 """Throughputs users registered or running jobs reported (steps/s); folded over the file's values."""
+
+import costopt.db.ledger_schema  # noqa: E402, F401  (the ledger tables, on this metadata)

@@ -222,3 +222,27 @@ def test_plan_batch_reports_the_binding_constraint(db: str, shared_data: Path, t
     code, _, err = _invoke("plan-batch", str(f), "--data-dir", str(shared_data))
     assert code == 4
     assert "deadline" in err
+
+
+def test_backtest_job_runs_one_job_through_the_sim_and_the_ledger(db: str, shared_data: Path) -> None:
+    code, out, _ = _invoke(
+        "backtest",
+        "job",
+        "--job-type",
+        "ResNet-50 (batch size 128)",
+        "--steps",
+        "200000",
+        "--from",
+        "2020-03-02",
+        "--to",
+        "2020-03-09",
+        "--region",
+        "us-east-1",
+        "-f",
+        "json",
+    )
+    assert code == 0
+    result = json.loads(out)
+    assert result["finished"] is True
+    assert result["steps_done"] == 200000
+    assert result["total_cost_usd"] > 0

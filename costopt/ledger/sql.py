@@ -1,0 +1,346 @@
+"""The ledger in the database (SQLite or PostgreSQL; tables of migration ``0003``).
+
+Same rules as :class:`costopt.ledger.book.MemoryLedger` (see that module): idempotent per key, an
+interval priced once when it closes (its segments written in the same transaction as the close, so a
+retry after a crash never writes them twice), period reports clipped and integrated in Decimal.
+
+Concurrency: an insert that loses a race on the unique key (``ON CONFLICT DO NOTHING``), or a close
+that finds the interval already closed (``UPDATE ... WHERE ended_at IS NULL`` touching no row), re-reads
+the stored line and applies the rules again, so two writers recording the same interval store it once.
+Prices are read (``prices.steps``) before the write transaction opens, never inside it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine, Row, and_, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Connection
+
+from costopt.db.ledger_schema import ledger_charges, ledger_intervals, ledger_segments
+from costopt.domain import Cloud, Market, OfferKey
+from costopt.ledger.book import charge_micro_usd, check_charge, merge_interval, price_interval, report
+from costopt.ledger.model import (
+    ChargeKind,
+    ChargeLine,
+    ChargeRecord,
+    CostReport,
+    IntervalLine,
+    IntervalRecord,
+    LedgerError,
+    Segment,
+    micro_to_usd,
+)
+from costopt.ledger.prices import PriceSteps
+
+__all__ = ["SqlLedger"]
+
+log = logging.getLogger(__name__)
+
+_ATTEMPTS = 3
+_IN_CHUNK = 500
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _offer(row: Row[Any]) -> OfferKey:
+    return OfferKey(Cloud(row.cloud), row.region, row.zone or "", row.instance_type, Market(row.market))
+
+
+def _interval_record(row: Row[Any]) -> IntervalRecord:
+    return IntervalRecord(
+        interval_key=row.interval_key,
+        job_id=row.job_id,
+        instance_id=row.instance_id,
+        offer=_offer(row),
+        started_at=row.started_at,
+        ended_at=row.ended_at,
+        share=row.share,
+        team=row.team,
+        provider=row.provider,
+        end_reason=row.end_reason,
+    )
+
+
+def _charge_record(row: Row[Any]) -> ChargeRecord:
+    """A stored charge as a record; its amount is the stored one (it was valued when recorded)."""
+    return ChargeRecord(
+        charge_key=row.charge_key,
+        job_id=row.job_id,
+        kind=ChargeKind(row.kind),
+        at=row.at,
+        team=row.team,
+        amount_usd=micro_to_usd(int(row.amount_micro_usd)),
+        quantity=row.quantity,
+        unit=row.unit,
+        rate_usd=row.rate_usd,
+        offer=None if row.cloud is None else _offer(row),
+        interval_key=row.interval_key,
+        span=None if row.span_start is None else (row.span_start, row.span_end),
+        note=row.note,
+    )
+
+
+class SqlLedger:
+    """The ledger on ``engine`` (migrated to ``0003`` or later); open intervals and memo charges are
+    priced from ``prices``."""
+
+    def __init__(self, engine: Engine, prices: PriceSteps) -> None:
+        if engine.dialect.name not in ("sqlite", "postgresql"):
+            raise LedgerError(f"the ledger runs on SQLite or PostgreSQL, not {engine.dialect.name}")
+        self.engine = engine
+        self.prices = prices
+
+    def _insert(self, table: Any) -> Any:
+        return (pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert)(table)
+
+    # --- intervals ------------------------------------------------------------------------------------
+
+    def _load_interval(self, conn: Connection, key: str) -> tuple[int, IntervalLine] | None:
+        row = conn.execute(select(ledger_intervals).where(ledger_intervals.c.interval_key == key)).first()
+        if row is None:
+            return None
+        return row.id, self._line(conn, row)
+
+    def _line(self, conn: Connection, row: Row[Any]) -> IntervalLine:
+        rec = _interval_record(row)
+        if row.ended_at is None:
+            return IntervalLine(rec)
+        segs = conn.execute(
+            select(ledger_segments).where(ledger_segments.c.interval_id == row.id).order_by(ledger_segments.c.seq)
+        ).fetchall()
+        return IntervalLine(
+            rec,
+            tuple(Segment(s.starts_at, s.ends_at, s.usd_per_hour, int(s.amount_micro_usd)) for s in segs),
+            int(row.amount_micro_usd),
+        )
+
+    def record_interval(self, record: IntervalRecord) -> IntervalLine:
+        """Record (or close) an interval idempotently (module docstring); returns the stored line."""
+        for _ in range(_ATTEMPTS):
+            with self.engine.connect() as conn:
+                found = self._load_interval(conn, record.interval_key)
+            stored = None if found is None else found[1]
+            to_store, closes = merge_interval(stored, record)
+            if to_store is None:
+                if stored is None:  # pragma: no cover - merge_interval never returns None without a stored line
+                    raise LedgerError("nothing stored")
+                return stored
+            line = price_interval(self.prices, to_store)  # prices read outside the write transaction
+            now = _now()
+            with self.engine.begin() as conn:
+                if found is None:
+                    rec = line.record
+                    stmt = (
+                        self._insert(ledger_intervals)
+                        .values(
+                            interval_key=rec.interval_key,
+                            job_id=rec.job_id,
+                            team=rec.team,
+                            provider=rec.provider,
+                            instance_id=rec.instance_id,
+                            cloud=rec.offer.cloud.value,
+                            region=rec.offer.region,
+                            zone=rec.offer.zone,
+                            instance_type=rec.offer.instance_type,
+                            market=rec.offer.market.value,
+                            share=rec.share,
+                            started_at=rec.started_at,
+                            ended_at=rec.ended_at,
+                            end_reason=rec.end_reason,
+                            amount_micro_usd=line.amount_micro_usd,
+                            recorded_at=now,
+                            updated_at=now,
+                        )
+                        .on_conflict_do_nothing(index_elements=["interval_key"])
+                        .returning(ledger_intervals.c.id)
+                    )
+                    new_id = conn.execute(stmt).scalar_one_or_none()
+                    if new_id is None:
+                        continue  # another writer inserted it first: re-read and merge again
+                    self._write_segments(conn, int(new_id), line)
+                    return line
+                interval_id = found[0]
+                if not closes:  # pragma: no cover - merge_interval only writes a stored line to close it
+                    raise LedgerError("unexpected rewrite of a stored interval")
+                res = conn.execute(
+                    update(ledger_intervals)
+                    .where(ledger_intervals.c.id == interval_id, ledger_intervals.c.ended_at.is_(None))
+                    .values(
+                        ended_at=line.record.ended_at,
+                        end_reason=line.record.end_reason,
+                        amount_micro_usd=line.amount_micro_usd,
+                        updated_at=now,
+                    )
+                )
+                if res.rowcount != 1:
+                    continue  # closed meanwhile by another writer: re-read and compare
+                self._write_segments(conn, interval_id, line)
+                return line
+        raise LedgerError(f"interval {record.interval_key!r}: could not record it after {_ATTEMPTS} attempts")
+
+    @staticmethod
+    def _write_segments(conn: Connection, interval_id: int, line: IntervalLine) -> None:
+        if not line.segments:
+            return
+        conn.execute(
+            ledger_segments.insert(),
+            [
+                {
+                    "interval_id": interval_id,
+                    "seq": i,
+                    "starts_at": s.starts_at,
+                    "ends_at": s.ends_at,
+                    "usd_per_hour": s.usd_per_hour,
+                    "amount_micro_usd": s.amount_micro_usd,
+                }
+                for i, s in enumerate(line.segments)
+            ],
+        )
+
+    # --- charges --------------------------------------------------------------------------------------
+
+    def record_charge(self, record: ChargeRecord) -> ChargeLine:
+        """Record a charge once per key (module docstring); returns the stored line."""
+        amount = charge_micro_usd(self.prices, record)
+        offer = record.offer
+        span = record.span
+        stmt = (
+            self._insert(ledger_charges)
+            .values(
+                charge_key=record.charge_key,
+                job_id=record.job_id,
+                team=record.team,
+                kind=record.kind.value,
+                additive=record.additive,
+                at=record.at,
+                amount_micro_usd=amount,
+                interval_key=record.interval_key,
+                cloud=None if offer is None else offer.cloud.value,
+                region=None if offer is None else offer.region,
+                zone=None if offer is None else offer.zone,
+                instance_type=None if offer is None else offer.instance_type,
+                market=None if offer is None else offer.market.value,
+                quantity=record.quantity,
+                unit=record.unit,
+                rate_usd=record.rate_usd,
+                span_start=None if span is None else span[0],
+                span_end=None if span is None else span[1],
+                note=record.note,
+                recorded_at=_now(),
+            )
+            .on_conflict_do_nothing(index_elements=["charge_key"])
+            .returning(ledger_charges.c.id)
+        )
+        with self.engine.begin() as conn:
+            inserted = conn.execute(stmt).scalar_one_or_none()
+            if inserted is not None:
+                return ChargeLine(record, amount)
+            row = conn.execute(select(ledger_charges).where(ledger_charges.c.charge_key == record.charge_key)).one()
+        stored = ChargeLine(_charge_record(row), int(row.amount_micro_usd))
+        check_charge(stored, record, amount)
+        return stored
+
+    # --- reads ----------------------------------------------------------------------------------------
+
+    def intervals(
+        self,
+        *,
+        job_id: str | None = None,
+        team: str | None = None,
+        start: datetime | None = None,
+        end: datetime | None = None,
+    ) -> list[IntervalLine]:
+        """Stored intervals of a job and/or team overlapping ``[start, end)`` (None: unbounded)."""
+        t = ledger_intervals.c
+        conds: list[Any] = []
+        if job_id is not None:
+            conds.append(t.job_id == job_id)
+        if team is not None:
+            conds.append(t.team == team)
+        if end is not None:
+            conds.append(t.started_at < end)
+        if start is not None:
+            conds.append(or_(t.ended_at.is_(None), t.ended_at > start))
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(ledger_intervals).where(and_(True, *conds)).order_by(t.started_at, t.interval_key)
+            ).fetchall()
+            segs = self._segments(conn, [r.id for r in rows if r.ended_at is not None])
+        out = []
+        for r in rows:
+            rec = _interval_record(r)
+            if r.ended_at is None:
+                out.append(IntervalLine(rec))
+            else:
+                out.append(IntervalLine(rec, tuple(segs.get(r.id, ())), int(r.amount_micro_usd)))
+        return out
+
+    @staticmethod
+    def _segments(conn: Connection, ids: Sequence[int]) -> dict[int, list[Segment]]:
+        out: dict[int, list[Segment]] = {}
+        for lo in range(0, len(ids), _IN_CHUNK):
+            chunk = list(ids[lo : lo + _IN_CHUNK])
+            rows = conn.execute(
+                select(ledger_segments)
+                .where(ledger_segments.c.interval_id.in_(chunk))
+                .order_by(ledger_segments.c.interval_id, ledger_segments.c.seq)
+            ).fetchall()
+            for s in rows:
+                out.setdefault(int(s.interval_id), []).append(
+                    Segment(s.starts_at, s.ends_at, s.usd_per_hour, int(s.amount_micro_usd))
+                )
+        return out
+
+    def charges(
+        self,
+        *,
+        job_id: str | None = None,
+        team: str | None = None,
+        start: datetime | None = None,
+        end: datetime | None = None,
+    ) -> list[ChargeLine]:
+        """Stored charges of a job and/or team dated within ``[start, end)``."""
+        t = ledger_charges.c
+        conds: list[Any] = []
+        if job_id is not None:
+            conds.append(t.job_id == job_id)
+        if team is not None:
+            conds.append(t.team == team)
+        if start is not None:
+            conds.append(t.at >= start)
+        if end is not None:
+            conds.append(t.at < end)
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(ledger_charges).where(and_(True, *conds)).order_by(t.at, t.charge_key)
+            ).fetchall()
+        return [ChargeLine(_charge_record(r), int(r.amount_micro_usd)) for r in rows]
+
+    def costs(
+        self,
+        *,
+        job_id: str | None = None,
+        team: str | None = None,
+        start: datetime | None = None,
+        end: datetime | None = None,
+        as_of: datetime | None = None,
+    ) -> CostReport:
+        """Costs of a job and/or team within ``[start, end)``: intervals clipped to the period and
+        integrated across price changes, open ones up to ``as_of`` (default: the period end), and the
+        charges dated within it."""
+        return report(
+            self.prices,
+            self.intervals(job_id=job_id, team=team, start=start, end=end),
+            self.charges(job_id=job_id, team=team, start=start, end=end),
+            start,
+            end,
+            as_of,
+        )

@@ -1,0 +1,654 @@
+"""The simulated cloud (``sim``): the embedded default cloud of the service, and the backtests' cloud.
+
+:class:`SimCloud` implements :class:`costopt.cloud.CloudProvider` (and the workload hooks of
+:class:`costopt.backtest.job.SimulatedCloud`) over any :class:`costopt.ledger.prices.PriceView`:
+
+- **Time** is a :class:`SimClock` that moves only when the caller moves it (``advance``, or
+  :meth:`SimCloud.run_until`), so a month runs in well under a second. Everything is deterministic per
+  ``seed``.
+- **Offers and prices** are the price view's as of the clock: launching an offer with no price in effect
+  then raises :class:`~costopt.cloud.CapacityError` (it is not sold then).
+- **Launch** takes ``timing.boot`` (default 3 min) from ``pending`` to ``running``; the instance is billed
+  from its launch. A second launch with the same idempotency token returns the same instance, never a
+  second one; instance ids derive from the token (``sim-`` + 12 hex digits of its hash), so runs that
+  share a ledger do not collide as long as their tokens differ. Optional capacity failures: a
+  per-(cloud, accelerator, GPU count) probability that a launch fails
+  (:meth:`SimConfig.from_launch_stats` takes them from the 2020 availability logs).
+- **Preemptions** (spot offers): each offer has its own Poisson process of capacity reclaims at the
+  hazard model's rate (exponential times between them; a stream seeded by the sim's seed and the offer's
+  key, so two policies on the same offer at the same time meet the same preemptions). An instance is
+  preempted at its offer's first reclaim after its launch. A notice precedes it by the cloud's lead time
+  (AWS 2 min, GCP and Azure 30 s; never before the launch). On-demand offers are never preempted.
+- **Workloads**: a job registered on an instance (:meth:`SimCloud.start_workload`) waits for the boot,
+  restores for ``timing.restore`` (when it resumes from a checkpoint), then trains at the throughput
+  given, pausing ``timing.checkpoint`` after every ``timing.checkpoint_interval`` of training to write a
+  checkpoint; when it reaches its target it writes a final checkpoint and is done. A preemption or a
+  termination loses what was trained since the last completed checkpoint. A checkpoint can be requested
+  (before a move) and the workload stopped after it. With ``checkpoint_on_notice`` the workload writes
+  one when noticed, if it fits in the lead time.
+
+Times are tz-aware UTC, held internally as integer microseconds from the clock's start (exact).
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import math
+from bisect import bisect_right
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from types import MappingProxyType
+
+import numpy as np
+
+from costopt.backtest.job import SimEvent, SimEventKind, WorkloadProgress, WorkloadTiming
+from costopt.cloud import (
+    CapacityError,
+    CloudError,
+    Instance,
+    InstanceState,
+    Interruption,
+    LaunchSpec,
+    NotFoundError,
+    QuotaError,
+)
+from costopt.domain import Cloud, Market, OfferKey, utc
+from costopt.ledger.prices import PriceView
+from costopt.risk.availability import LaunchStats
+from costopt.risk.hazard import HazardModel
+
+__all__ = [
+    "DEFAULT_NOTICE_LEAD",
+    "ClockError",
+    "SimClock",
+    "SimCloud",
+    "SimConfig",
+    "SimError",
+    "sim_factory",
+]
+
+_US_PER_S = 1_000_000
+_US = timedelta(microseconds=1)
+
+DEFAULT_NOTICE_LEAD: Mapping[Cloud, timedelta] = MappingProxyType(
+    {
+        Cloud.AWS: timedelta(minutes=2),  # EC2 Spot Instance Interruption Warning
+        Cloud.GCP: timedelta(seconds=30),  # preemption/Spot: ACPI soft-off 30 s before
+        Cloud.AZURE: timedelta(seconds=30),  # Scheduled Events "Preempt", at least 30 s
+        Cloud.SIM: timedelta(minutes=2),
+    }
+)
+
+
+class SimError(CloudError):
+    """A request the simulated cloud cannot serve (workload on a gone instance, and the like)."""
+
+
+class ClockError(SimError):
+    """The simulated clock was asked to go backwards."""
+
+
+class SimClock:
+    """Simulated time: tz-aware UTC, moved only by the caller, never backwards."""
+
+    def __init__(self, start: datetime) -> None:
+        if start.tzinfo is None:
+            raise ClockError(f"the clock needs a tz-aware UTC start, got {start}")
+        self._start = utc(start)
+        self._now_us = 0
+
+    @property
+    def start(self) -> datetime:
+        return self._start
+
+    def now(self) -> datetime:
+        return self._start + timedelta(microseconds=self._now_us)
+
+    def micros(self) -> int:
+        """Microseconds since :attr:`start`."""
+        return self._now_us
+
+    def advance(self, delta: timedelta) -> datetime:
+        """Move forward by ``delta`` (>= 0)."""
+        if delta < timedelta(0):
+            raise ClockError(f"the clock does not go backwards (advance by {delta})")
+        self._now_us += delta // _US
+        return self.now()
+
+    def advance_to(self, at: datetime) -> datetime:
+        """Move forward to ``at`` (not before now)."""
+        self.advance_to_micros((utc(at) - self._start) // _US)
+        return self.now()
+
+    def advance_to_micros(self, micros: int) -> None:
+        """Move forward to ``micros`` microseconds after :attr:`start` (not before now)."""
+        if micros < self._now_us:
+            raise ClockError(f"the clock does not go backwards (from {self._now_us} to {micros} µs)")
+        self._now_us = micros
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """How the simulated cloud behaves (documented defaults).
+
+    ``timing``: boot, restore, checkpoint and checkpoint interval (:class:`WorkloadTiming`).
+    ``notice_lead``: preemption notice per cloud. ``launch_failure``: probability that a launch fails
+    for lack of capacity, per (cloud, accelerator, GPU count); ``default_launch_failure`` elsewhere (0).
+    ``max_instances``: instances alive at once (beyond: :class:`~costopt.cloud.QuotaError`; None: no
+    quota). ``checkpoint_on_notice``: the workload writes a checkpoint on a notice when it fits.
+    """
+
+    timing: WorkloadTiming = field(default_factory=WorkloadTiming)
+    notice_lead: Mapping[Cloud, timedelta] = field(default_factory=lambda: dict(DEFAULT_NOTICE_LEAD))
+    launch_failure: Mapping[tuple[str, str, int], float] = field(default_factory=dict)
+    default_launch_failure: float = 0.0
+    max_instances: int | None = None
+    checkpoint_on_notice: bool = False
+
+    def __post_init__(self) -> None:
+        for p in (*self.launch_failure.values(), self.default_launch_failure):
+            if not 0.0 <= p <= 1.0:
+                raise SimError(f"a launch-failure probability must be in [0, 1], got {p}")
+        if any(v < timedelta(0) for v in self.notice_lead.values()):
+            raise SimError("notice lead times must be >= 0")
+
+    @classmethod
+    def from_launch_stats(cls, stats: Iterable[LaunchStats], **kwargs: object) -> SimConfig:
+        """Launch-failure probabilities ``failures / attempts`` per (cloud, accelerator, GPU count) from
+        the availability logs (:func:`costopt.risk.availability.load_availability_logs`). The logs are
+        two short 2020 samples; shapes they never tried keep ``default_launch_failure``."""
+        table = {(s.cloud.value, s.accelerator, s.gpu_count): s.failures / s.attempts for s in stats if s.attempts}
+        return cls(launch_failure=table, **kwargs)  # type: ignore[arg-type]
+
+    def failure_probability(self, cloud: Cloud, accelerator: str | None, gpus: float | None) -> float:
+        key = (cloud.value, accelerator or "", int(gpus) if gpus else 0)
+        return float(self.launch_failure.get(key, self.default_launch_failure))
+
+
+def _stable_hash(key: OfferKey) -> int:
+    text = "\x1f".join((key.cloud.value, key.region, key.zone, key.instance_type, key.market.value))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+class _Process:
+    """One offer's reclaim times (µs from the clock's start), drawn lazily from its own stream."""
+
+    __slots__ = ("mean_us", "rng", "times")
+
+    def __init__(self, rng: np.random.Generator, rate_per_hour: float) -> None:
+        self.rng = rng
+        self.mean_us = 3600.0 * _US_PER_S / rate_per_hour
+        self.times: list[int] = []
+
+    def first_after(self, t_us: int) -> int:
+        while not self.times or self.times[-1] <= t_us:
+            gaps = self.rng.exponential(self.mean_us, size=64)
+            last = self.times[-1] if self.times else 0
+            for g in gaps:
+                last += max(1, math.ceil(g))
+                self.times.append(last)
+        return self.times[bisect_right(self.times, t_us)]
+
+
+@dataclass(slots=True)
+class _Phase:
+    """A stretch of a workload with one training schedule (see ``_Workload.at``).
+
+    From ``valid_from`` the workload holds ``base`` steps, durable at ``durable_at`` (before it,
+    ``durable_prev``); it trains from ``t0`` (None: never) with periodic checkpoints."""
+
+    valid_from: int
+    t0: int | None
+    base: float
+    durable_prev: float
+    durable_prev_at: int | None
+    durable_at: int
+    written_here: bool
+
+
+@dataclass(slots=True)
+class _Workload:
+    steps_per_s: float
+    target: float
+    start_step: float
+    interval_us: int
+    checkpoint_us: int
+    phases: list[_Phase]
+    training_from: int | None
+
+    def _need_us(self, base: float) -> int:
+        if base >= self.target:
+            return 0
+        return math.ceil((self.target - base) / self.steps_per_s * _US_PER_S)
+
+    def done_at(self, ph: _Phase) -> int | None:
+        if ph.t0 is None:
+            return ph.durable_at if ph.base >= self.target else None
+        need = self._need_us(ph.base)
+        return ph.t0 + need + math.ceil(need / self.interval_us) * self.checkpoint_us
+
+    def phase(self, t: int) -> _Phase:
+        for ph in reversed(self.phases):
+            if ph.valid_from <= t:
+                return ph
+        return self.phases[0]
+
+    def at(self, t: int) -> tuple[float, float, int | None]:
+        """(steps done, durable steps, when this instance completed that checkpoint) at ``t`` µs."""
+        ph = self.phase(t)
+        if ph.t0 is None or t < ph.t0:
+            if t >= ph.durable_at:
+                return ph.base, ph.base, ph.durable_at if ph.written_here else ph.durable_prev_at
+            return ph.base, ph.durable_prev, ph.durable_prev_at
+        done = self.done_at(ph)
+        if done is not None and t >= done:
+            return self.target, self.target, done
+        c, k = self.interval_us, self.checkpoint_us
+        need = self._need_us(ph.base)
+        n, r = divmod(t - ph.t0, c + k)
+        trained = min(n * c + min(r, c), need)
+        steps = min(self.target, ph.base + self.steps_per_s * trained / _US_PER_S)
+        if n >= 1:
+            return steps, ph.base + self.steps_per_s * n * c / _US_PER_S, ph.t0 + n * (c + k)
+        return steps, ph.base, ph.durable_at if ph.written_here else ph.durable_prev_at
+
+    def checkpoint(self, t: int, then_stop: bool) -> int:
+        """Write a checkpoint from ``t`` (or let the one in progress finish); returns when it is durable."""
+        ph = self.phase(t)
+        steps, durable, durable_at = self.at(t)
+        done = self.done_at(ph)
+        if done is not None and t >= done:
+            return t
+        if ph.t0 is None or t < ph.t0:  # paused (booting, restoring, or writing a checkpoint)
+            w = max(ph.durable_at, t)
+            if then_stop:
+                self.phases.append(
+                    _Phase(t, None, ph.base, ph.durable_prev, ph.durable_prev_at, ph.durable_at, ph.written_here)
+                )
+            return w
+        c, k = self.interval_us, self.checkpoint_us
+        need = self._need_us(ph.base)
+        n, r = divmod(t - ph.t0, c + k)
+        if done is not None and n * c + min(r, c) >= need:  # the final checkpoint is being written
+            w, s = done, self.target
+        elif r >= c:  # a periodic checkpoint is being written: it completes at the end of its window
+            w, s = ph.t0 + (n + 1) * (c + k), ph.base + self.steps_per_s * (n + 1) * c / _US_PER_S
+        else:
+            w, s = t + k, steps
+        self.phases.append(_Phase(t, None if then_stop else w, s, durable, durable_at, w, True))
+        return w
+
+
+@dataclass(slots=True)
+class _Inst:
+    instance_id: str
+    spec: LaunchSpec
+    token: str
+    launched: int
+    ready: int
+    preempt: int | None
+    notice: int | None
+    terminated: int | None = None
+    workload: _Workload | None = None
+    notice_checkpointed: bool = False
+    reported: set[tuple[str, int]] = field(default_factory=set)
+
+    def end(self) -> int | None:
+        """When it stopped existing (preemption or termination, whichever came first)."""
+        ends = [t for t in (self.preempt, self.terminated) if t is not None]
+        return min(ends) if ends else None
+
+    def preempted_by(self, t: int) -> bool:
+        return (
+            self.preempt is not None
+            and self.preempt <= t
+            and (self.terminated is None or self.preempt < self.terminated)
+        )
+
+
+class SimCloud:
+    """The simulated cloud (module docstring). ``start`` sets a new :class:`SimClock` unless ``clock``
+    is given (shared with the caller). ``seed``: an int or a sequence of ints."""
+
+    name = "sim"
+
+    def __init__(
+        self,
+        prices: PriceView,
+        hazards: HazardModel | None = None,
+        *,
+        clock: SimClock | None = None,
+        start: datetime | None = None,
+        seed: int | Sequence[int] = 0,
+        config: SimConfig | None = None,
+    ) -> None:
+        if clock is None:
+            if start is None:
+                raise SimError("give the simulated cloud a clock or a start time")
+            clock = SimClock(start)
+        self.prices = prices
+        self.hazards = hazards or HazardModel()
+        self.clock = clock
+        self.config = config or SimConfig()
+        self._seed = [int(seed)] if isinstance(seed, int) else [int(s) for s in seed]
+        self._instances: dict[str, _Inst] = {}
+        self._tokens: dict[str, str] = {}
+        self._live: set[str] = set()
+        self._processes: dict[OfferKey, _Process] = {}
+        self._failure_rngs: dict[OfferKey, np.random.Generator] = {}
+        self._rates: dict[OfferKey, tuple[float, str | None, float | None]] = {}
+        self.launch_failures = 0
+
+    # --- time -----------------------------------------------------------------------------------------
+
+    @property
+    def timing(self) -> WorkloadTiming:
+        return self.config.timing
+
+    def now(self) -> datetime:
+        return self.clock.now()
+
+    def _us(self, at: datetime) -> int:
+        return (utc(at) - self.clock.start) // _US
+
+    def _dt(self, us: int) -> datetime:
+        return self.clock.start + timedelta(microseconds=us)
+
+    # --- CloudProvider ----------------------------------------------------------------------------------
+
+    def _offer_info(self, key: OfferKey) -> tuple[float, str | None, float | None]:
+        info = self._rates.get(key)
+        if info is None:
+            shape = self.prices.shape(key)
+            acc, gpus = (shape[0], shape[1]) if shape is not None else (None, None)
+            rate = self.hazards.rate(key.cloud, key.region, key.zone, acc, gpus, key.market)
+            info = (rate, acc, gpus)
+            self._rates[key] = info
+        return info
+
+    def _rng(self, key: OfferKey, stream: int) -> np.random.Generator:
+        return np.random.default_rng(np.random.SeedSequence([*self._seed, _stable_hash(key), stream]))
+
+    def launch(self, spec: LaunchSpec, idempotency_token: str) -> Instance:
+        """Launch ``spec.offer`` now, once per token (module docstring). Raises CapacityError (no price
+        now, or a drawn capacity failure) and QuotaError (``max_instances`` alive)."""
+        if not idempotency_token:
+            raise SimError("an idempotency token is required")
+        known = self._tokens.get(idempotency_token)
+        if known is not None:
+            return self.describe(known)
+        key = spec.offer
+        now_dt = self.clock.now()
+        now = self.clock.micros()
+        steps = self.prices.steps(key, now_dt, now_dt + _US)
+        if not steps or steps[0].valid_from > now_dt:
+            raise CapacityError(
+                f"{key.instance_type} in {key.region} {key.zone} ({key.market.value}) has no price at {now_dt}"
+            )
+        limit = self.config.max_instances
+        if limit is not None and sum(1 for i in self._live if self._alive(self._instances[i], now)) >= limit:
+            raise QuotaError(f"the simulated account allows {limit} instances at once")
+        rate, acc, gpus = self._offer_info(key)
+        p_fail = self.config.failure_probability(key.cloud, acc, gpus)
+        if p_fail > 0:
+            rng = self._failure_rngs.get(key)
+            if rng is None:
+                rng = self._failure_rngs[key] = self._rng(key, 1)
+            if rng.random() < p_fail:
+                self.launch_failures += 1
+                raise CapacityError(f"no capacity for {key.instance_type} in {key.zone or key.region} now (simulated)")
+        preempt = None
+        notice = None
+        if key.market is Market.SPOT and rate > 0:
+            proc = self._processes.get(key)
+            if proc is None:
+                proc = self._processes[key] = _Process(self._rng(key, 0), rate)
+            preempt = proc.first_after(now)
+            lead = self.config.notice_lead.get(key.cloud, DEFAULT_NOTICE_LEAD[Cloud.SIM]) // _US
+            notice = max(now, preempt - lead)
+        iid = self._instance_id(idempotency_token)
+        inst = _Inst(iid, spec, idempotency_token, now, now + self.timing.boot // _US, preempt, notice)
+        self._instances[iid] = inst
+        self._tokens[idempotency_token] = iid
+        self._live.add(iid)
+        return self._describe(inst)
+
+    def _instance_id(self, token: str) -> str:
+        """``sim-`` and 12 hex digits of the token's hash: deterministic, and distinct across simulated
+        clouds that share a ledger as long as their tokens differ (the job runner's are ``<job>:<epoch>``)."""
+        base = "sim-" + hashlib.blake2b(token.encode(), digest_size=6).hexdigest()
+        iid, n = base, 1
+        while iid in self._instances:  # a hash collision within this cloud
+            n += 1
+            iid = f"{base}-{n}"
+        return iid
+
+    def _alive(self, inst: _Inst, t: int) -> bool:
+        end = inst.end()
+        return end is None or end > t
+
+    def _state(self, inst: _Inst, t: int) -> InstanceState:
+        if inst.preempted_by(t):
+            return InstanceState.PREEMPTED
+        if inst.terminated is not None and inst.terminated <= t:
+            return InstanceState.TERMINATED
+        return InstanceState.PENDING if t < inst.ready else InstanceState.RUNNING
+
+    def _describe(self, inst: _Inst) -> Instance:
+        t = self.clock.micros()
+        state = self._state(inst, t)
+        end = inst.end()
+        return Instance(
+            instance_id=inst.instance_id,
+            offer=inst.spec.offer,
+            state=state,
+            tags=dict(inst.spec.tags),
+            launched_at=self._dt(inst.launched),
+            terminated_at=self._dt(end) if end is not None and end <= t else None,
+        )
+
+    def _get(self, instance_id: str) -> _Inst:
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            raise NotFoundError(f"no simulated instance {instance_id!r}")
+        return inst
+
+    def describe(self, instance_id: str) -> Instance:
+        return self._describe(self._get(instance_id))
+
+    def terminate(self, instance_id: str) -> None:
+        """Terminate now; a gone (terminated or preempted) instance is left as it is."""
+        inst = self._get(instance_id)
+        t = self.clock.micros()
+        if self._alive(inst, t):
+            inst.terminated = t
+            self._live.discard(instance_id)
+
+    def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
+        """Every instance launched whose tags include ``tags``, in any state, in launch order."""
+        return [
+            self._describe(i) for i in self._instances.values() if all(i.spec.tags.get(k) == v for k, v in tags.items())
+        ]
+
+    def interruptions(self, since: datetime) -> builtins.list[Interruption]:
+        """Notices and preemptions that happened in ``[since, now]``, in time order."""
+        lo, now = self._us(since), self.clock.micros()
+        out: list[tuple[int, int, Interruption]] = []
+        for inst in self._instances.values():
+            if inst.preempt is None or inst.notice is None:
+                continue
+            gone = inst.terminated
+            if lo <= inst.notice <= now and (gone is None or inst.notice < gone):
+                out.append(
+                    (
+                        inst.notice,
+                        0,
+                        Interruption(inst.instance_id, self._dt(inst.notice), self._dt(inst.preempt), "notice"),
+                    )
+                )
+            if lo <= inst.preempt <= now and inst.preempted_by(now):
+                out.append((inst.preempt, 1, Interruption(inst.instance_id, self._dt(inst.preempt), None, "preempted")))
+        return [i for _, _, i in sorted(out, key=lambda e: (e[0], e[1], e[2].instance_id))]
+
+    # --- workloads ------------------------------------------------------------------------------------------
+
+    def start_workload(
+        self,
+        instance_id: str,
+        *,
+        steps_per_s: float,
+        target_steps: float,
+        start_step: float = 0.0,
+        restore: bool | None = None,
+    ) -> WorkloadProgress:
+        """Run a job on the instance (module docstring): after its boot (and, when ``restore``, default
+        ``start_step > 0``, the restore time) it trains from ``start_step`` towards ``target_steps``."""
+        inst = self._get(instance_id)
+        t = self.clock.micros()
+        if not self._alive(inst, t):
+            raise SimError(f"{instance_id} is gone: it cannot run a workload")
+        if inst.workload is not None:
+            raise SimError(f"{instance_id} already runs a workload")
+        if not (steps_per_s > 0 and math.isfinite(steps_per_s)):
+            raise SimError(f"steps_per_s must be > 0, got {steps_per_s}")
+        if not (0 <= start_step <= target_steps):
+            raise SimError(f"need 0 <= start_step <= target_steps, got {start_step} and {target_steps}")
+        timing = self.timing
+        restoring = start_step > 0 if restore is None else restore
+        t0 = max(inst.ready, t) + (timing.restore // _US if restoring else 0)
+        inst.workload = _Workload(
+            steps_per_s=steps_per_s,
+            target=float(target_steps),
+            start_step=float(start_step),
+            interval_us=timing.checkpoint_interval // _US,
+            checkpoint_us=timing.checkpoint // _US,
+            phases=[_Phase(t, t0, float(start_step), float(start_step), None, t, False)],
+            training_from=t0,
+        )
+        return self.progress(instance_id)
+
+    def progress(self, instance_id: str) -> WorkloadProgress:
+        """The instance's workload as of now (zeros when it runs none)."""
+        inst = self._get(instance_id)
+        now = self.clock.micros()
+        wl = inst.workload
+        end = inst.end()
+        if wl is None:
+            gone = None if end is None or end > now else self._dt(end)
+            return WorkloadProgress(instance_id, 0.0, 0.0, 0.0, None, 0.0, None, None, gone)
+        t = now if end is None else min(now, end)
+        steps, durable, durable_at = wl.at(t)
+        last = wl.phases[-1]
+        done = wl.done_at(last)
+        if done is not None and end is not None and done > end:
+            done = None
+        stopped: int | None = end if end is not None and end <= now else None
+        if stopped is None and last.t0 is None and (done is None or done > now) and now >= last.durable_at:
+            stopped = last.durable_at  # stopped after the checkpoint it was asked for
+        return WorkloadProgress(
+            instance_id=instance_id,
+            start_step=wl.start_step,
+            steps_done=steps,
+            durable_steps=durable,
+            durable_at=None if durable_at is None else self._dt(durable_at),
+            target_steps=wl.target,
+            training_from=None if wl.training_from is None else self._dt(wl.training_from),
+            done_at=None if done is None else self._dt(done),
+            stopped_at=None if stopped is None else self._dt(stopped),
+        )
+
+    def request_checkpoint(self, instance_id: str, *, then_stop: bool = False) -> datetime:
+        """Write a checkpoint now (or let the one being written finish), and with ``then_stop`` stop
+        training after it. Returns when it is durable (it is lost if the instance goes before)."""
+        inst = self._get(instance_id)
+        t = self.clock.micros()
+        if inst.workload is None:
+            raise SimError(f"{instance_id} runs no workload")
+        if not self._alive(inst, t):
+            raise SimError(f"{instance_id} is gone: it cannot write a checkpoint")
+        return self._dt(inst.workload.checkpoint(t, then_stop))
+
+    # --- events -----------------------------------------------------------------------------------------
+
+    def _events(self, inst: _Inst, lo: int, hi: int) -> builtins.list[tuple[int, int, SimEventKind]]:
+        """Unreported events of ``inst`` in ``[lo, hi]`` as (time, order, kind)."""
+        out: list[tuple[int, int, SimEventKind]] = []
+        gone = inst.end()
+
+        def add(t: int | None, order: int, kind: SimEventKind, alive_needed: bool = True) -> None:
+            if t is None or not lo <= t <= hi or (kind.value, t) in inst.reported:
+                return
+            if alive_needed and gone is not None and gone < t:
+                return
+            out.append((t, order, kind))
+
+        add(inst.ready, 0, SimEventKind.READY)
+        if inst.preempt is not None and (inst.terminated is None or inst.preempt < inst.terminated):
+            if inst.notice is not None and (inst.terminated is None or inst.notice < inst.terminated):
+                add(inst.notice, 1, SimEventKind.NOTICE)
+            add(inst.preempt, 3, SimEventKind.PREEMPTED, alive_needed=False)
+        if inst.workload is not None:
+            done = inst.workload.done_at(inst.workload.phases[-1])
+            if done is not None and (gone is None or done <= gone):
+                add(done, 2, SimEventKind.DONE, alive_needed=False)
+        return out
+
+    def run_until(self, until: datetime, *, watch: Collection[str] | None = None) -> builtins.list[SimEvent]:
+        """Advance the clock to ``until`` (not before now), reporting each event of the watched
+        instances (None: all) once, in time order; stop at the first preemption or finished workload among
+        them, the clock then standing at its time. Notices trigger ``checkpoint_on_notice``."""
+        target = self._us(until)
+        if target < self.clock.micros():
+            raise ClockError(f"run_until({until}) is before now ({self.clock.now()})")
+        ids = set(self._instances) if watch is None else set(watch)
+        reported: list[SimEvent] = []
+        while True:
+            now = self.clock.micros()
+            best: tuple[int, int, str, SimEventKind] | None = None
+            for iid in ids:
+                inst = self._instances.get(iid)
+                if inst is None:
+                    raise NotFoundError(f"no simulated instance {iid!r}")
+                for t, order, kind in self._events(inst, now, target):
+                    cand = (t, order, iid, kind)
+                    if best is None or cand < best:
+                        best = cand
+            if best is None:
+                self.clock.advance_to_micros(target)
+                return reported
+            t, _, iid, kind = best
+            self.clock.advance_to_micros(t)
+            inst = self._instances[iid]
+            inst.reported.add((kind.value, t))
+            reported.append(SimEvent(self._dt(t), iid, kind))
+            if kind is SimEventKind.NOTICE:
+                self._on_notice(inst, t)
+            if kind in (SimEventKind.PREEMPTED, SimEventKind.DONE):
+                if kind is SimEventKind.PREEMPTED:
+                    self._live.discard(iid)
+                return reported
+
+    def _on_notice(self, inst: _Inst, t: int) -> None:
+        if not self.config.checkpoint_on_notice or inst.workload is None or inst.notice_checkpointed:
+            return
+        if inst.preempt is None or self.timing.checkpoint // _US > inst.preempt - t:
+            return
+        inst.notice_checkpointed = True
+        inst.workload.checkpoint(t, then_stop=True)
+
+
+def sim_factory(config: SimConfig | None = None) -> _Factory:
+    """A :class:`costopt.backtest.job.CloudFactory` building :class:`SimCloud` with ``config``."""
+    return _Factory(config or SimConfig())
+
+
+@dataclass(frozen=True, slots=True)
+class _Factory:
+    config: SimConfig
+
+    def __call__(
+        self, prices: PriceView, hazards: HazardModel, *, start: datetime, seed: int | Sequence[int]
+    ) -> SimCloud:
+        return SimCloud(prices, hazards, start=start, seed=seed, config=self.config)
