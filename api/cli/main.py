@@ -8,6 +8,7 @@ import typer
 
 from api.cli import backtest as backtest_cmd
 from api.cli import catalog as catalog_cmd
+from api.cli import drill as drill_cmd
 from api.cli import plan as plan_cmd
 from api.cli import plan_batch as plan_batch_cmd
 from api.cli import prices as prices_cmd
@@ -27,6 +28,7 @@ app.add_typer(throughput_cmd.app, name="throughput")
 app.add_typer(backtest_cmd.app, name="backtest")
 app.command("plan")(plan_cmd.plan)
 app.command("plan-batch")(plan_batch_cmd.plan_batch)
+app.command("drill")(drill_cmd.drill)
 db_app = typer.Typer(help="The database: migrations and status.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 

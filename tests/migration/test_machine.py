@@ -1,0 +1,287 @@
+"""The migration state machine with the local provider and the example script: moves, rollbacks,
+recovery after a preemption, resume after a crash at every state, and the reconciler."""
+
+from __future__ import annotations
+
+import builtins
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from costopt.agent import control
+from costopt.cloud import CapacityError, Instance, InstanceState, Interruption, LaunchSpec
+from costopt.domain import Cloud, Market, OfferKey
+from costopt.migration.machine import (
+    ALIVE_STATES,
+    TAG_MANAGED,
+    JobStatus,
+    Kind,
+    Migrator,
+    State,
+    job_tags,
+    reconcile,
+)
+from costopt.settings import PROJECT_ROOT
+from providers.local import LocalProvider
+
+OFFER_A = OfferKey(Cloud.SIM, "local", "local-a", "cpu-1", Market.SPOT)
+OFFER_B = OfferKey(Cloud.SIM, "local", "local-b", "cpu-1", Market.SPOT)
+OFFERS = (OFFER_A, OFFER_B)
+# Runs until terminated (or moved): ~200 steps/s, a checkpoint every 50 steps.
+ENDLESS = [sys.executable, str(PROJECT_ROOT / "examples" / "train.py"), "--steps", "1000000",
+           "--checkpoint-every", "50", "--step-seconds", "0.005"]  # fmt: skip
+
+CRASH_POINTS = (
+    "enter:planned",
+    "enter:checkpointing",
+    "enter:checkpointed",
+    "enter:launching",
+    "launch:returned",
+    "enter:launched",
+    "enter:verifying",
+    "enter:terminating_old",
+    "enter:done",
+)
+
+
+class Crash(Exception):
+    """The migrator 'dies' here (a raised exception standing in for a crash)."""
+
+
+class FlakyProvider:
+    """A provider whose launches on some offers fail with CapacityError (before creating anything)."""
+
+    def __init__(self, inner: LocalProvider, failing: set[OfferKey]) -> None:
+        self.inner = inner
+        self.failing = failing
+        self.name = inner.name
+        self.launch_calls: list[tuple[OfferKey, str]] = []
+
+    def launch(self, spec: LaunchSpec, idempotency_token: str) -> Instance:
+        self.launch_calls.append((spec.offer, idempotency_token))
+        if spec.offer in self.failing:
+            raise CapacityError(f"no capacity for {spec.offer.zone}")
+        return self.inner.launch(spec, idempotency_token)
+
+    def terminate(self, instance_id: str) -> None:
+        self.inner.terminate(instance_id)
+
+    def describe(self, instance_id: str) -> Instance:
+        return self.inner.describe(instance_id)
+
+    def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
+        return self.inner.list(tags)
+
+    def interruptions(self, since: datetime) -> builtins.list[Interruption]:
+        return self.inner.interruptions(since)
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[LocalProvider]:
+    prov = LocalProvider(tmp_path / "cloud", cwd=PROJECT_ROOT, grace_seconds=3.0)
+    yield prov
+    for inst in prov.list({}):
+        if inst.state in ALIVE_STATES:
+            prov.terminate(inst.instance_id)
+    prov.close()
+
+
+def make_migrator(engine: Engine, provider: object, **kw: object) -> Migrator:
+    return Migrator(engine, provider, checkpoint_timeout=20.0, verify_timeout=20.0, backoff_base=0.01, **kw)  # type: ignore[arg-type]
+
+
+def alive(provider: LocalProvider) -> list[Instance]:
+    return [i for i in provider.list({TAG_MANAGED: "true"}) if i.state in ALIVE_STATES]
+
+
+def started_job(engine: Engine, provider: LocalProvider, tmp_path: Path, job_id: str = "job-1") -> Migrator:
+    mig = make_migrator(engine, provider)
+    mig.register_job(job_id, ENDLESS, str(tmp_path / "ckpt" / job_id))
+    rec = mig.start(job_id, OFFERS)
+    assert rec.state is State.DONE, rec.reason
+    return mig
+
+
+def assert_one_copy(mig: Migrator, provider: LocalProvider, job_id: str = "job-1") -> None:
+    job = mig.job(job_id)
+    running = alive(provider)
+    assert [i.instance_id for i in running] == [job.instance_id]
+    assert running[0].tags["costopt-epoch"] == str(job.epoch)
+    assert control.current_epoch(job.checkpoint_uri) == job.epoch
+    assert reconcile(mig.engine, provider).orphans_terminated == ()
+
+
+def test_a_registered_job_starts_as_epoch_1_from_scratch(engine: Engine, local: LocalProvider, tmp_path: Path) -> None:
+    mig = started_job(engine, local, tmp_path)
+    job = mig.job("job-1")
+    assert (job.epoch, job.status, job.offer) == (1, JobStatus.RUNNING, OFFER_A)
+    assert control.progress(job.checkpoint_uri, 1).progressing
+    assert_one_copy(mig, local)
+
+
+def test_a_move_checkpoints_launches_the_next_epoch_verifies_it_and_terminates_the_old_copy(
+    engine: Engine, local: LocalProvider, tmp_path: Path
+) -> None:
+    mig = started_job(engine, local, tmp_path)
+    old = mig.job("job-1").instance_id
+    rec = mig.move("job-1", OFFERS)
+    assert rec.state is State.DONE, rec.reason
+    assert (rec.kind, rec.from_epoch, rec.to_epoch, rec.old_instance_id) == (Kind.MOVE, 1, 2, old)
+    job = mig.job("job-1")
+    assert (job.epoch, job.instance_id, job.status) == (2, rec.new_instance_id, JobStatus.RUNNING)
+    assert local.describe(old).state is InstanceState.TERMINATED  # type: ignore[arg-type]
+    prog = control.progress(job.checkpoint_uri, 2)
+    assert prog.progressing and prog.restored_step > 0  # restored the checkpoint the move asked for
+    assert_one_copy(mig, local)
+
+
+def test_launch_failures_back_off_and_try_the_next_offer_with_a_new_token(
+    engine: Engine, local: LocalProvider, tmp_path: Path
+) -> None:
+    started_job(engine, local, tmp_path)
+    flaky = FlakyProvider(local, failing={OFFER_A})
+    sleeps: list[float] = []
+
+    def sleep(s: float) -> None:
+        sleeps.append(s)
+        time.sleep(min(s, 0.05))
+
+    mig2 = make_migrator(engine, flaky, sleep=sleep)
+    rec = mig2.move("job-1", OFFERS)
+    assert rec.state is State.DONE, rec.reason
+    assert [o for o, _ in flaky.launch_calls] == [OFFER_A, OFFER_B]
+    assert len({t for _, t in flaky.launch_calls}) == 2
+    assert 0.01 in sleeps  # backed off (backoff_base) before the next offer
+    assert mig2.job("job-1").offer == OFFER_B
+    assert_one_copy(mig2, local)
+
+
+def test_a_move_whose_launches_all_fail_rolls_back_and_the_old_copy_keeps_running_unfenced(
+    engine: Engine, local: LocalProvider, tmp_path: Path
+) -> None:
+    mig = started_job(engine, local, tmp_path)
+    old = mig.job("job-1").instance_id
+    flaky = FlakyProvider(local, failing=set(OFFERS))
+    rec = make_migrator(engine, flaky, sleep=lambda s: None).move("job-1", OFFERS)
+    assert rec.state is State.ROLLED_BACK
+    assert "launch failed on all 2 offer(s)" in rec.reason and "old copy keeps running" in rec.reason
+    job = mig.job("job-1")
+    assert (job.status, job.epoch, job.instance_id) == (JobStatus.RUNNING, 1, old)
+    assert control.current_epoch(job.checkpoint_uri) == 1  # nothing claimed: the old copy may still write
+    before = control.progress(job.checkpoint_uri, 1).last_step
+    time.sleep(0.5)
+    assert control.progress(job.checkpoint_uri, 1).last_step > before
+    assert_one_copy(mig, local)
+
+
+def test_after_a_preemption_recovery_launches_a_new_epoch_from_the_last_checkpoint(
+    engine: Engine, local: LocalProvider, tmp_path: Path
+) -> None:
+    mig = started_job(engine, local, tmp_path)
+    job = mig.job("job-1")
+    assert job.instance_id is not None
+    local.preempt(job.instance_id, notice_seconds=0)  # taken at once, no notice
+    last = control.latest(job.checkpoint_uri)
+    report = reconcile(engine, local)
+    assert report.marked_for_recovery == ("job-1",)
+    assert mig.job("job-1").status is JobStatus.RECOVERING
+    rec = mig.recover("job-1", OFFERS)
+    assert rec.state is State.DONE, rec.reason
+    assert (rec.kind, rec.to_epoch) == (Kind.RECOVER, 2)
+    prog = control.progress(job.checkpoint_uri, 2)
+    assert prog.restored_step == (last.step if last else 0)
+    assert_one_copy(mig, local)
+
+
+def test_the_reconciler_terminates_an_orphan_of_a_stale_epoch_and_one_of_no_job(
+    engine: Engine, local: LocalProvider, tmp_path: Path
+) -> None:
+    mig = started_job(engine, local, tmp_path)
+    assert mig.move("job-1", OFFERS).state is State.DONE
+    job = mig.job("job-1")
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    stale = local.launch(LaunchSpec(OFFER_A, sleeper, tags=job_tags("job-1", 1)), "orphan-stale")
+    nojob = local.launch(LaunchSpec(OFFER_A, sleeper, tags=job_tags("no-such-job", 1)), "orphan-nojob")
+    report = reconcile(engine, local)
+    assert sorted(report.orphans_terminated) == sorted([stale.instance_id, nojob.instance_id])
+    assert local.describe(stale.instance_id).state is InstanceState.TERMINATED
+    assert local.describe(nojob.instance_id).state is InstanceState.TERMINATED
+    assert mig.job("job-1").instance_id == job.instance_id
+    assert_one_copy(mig, local)
+
+
+def test_a_crash_at_every_state_resumes_to_exactly_one_copy_with_no_orphans_or_second_launch(
+    engine: Engine, local: LocalProvider, tmp_path: Path
+) -> None:
+    """A raised exception at each transition (one move per point, same job), then a fresh migrator's
+    resume(): the move completes, one copy runs, the token launched nothing twice."""
+    mig = started_job(engine, local, tmp_path)
+    uri = mig.job("job-1").checkpoint_uri
+    for n, point in enumerate(CRASH_POINTS, start=2):
+
+        def hook(p: str, point: str = point) -> None:
+            if p == point:
+                raise Crash(p)
+
+        crashing = make_migrator(engine, local, hook=hook)
+        with pytest.raises(Crash):
+            crashing.move("job-1", OFFERS)
+        resumed = make_migrator(engine, local, hook=lambda p: None).resume("job-1")
+        if point == "enter:done":
+            assert resumed == []  # the crash came after the last commit
+        else:
+            assert [r.state for r in resumed] == [State.DONE], point
+        assert mig.job("job-1").epoch == n, point
+        assert len(local.list({"costopt-job": "job-1", "costopt-epoch": str(n)})) == 1, point
+        assert_one_copy(mig, local)
+    audit = control.audit_job(uri)
+    assert audit.checkpoints_monotonic and audit.repeated_steps == 0, audit.problems
+
+
+class BrokenNewCopies(FlakyProvider):
+    """Launches of epoch >= 2 run a command that exits at once without progressing."""
+
+    def launch(self, spec: LaunchSpec, idempotency_token: str) -> Instance:
+        if int(spec.tags["costopt-epoch"]) >= 2:
+            spec = LaunchSpec(spec.offer, [sys.executable, "-c", "raise SystemExit(1)"], spec.env, spec.tags)
+        return self.inner.launch(spec, idempotency_token)
+
+
+def test_a_new_copy_that_never_progresses_is_terminated_and_the_job_is_marked_for_recovery(
+    engine: Engine, local: LocalProvider, tmp_path: Path
+) -> None:
+    mig = started_job(engine, local, tmp_path)
+    old = mig.job("job-1").instance_id
+    rec = make_migrator(engine, BrokenNewCopies(local, set())).move("job-1", OFFERS)
+    assert rec.state is State.ROLLED_BACK
+    assert "exited; the job needs recovery" in rec.reason
+    job = mig.job("job-1")
+    assert job.status is JobStatus.RECOVERING and job.reason == rec.reason
+    assert local.describe(old).state is InstanceState.TERMINATED  # type: ignore[arg-type]  # fenced: stopped
+    assert alive(local) == []
+    again = mig.recover("job-1", OFFERS)
+    assert again.state is State.DONE and again.to_epoch == 3, again.reason
+    assert_one_copy(mig, local)
+
+
+def test_a_copy_preempted_while_the_move_waits_for_its_checkpoint_is_replaced_at_once(
+    engine: Engine, local: LocalProvider, tmp_path: Path
+) -> None:
+    mig = started_job(engine, local, tmp_path)
+    old = mig.job("job-1").instance_id
+    assert old is not None
+
+    def preempt_old(point: str) -> None:
+        if point == "enter:checkpointing":
+            local.preempt(old, notice_seconds=0)
+
+    rec = make_migrator(engine, local, hook=preempt_old).move("job-1", OFFERS)
+    assert rec.state is State.DONE, rec.reason
+    assert rec.reason == "old copy gone while checkpointing"
+    assert local.describe(old).state is InstanceState.PREEMPTED
+    assert_one_copy(mig, local)
