@@ -19,9 +19,11 @@ run: setup
 	$(BIN)/costopt db migrate
 	$(BIN)/costopt serve
 
+PY_DIRS := costopt pricing providers api tests bench experiments examples
+
 lint: setup
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check $(PY_DIRS)
+	$(BIN)/ruff format --check $(PY_DIRS)
 
 typecheck: setup
 	$(BIN)/mypy costopt pricing providers api
