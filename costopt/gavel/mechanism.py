@@ -1,0 +1,302 @@
+"""The round-based mechanism: turns an allocation (time fractions) into which jobs run on which GPUs
+in the next round.
+
+* A **unit** is a job alone or a co-located pair. Its priority on a worker type is the share the
+  allocation gives it there over the share it has received so far there (seconds run on that type
+  over seconds since it arrived); a unit that has received nothing yet comes first.
+* Units are taken greedily in priority order (ties: larger allocation, earlier arrival, lower id): a
+  unit is placed if none of its jobs runs yet this round and the type has ``scale_factor`` free GPUs.
+  With ``fill_idle``, GPUs still free then go to units the allocation gives nothing on that type
+  (earliest arrival first), so no GPU idles while a job could use it.
+* Placement: a unit that ran last round on the same type keeps its GPUs; new multi-GPU units are
+  placed largest first on the fullest server that fits them whole (consolidated), else spread over
+  the emptiest servers; new single-GPU units fill the fullest servers first, keeping large holes for
+  multi-GPU jobs.
+* A job **moves** (restarts from its checkpoint) when it runs in a round but not on the same GPUs,
+  alone or with the same partner, as in the previous round; its first start is not a move.
+
+Job indices are global (e.g. trace rows); the caller says which jobs each allocation covers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from costopt.gavel.errors import InvalidState
+from costopt.gavel.state import FloatArray, IntArray
+
+log = logging.getLogger(__name__)
+
+BoolArray = npt.NDArray[np.bool_]
+DEFAULT_ROUND_S = 360.0
+_MIN_SHARE = 1e-9  # a share received below this counts as nothing received
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class RoundPlan:
+    """The units that run in one round. ``members[u] = (job, partner or -1)``; ``wtype[u]`` its
+    worker type; ``gpus[u]`` the GPUs it holds; ``consolidated[u]``: all of them in one server;
+    ``moved[u, k]``: member ``k`` restarts from a checkpoint this round."""
+
+    members: IntArray
+    wtype: IntArray
+    gpus: IntArray
+    consolidated: BoolArray
+    moved: BoolArray
+
+    @property
+    def n_units(self) -> int:
+        return int(self.members.shape[0])
+
+
+class RoundMechanism:
+    """Round-by-round realization of allocations for jobs ``0 .. n_jobs - 1``.
+
+    Call :meth:`set_allocation` whenever the policy re-solves, then per round :meth:`plan` and
+    :meth:`record`. One instance per cluster; not thread-safe.
+    """
+
+    def __init__(
+        self, capacity: Sequence[int], gpus_per_server: Sequence[int], n_jobs: int, *, fill_idle: bool = True
+    ) -> None:
+        if len(capacity) != len(gpus_per_server) or min(gpus_per_server, default=1) < 1 or min(capacity) < 0:
+            raise InvalidState("need GPU counts >= 0 and a GPUs-per-server count >= 1 per worker type")
+        self.capacity = [int(c) for c in capacity]
+        self.per_server = [int(g) for g in gpus_per_server]
+        self.n_types = len(self.capacity)
+        self.fill_idle = fill_idle
+        self._n = n_jobs
+        self.received = np.zeros((n_jobs, self.n_types))  # seconds run alone per type
+        self.ever_ran = np.zeros(n_jobs, dtype=bool)
+        self._gone = bytearray(n_jobs)
+        self._last_type = np.full(n_jobs, -1, dtype=np.int64)  # type of the job's unit last round
+        self._last_partner = np.full(n_jobs, -2, dtype=np.int64)  # its partner (-1 alone, -2 did not run)
+        self._last_consolidated = np.zeros(n_jobs, dtype=bool)
+        self._last_jobs = np.zeros(0, dtype=np.int64)
+        # per type: job id (first member of the unit) holding each GPU slot, -1 = free
+        self._owner: list[IntArray | None] = [None] * self.n_types
+        self._pair_keys = np.zeros(0, dtype=np.int64)  # sorted lo * n_jobs + hi
+        self._pair_recv = np.zeros((0, self.n_types))
+        self._u_members = np.zeros((0, 2), dtype=np.int64)
+        self._u_sf = np.zeros(0, dtype=np.int64)
+        self._u_since = np.zeros(0)
+        self._u_recv = np.zeros((0, self.n_types))
+        self._c_unit = np.zeros(0, dtype=np.int64)
+        self._c_type = np.zeros(0, dtype=np.int64)
+        self._c_x = np.zeros(0)
+        self._c_rank = np.zeros(0, dtype=np.int64)
+        self._f_unit: IntArray | None = None
+        self._f_type = np.zeros(0, dtype=np.int64)
+        self._fill_from: tuple[IntArray, BoolArray, FloatArray] = (
+            np.zeros(0, dtype=np.int64),
+            np.zeros((0, self.n_types), dtype=bool),
+            np.zeros(0),
+        )
+        self._sf_list: list[int] = []
+        self._a_list: list[int] = []
+        self._b_list: list[int] = []
+        self._pending: tuple[IntArray, IntArray] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+    def set_allocation(
+        self,
+        jobs: IntArray,
+        scale_factor: IntArray,
+        runnable: BoolArray,
+        x: FloatArray,
+        pairs: IntArray,
+        pair_x: FloatArray,
+        since_s: FloatArray,
+    ) -> None:
+        """The allocation now in force. ``jobs``: global indices of its rows; ``pairs``: row indices
+        into ``jobs``; ``runnable``: (rows x types) where each job can run; ``since_s``: when each job
+        arrived."""
+        n = jobs.shape[0]
+        if x.shape != (n, self.n_types) or runnable.shape != x.shape:
+            raise InvalidState("allocation rows must match the jobs and the mechanism's worker types")
+        # pairs keep what they received while they stay in the allocation
+        old_pairs = self._u_members[:, 1] >= 0
+        if old_pairs.any():
+            okey = self._u_members[old_pairs, 0] * self._n + self._u_members[old_pairs, 1]
+            order = np.argsort(okey)
+            self._pair_keys, self._pair_recv = okey[order], self._u_recv[old_pairs][order]
+        else:
+            self._pair_keys, self._pair_recv = np.zeros(0, dtype=np.int64), np.zeros((0, self.n_types))
+        keep = pair_x.sum(axis=1) > 0
+        pairs, pair_x = pairs[keep], pair_x[keep]
+        ga, gb = jobs[pairs[:, 0]], jobs[pairs[:, 1]]
+        lo, hi = np.minimum(ga, gb), np.maximum(ga, gb)
+        self._u_members = np.concatenate([np.stack([jobs, np.full(n, -1)], axis=1), np.stack([lo, hi], axis=1)]).astype(
+            np.int64
+        )
+        self._u_sf = np.concatenate([scale_factor, scale_factor[pairs[:, 0]]]).astype(np.int64)
+        self._sf_list = self._u_sf.tolist()
+        self._a_list = self._u_members[:, 0].tolist()
+        self._b_list = self._u_members[:, 1].tolist()
+        self._u_since = np.concatenate([since_s, np.maximum(since_s[pairs[:, 0]], since_s[pairs[:, 1]])])
+        precv = np.zeros((lo.shape[0], self.n_types))
+        if lo.shape[0] and self._pair_keys.shape[0]:
+            key = lo * self._n + hi
+            pos = np.minimum(np.searchsorted(self._pair_keys, key), self._pair_keys.shape[0] - 1)
+            found = self._pair_keys[pos] == key
+            precv[found] = self._pair_recv[pos[found]]
+        self._u_recv = np.concatenate([self.received[jobs], precv])
+        ux = np.concatenate([x, pair_x])
+        cu, cj = np.nonzero(ux > 0)
+        cx = ux[cu, cj]
+        # ties after priority: larger allocation, earlier arrival, lower job id (fixed until the next solve)
+        tie = np.lexsort((self._u_members[cu, 0], self._u_since[cu], -cx))
+        rank = np.empty(cu.shape[0], dtype=np.int64)
+        rank[tie] = np.arange(cu.shape[0])
+        self._c_unit, self._c_type, self._c_x, self._c_rank = cu.astype(np.int64), cj.astype(np.int64), cx, rank
+        self._fill_from = (jobs, runnable & (x <= 0), since_s)  # idle-filling candidates, built on demand
+        self._f_unit = None
+
+    def plan(self, now_s: float) -> RoundPlan:
+        """The units to run in the round starting at ``now_s``, placed on GPUs."""
+        free = list(self.capacity)
+        busy = bytearray(self._gone)  # finished jobs never run again, whatever the allocation says
+        units: list[int] = []
+        types: list[int] = []
+        if self._c_unit.shape[0]:
+            cu, cj, cx = self._c_unit, self._c_type, self._c_x
+            age = np.maximum(now_s - self._u_since[cu], 0.0)
+            share = np.divide(self._u_recv[cu, cj], age, out=np.zeros_like(age), where=age > 0)
+            prio = cx / np.maximum(share, _MIN_SHARE)
+            order = np.lexsort((self._c_rank, -prio))
+            self._greedy(cu[order].tolist(), cj[order].tolist(), free, busy, units, types)
+        if self.fill_idle and sum(free) > 0:
+            fu, fj = self._fill_candidates()
+            if fu.shape[0]:
+                self._greedy(fu.tolist(), fj.tolist(), free, busy, units, types)
+        return self._place(np.array(units, dtype=np.int64), np.array(types, dtype=np.int64))
+
+    def forget(self, jobs: IntArray) -> None:
+        """Jobs that finished (or left): never planned again, even under an allocation naming them."""
+        for j in np.asarray(jobs, dtype=np.int64).tolist():
+            self._gone[j] = 1
+
+    def _fill_candidates(self) -> tuple[IntArray, IntArray]:
+        """(unit, type) pairs the allocation gives nothing, earliest arrival first."""
+        if self._f_unit is None:
+            jobs, allowed, since = self._fill_from
+            fu, fj = np.nonzero(allowed)
+            order = np.lexsort((jobs[fu], since[fu]))
+            self._f_unit, self._f_type = fu[order].astype(np.int64), fj[order].astype(np.int64)
+        return self._f_unit, self._f_type
+
+    def _greedy(
+        self, cand_u: list[int], cand_j: list[int], free: list[int], busy: bytearray, units: list[int], types: list[int]
+    ) -> None:
+        """Candidates in order: a unit is taken if its jobs are idle and its type has room. Plain
+        Python lists: a round takes about a hundred units, and numpy's per-call cost would dominate."""
+        sf_of, a_of, b_of = self._sf_list, self._a_list, self._b_list
+        left = sum(free)
+        for u, j in zip(cand_u, cand_j, strict=True):
+            if left <= 0:
+                return
+            sf = sf_of[u]
+            if free[j] < sf:
+                continue
+            a = a_of[u]
+            if busy[a]:
+                continue
+            b = b_of[u]
+            if b >= 0:
+                if busy[b]:
+                    continue
+                busy[b] = 1
+            busy[a] = 1
+            units.append(u)
+            types.append(j)
+            free[j] -= sf
+            left -= sf
+
+    def _place(self, units: IntArray, types: IntArray) -> RoundPlan:
+        k = units.shape[0]
+        members = self._u_members[units] if k else np.zeros((0, 2), dtype=np.int64)
+        a, b = members[:, 0], members[:, 1]
+        sf = self._u_sf[units] if k else np.zeros(0, dtype=np.int64)
+        sticky = (self._last_type[a] == types) & (self._last_partner[a] == b)
+        consolidated = np.where(sticky, self._last_consolidated[a], sf == 1)
+        multi = sf > 1
+        for j in np.unique(types[multi]).tolist():
+            self._place_on(j, types == j, a, sf, sticky, consolidated)
+        for j in range(self.n_types):  # slots are tracked only while a type holds multi-GPU units
+            if not (multi & (types == j)).any():
+                self._owner[j] = None
+        moved = np.zeros((k, 2), dtype=bool)
+        moved[:, 0] = self.ever_ran[a] & ~sticky
+        paired = b >= 0
+        moved[paired, 1] = self.ever_ran[b[paired]] & ~sticky[paired]
+        # remember this round
+        self._last_type[self._last_jobs] = -1
+        self._last_partner[self._last_jobs] = -2
+        self._last_type[a] = types
+        self._last_partner[a] = b
+        self._last_consolidated[a] = consolidated
+        bp = b[paired]
+        self._last_type[bp] = types[paired]
+        self._last_partner[bp] = a[paired]
+        self._last_consolidated[bp] = consolidated[paired]
+        self._last_jobs = np.concatenate([a, bp])
+        self._pending = (units, types)
+        return RoundPlan(members=members, wtype=types, gpus=sf, consolidated=consolidated, moved=moved)
+
+    def _place_on(
+        self, j: int, on_j: BoolArray, a: IntArray, sf: IntArray, sticky: BoolArray, consolidated: BoolArray
+    ) -> None:
+        """GPU slots of type ``j``: sticky units keep theirs, new multi-GPU units go largest first to
+        the fullest server that fits them (else spread), new single-GPU units fill the fullest servers.
+        Slots of a type that held only single-GPU units last round were not tracked: its sticky units
+        are laid out anew (any layout is a valid history of units that did not move)."""
+        per = self.per_server[j]
+        cap = self.capacity[j]
+        server_of = np.arange(cap) // per
+        n_servers = (cap + per - 1) // per
+        old = self._owner[j]
+        owner = np.full(cap, -1, dtype=np.int64)
+        keep = on_j & sticky
+        if old is not None:
+            keeps = np.zeros(self._n + 1, dtype=bool)  # index -1 (a free slot) lands on the extra entry
+            keeps[a[keep]] = True
+            owner = np.where(keeps[old], old, -1)
+            place = on_j & ~sticky
+        else:
+            place = on_j.copy()  # untracked: lay everything out, keeping sticky units' consolidation
+        for i in np.nonzero(place & (sf > 1))[0][np.argsort(-sf[place & (sf > 1)], kind="stable")].tolist():
+            free_slots = np.nonzero(owner < 0)[0]
+            free_per = np.bincount(server_of[free_slots], minlength=n_servers)
+            need = int(sf[i])
+            fits = np.nonzero(free_per >= need)[0]
+            if fits.size:
+                srv = int(fits[np.argmin(free_per[fits])])
+                take = free_slots[server_of[free_slots] == srv][:need]
+            else:
+                rank = np.argsort(-free_per[server_of[free_slots]], kind="stable")
+                take = free_slots[rank][:need]
+            if not keep[i]:
+                consolidated[i] = np.unique(server_of[take]).size == 1
+            owner[take] = a[i]
+        singles = np.nonzero(place & (sf == 1))[0]
+        if singles.size:
+            free_slots = np.nonzero(owner < 0)[0]
+            free_per = np.bincount(server_of[free_slots], minlength=n_servers)
+            rank = np.lexsort((free_slots, free_per[server_of[free_slots]]))
+            owner[free_slots[rank][: singles.size]] = a[singles]
+        self._owner[j] = owner
+
+    def record(self, plan: RoundPlan, seconds: float) -> None:
+        """Credit ``seconds`` of running to every unit of ``plan`` (the last planned round)."""
+        units, wtype = self._pending
+        if plan.n_units == 0:
+            return
+        self._u_recv[units, wtype] += seconds
+        single = plan.members[:, 1] < 0
+        self.received[plan.members[single, 0], wtype[single]] += seconds
+        self.ever_ran[plan.members[:, 0]] = True
+        self.ever_ran[plan.members[~single, 1]] = True

@@ -1,0 +1,66 @@
+"""Allocation policies behind one interface (:class:`Policy`) and a registry of names.
+
+Names follow Gavel's code base (``_perf`` = heterogeneity-aware); ``max_min_fairness_pareto_perf``
+and ``hierarchical_*`` are this project's additions. Space sharing is not a name: it is switched on
+in the :class:`~costopt.gavel.state.ClusterState` (``space_sharing=True``) and honoured by the aware
+LP policies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from costopt.gavel.errors import UnknownPolicy
+from costopt.gavel.policies.base import Policy
+from costopt.gavel.policies.fairness import Hierarchical, MaxMinFairness
+from costopt.gavel.policies.fifo import Fifo
+from costopt.gavel.policies.finish_time import FinishTimeFairness, MinTotalDuration
+from costopt.gavel.policies.throughput import MaxSumThroughput, MaxThroughputPerDollar
+
+_REGISTRY: dict[str, Callable[[], Policy]] = {
+    "max_min_fairness": lambda: MaxMinFairness(name="max_min_fairness", aware=False),
+    "max_min_fairness_perf": lambda: MaxMinFairness(name="max_min_fairness_perf", aware=True),
+    "max_min_fairness_pareto_perf": lambda: MaxMinFairness(
+        name="max_min_fairness_pareto_perf", aware=True, pareto=True
+    ),
+    "finish_time_fairness": lambda: FinishTimeFairness(name="finish_time_fairness", aware=False),
+    "finish_time_fairness_perf": lambda: FinishTimeFairness(name="finish_time_fairness_perf", aware=True),
+    "min_total_duration": lambda: MinTotalDuration(name="min_total_duration", aware=False),
+    "min_total_duration_perf": lambda: MinTotalDuration(name="min_total_duration_perf", aware=True),
+    "fifo": lambda: Fifo(name="fifo", aware=False),
+    "fifo_perf": lambda: Fifo(name="fifo_perf", aware=True),
+    "max_sum_throughput_perf": lambda: MaxSumThroughput(name="max_sum_throughput_perf"),
+    "max_sum_throughput_normalized_by_cost_perf": lambda: MaxThroughputPerDollar(
+        name="max_sum_throughput_normalized_by_cost_perf", slos=False
+    ),
+    "max_sum_throughput_normalized_by_cost_perf_SLOs": lambda: MaxThroughputPerDollar(
+        name="max_sum_throughput_normalized_by_cost_perf_SLOs", slos=True
+    ),
+    "hierarchical_fairness_perf": lambda: Hierarchical(name="hierarchical_fairness_perf", within="fairness"),
+    "hierarchical_fifo_perf": lambda: Hierarchical(name="hierarchical_fifo_perf", within="fifo"),
+}
+
+POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def get_policy(name: str) -> Policy:
+    """The policy registered under ``name``; :class:`UnknownPolicy` lists the known names otherwise."""
+    try:
+        factory = _REGISTRY[name]
+    except KeyError:
+        raise UnknownPolicy(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}") from None
+    return factory()
+
+
+__all__ = [
+    "POLICY_NAMES",
+    "Fifo",
+    "FinishTimeFairness",
+    "Hierarchical",
+    "MaxMinFairness",
+    "MaxSumThroughput",
+    "MaxThroughputPerDollar",
+    "MinTotalDuration",
+    "Policy",
+    "get_policy",
+]

@@ -1,0 +1,101 @@
+"""Shared runner of the Gavel reproduction sweeps: each spec is one simulation; results are appended
+to a JSON-lines file, and specs already there are skipped (a sweep can be stopped and resumed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+DATA = Path(os.environ.get("COSTOPT_DATA_DIR", ROOT.parent / "shared" / "data"))
+RESULTS = Path(__file__).resolve().parent / "results"
+
+Spec = dict[str, Any]
+
+
+def spec_key(spec: Spec) -> str:
+    return json.dumps(spec, sort_keys=True)
+
+
+def _run(spec: Spec) -> dict[str, Any]:
+    from costopt.gavel.policies import get_policy
+    from costopt.gavel.simulator import simulate, simulate_trace
+    from costopt.gavel.trace import generate_trace
+    from costopt.gavel.workload import load_workload
+    from costopt.throughput import GAVEL_SIMULATION_FILE
+
+    workload = load_workload(DATA / GAVEL_SIMULATION_FILE)
+    s = dict(spec)
+    kind = s.pop("kind", "continuous")
+    t0 = time.perf_counter()
+    if kind == "static":
+        trace = generate_trace(
+            workload, s["jobs"], rate_per_hour=None, seed=s["seed"], multi_gpu=s.get("multi_gpu", False)
+        )
+        cap = tuple(int(c) for c in s.get("cluster", "36:36:36").split(":"))
+        res = simulate_trace(
+            get_policy(s["policy"]),
+            trace,
+            workload,
+            cap,
+            seed=s["seed"],
+            multi_gpu=s.get("multi_gpu", False),
+            space_sharing=s.get("space_sharing", False),
+            resolve_interval_s=s.get("resolve_interval_s"),
+        )
+    else:
+        res = simulate(
+            s["policy"],
+            s.get("cluster", "36:36:36"),
+            rate=s["rate"],
+            seed=s["seed"],
+            window=tuple(s.get("window", (4000, 5000))),
+            multi_gpu=s.get("multi_gpu", False),
+            space_sharing=s.get("space_sharing", False),
+            restart_overhead_s=s.get("restart_overhead_s", 0.0),
+            workload=workload,
+            resolve_interval_s=s.get("resolve_interval_s"),
+            max_simulated_s=s.get("max_simulated_s", 5.0e7),
+            slos=s.get("slos", False),
+        )
+    out = res.as_dict()
+    out["spec"] = spec
+    out["runner_wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def run_specs(specs: Iterable[Spec], out: Path, processes: int = 2) -> None:
+    """Run the specs not yet in ``out`` (JSON lines), ``processes`` at a time, appending as they finish."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = set()
+    if out.exists():
+        for line in out.read_text().splitlines():
+            if line.strip():
+                done.add(spec_key(json.loads(line)["spec"]))
+    todo = [s for s in specs if spec_key(s) not in done]
+    print(f"{out.name}: {len(done)} done, {len(todo)} to run", flush=True)
+    with ProcessPoolExecutor(max_workers=processes) as pool:
+        futures = {pool.submit(_run, s): s for s in todo}
+        for fut in as_completed(futures):
+            r = fut.result()
+            with out.open("a") as f:
+                f.write(json.dumps(r) + "\n")
+            print(
+                f"  {r['spec']} -> avg JCT {r['avg_jct_s'] / 3600:.2f} h, makespan {r['makespan_s'] / 3600:.1f} h, "
+                f"complete {r['window_complete']}, wall {r['runner_wall_s']:.0f} s",
+                flush=True,
+            )
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,123 @@
+"""The round mechanism: shares converge to the allocation, GPUs are never oversubscribed, jobs stay
+on their GPUs when they can, multi-GPU jobs are consolidated, and moves are counted."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from costopt.gavel.mechanism import RoundMechanism, RoundPlan
+
+
+def _alloc(
+    mech: RoundMechanism,
+    x: list[list[float]],
+    sf: list[int] | None = None,
+    pairs: list[list[int]] | None = None,
+    pair_x: list[list[float]] | None = None,
+) -> None:
+    xa = np.array(x, dtype=float)
+    n, j = xa.shape
+    p = np.array(pairs if pairs else np.zeros((0, 2)), dtype=np.int64).reshape(-1, 2)
+    px = np.array(pair_x if pair_x else np.zeros((0, j)), dtype=float).reshape(-1, j)
+    mech.set_allocation(np.arange(n), np.array(sf or [1] * n), np.ones((n, j), dtype=bool), xa, p, px, np.zeros(n))
+
+
+def _run(mech: RoundMechanism, rounds: int, round_s: float = 360.0) -> list[RoundPlan]:
+    plans = []
+    for r in range(rounds):
+        plan = mech.plan(r * round_s)
+        mech.record(plan, round_s)
+        plans.append(plan)
+    return plans
+
+
+def test_time_shares_converge_to_the_allocation() -> None:
+    mech = RoundMechanism([2, 1], [4, 4], 4)
+    _alloc(mech, [[0.5, 0.25], [0.5, 0.25], [0.75, 0.0], [0.25, 0.5]])
+    _run(mech, 400)
+    share = mech.received / (400 * 360.0)
+    assert np.allclose(share, [[0.5, 0.25], [0.5, 0.25], [0.75, 0.0], [0.25, 0.5]], atol=0.02)
+
+
+def test_a_round_never_oversubscribes_a_type_nor_runs_a_job_twice() -> None:
+    rng = np.random.default_rng(0)
+    mech = RoundMechanism([3, 2, 4], [2, 2, 4], 12)
+    x = rng.dirichlet(np.ones(3), 12) * 0.6
+    _alloc(mech, x.tolist(), sf=rng.choice([1, 2], 12).tolist())
+    for plan in _run(mech, 50):
+        used = np.bincount(plan.wtype, weights=plan.gpus, minlength=3)
+        assert np.all(used <= [3, 2, 4])
+        jobs = plan.members[plan.members >= 0]
+        assert len(jobs) == len(set(jobs.tolist()))
+
+
+def test_a_job_allocated_all_of_a_gpu_stays_on_it_and_never_moves() -> None:
+    mech = RoundMechanism([1], [1], 1)
+    _alloc(mech, [[1.0]])
+    plans = _run(mech, 20)
+    assert all(p.n_units == 1 for p in plans)
+    assert not any(p.moved.any() for p in plans)
+
+
+def test_two_jobs_sharing_one_gpu_alternate_and_each_resumption_is_a_move() -> None:
+    mech = RoundMechanism([1], [1], 2)
+    _alloc(mech, [[0.5], [0.5]])
+    plans = _run(mech, 10)
+    runners = [int(p.members[0, 0]) for p in plans]
+    assert runners.count(0) == runners.count(1) == 5
+    moves = sum(int(p.moved.sum()) for p in plans)
+    assert moves == 8  # every start after each job's first one
+
+
+def test_idle_gpus_go_to_jobs_with_no_allocation_there() -> None:
+    mech = RoundMechanism([2], [2], 2)
+    _alloc(mech, [[1.0], [0.0]])
+    plan = _run(mech, 1)[0]
+    assert sorted(plan.members[:, 0].tolist()) == [0, 1]
+    strict = RoundMechanism([2], [2], 2, fill_idle=False)
+    _alloc(strict, [[1.0], [0.0]])
+    assert _run(strict, 1)[0].members[:, 0].tolist() == [0]
+
+
+def test_a_multi_gpu_job_is_consolidated_on_one_server_when_one_has_room() -> None:
+    mech = RoundMechanism([8], [4], 3)
+    # two single-GPU jobs first: they must not split both servers
+    _alloc(mech, [[1.0], [1.0], [1.0]], sf=[1, 1, 4])
+    plan = _run(mech, 1)[0]
+    big = int(np.nonzero(plan.members[:, 0] == 2)[0][0])
+    assert plan.consolidated[big]
+
+
+def test_a_multi_gpu_job_spread_over_servers_is_reported_unconsolidated() -> None:
+    mech = RoundMechanism([8], [4], 3)
+    _alloc(mech, [[1.0], [1.0], [1.0]], sf=[3, 3, 2])
+    plan = _run(mech, 1)[0]
+    by_job = {int(m): bool(c) for m, c in zip(plan.members[:, 0], plan.consolidated, strict=True)}
+    assert by_job[0] and by_job[1] and not by_job[2]  # 3 + 3 on two servers leave 1 + 1 for the 2-GPU job
+
+
+def test_a_co_located_pair_runs_as_one_unit_on_shared_gpus() -> None:
+    mech = RoundMechanism([1], [1], 2)
+    _alloc(mech, [[0.0], [0.0]], pairs=[[0, 1]], pair_x=[[1.0]])
+    plans = _run(mech, 3)
+    assert all(p.members.tolist() == [[0, 1]] for p in plans)
+    assert not any(p.moved.any() for p in plans)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_planning_is_deterministic(seed: int) -> None:
+    def run() -> list[list[list[int]]]:
+        rng = np.random.default_rng(seed)
+        mech = RoundMechanism([4, 4], [2, 2], 10)
+        _alloc(mech, (rng.dirichlet(np.ones(2), 10) * 0.7).tolist())
+        return [p.members.tolist() for p in _run(mech, 20)]
+
+    assert run() == run()
+
+
+def test_a_finished_job_is_never_planned_again_even_if_the_allocation_still_names_it() -> None:
+    mech = RoundMechanism([1], [1], 2)
+    _alloc(mech, [[1.0], [0.0]])
+    mech.forget(np.array([0]))
+    assert _run(mech, 3)[0].members[:, 0].tolist() == [1]

@@ -1,0 +1,171 @@
+"""Short simulations: deterministic per seed, JSON-able results, sane metrics, restart overhead,
+space sharing and multi-GPU runs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from costopt.gavel.errors import InvalidState, UnknownPolicy
+from costopt.gavel.policies import get_policy
+from costopt.gavel.simulator import parse_cluster, simulate, simulate_trace
+from costopt.gavel.trace import generate_trace
+from costopt.gavel.workload import Workload
+
+SMALL = "4:4:4"
+HOUR = 3600.0  # long rounds keep these simulations short
+
+
+def _strip(d: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in d.items() if k not in ("wall_s", "solve_s")}
+
+
+def test_cluster_spec_is_v100_p100_k80_counts() -> None:
+    assert parse_cluster("36:36:36") == (36, 36, 36)
+    with pytest.raises(InvalidState):
+        parse_cluster("36:36")
+    with pytest.raises(InvalidState):
+        parse_cluster("a:b:c")
+
+
+def test_a_short_run_is_deterministic_per_seed_and_json_able(workload: Workload) -> None:
+    a = simulate("max_min_fairness_perf", SMALL, rate=2.0, seed=3, window=(5, 25), workload=workload, round_s=HOUR)
+    b = simulate("max_min_fairness_perf", SMALL, rate=2.0, seed=3, window=(5, 25), workload=workload, round_s=HOUR)
+    c = simulate("max_min_fairness_perf", SMALL, rate=2.0, seed=4, window=(5, 25), workload=workload, round_s=HOUR)
+    assert _strip(a.as_dict()) == _strip(b.as_dict())
+    assert a.avg_jct_s != c.avg_jct_s
+    out = json.loads(json.dumps(a.as_dict()))
+    assert {"policy", "avg_jct_s", "makespan_s", "utilization", "wall_s"} <= set(out)
+    assert a.window_complete and a.jobs_completed == 20
+    assert 0.0 < a.utilization <= 1.0
+    assert a.avg_jct_s > 0 and a.makespan_s > 0
+
+
+def test_every_job_of_a_static_trace_finishes_no_faster_than_the_cluster_allows(workload: Workload) -> None:
+    trace = generate_trace(workload, 30, rate_per_hour=None, seed=1)
+    res = simulate_trace(get_policy("min_total_duration_perf"), trace, workload, (4, 4, 4), round_s=HOUR)
+    assert res.window_complete and res.jobs_completed == 30
+    # lower bound: all work at each job's best speed spread over all 12 GPUs
+    best = workload.consolidated[trace.entry].max(axis=1)
+    assert res.makespan_s >= (trace.steps / best).sum() / 12
+    assert res.makespan_s >= (trace.steps / best).max()
+
+
+def test_the_aware_makespan_policy_beats_the_agnostic_one_on_a_static_trace(workload: Workload) -> None:
+    trace = generate_trace(workload, 40, rate_per_hour=None, seed=2)
+    aware = simulate_trace(get_policy("min_total_duration_perf"), trace, workload, (4, 4, 4), round_s=HOUR)
+    agnostic = simulate_trace(get_policy("min_total_duration"), trace, workload, (4, 4, 4), round_s=HOUR)
+    assert aware.makespan_s < agnostic.makespan_s
+
+
+def test_a_restart_overhead_slows_jobs_that_move(workload: Workload) -> None:
+    free = simulate("max_min_fairness", SMALL, rate=3.0, seed=0, window=(0, 20), workload=workload, round_s=HOUR)
+    paid = simulate(
+        "max_min_fairness",
+        SMALL,
+        rate=3.0,
+        seed=0,
+        window=(0, 20),
+        workload=workload,
+        round_s=HOUR,
+        restart_overhead_s=600.0,
+    )
+    assert free.moves_per_job > 0
+    assert paid.avg_jct_s > free.avg_jct_s
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "max_min_fairness",
+        "max_min_fairness_perf",
+        "finish_time_fairness_perf",
+        "fifo",
+        "fifo_perf",
+        "min_total_duration_perf",
+        "max_sum_throughput_perf",
+        "max_sum_throughput_normalized_by_cost_perf_SLOs",
+        "hierarchical_fifo_perf",
+    ],
+)
+def test_every_policy_completes_a_short_window(workload: Workload, name: str) -> None:
+    res = simulate(name, SMALL, rate=1.0, seed=5, window=(0, 10), workload=workload, slos=True, round_s=HOUR)
+    assert res.window_complete, res
+
+
+def test_multi_gpu_and_space_sharing_runs_complete(workload: Workload) -> None:
+    mg = simulate(
+        "max_min_fairness_perf",
+        "8:8:8",
+        rate=2.0,
+        seed=1,
+        window=(0, 20),
+        multi_gpu=True,
+        workload=workload,
+        round_s=HOUR,
+    )
+    ss = simulate(
+        "max_min_fairness_perf",
+        SMALL,
+        rate=2.0,
+        seed=1,
+        window=(0, 20),
+        space_sharing=True,
+        workload=workload,
+        round_s=HOUR,
+    )
+    assert mg.window_complete and ss.window_complete
+    assert mg.multi_gpu and ss.space_sharing
+
+
+def test_finish_time_fairness_of_a_lone_job_is_below_one(workload: Workload) -> None:
+    # one job at a time: it has the whole cluster, better than a 1/N share with N >= 1
+    res = simulate("max_min_fairness_perf", SMALL, rate=0.01, seed=2, window=(0, 3), workload=workload, round_s=HOUR)
+    assert 0 < res.ftf_rho_max <= 1.0 + 1e-9
+
+
+def test_an_unfinished_window_is_reported_as_such(workload: Workload) -> None:
+    res = simulate("fifo", "1:0:0", rate=20.0, seed=0, window=(0, 50), workload=workload, max_simulated_s=7200.0)
+    assert not res.window_complete and res.jobs_completed < 50
+    assert np.isfinite(res.avg_jct_s)
+
+
+@pytest.mark.parametrize("name", ["max_min_fairness_perf", "fifo_perf"])
+def test_fast_forwarding_identical_rounds_changes_nothing(workload: Workload, name: str) -> None:
+    trace = generate_trace(workload, 25, rate_per_hour=0.5, seed=9)
+    fast = simulate_trace(get_policy(name), trace, workload, (4, 4, 4), round_s=HOUR)
+    slow = simulate_trace(get_policy(name), trace, workload, (4, 4, 4), round_s=HOUR, fast_forward=False)
+    a, b = _strip(fast.as_dict()), _strip(slow.as_dict())
+    assert a.keys() == b.keys()
+    for key, value in a.items():
+        assert value == (pytest.approx(b[key], rel=1e-9) if isinstance(value, float) else b[key]), key
+
+
+def test_a_throttled_re_solve_never_completes_a_job_twice(workload: Workload) -> None:
+    every = simulate("max_min_fairness_perf", SMALL, rate=2.0, seed=3, window=(5, 25), workload=workload, round_s=HOUR)
+    lazy = simulate(
+        "max_min_fairness_perf",
+        SMALL,
+        rate=2.0,
+        seed=3,
+        window=(5, 25),
+        workload=workload,
+        round_s=HOUR,
+        resolve_interval_s=3 * HOUR,
+    )
+    assert lazy.window_complete and lazy.jobs_completed == 20
+    assert lazy.solves < every.solves
+    assert lazy.avg_jct_s == pytest.approx(every.avg_jct_s, rel=0.25)
+
+
+def test_bad_simulation_arguments_are_typed_errors(workload: Workload) -> None:
+    with pytest.raises(UnknownPolicy):
+        simulate("lottery", SMALL, rate=1.0, window=(0, 2), workload=workload)
+    with pytest.raises(InvalidState, match="window"):
+        simulate("fifo", SMALL, rate=1.0, window=(5, 5), workload=workload)
+    with pytest.raises(InvalidState, match="restart_overhead_s"):
+        simulate("fifo", SMALL, rate=1.0, window=(0, 2), workload=workload, restart_overhead_s=400.0)
+    with pytest.raises(InvalidState):
+        parse_cluster("0:0:0")
