@@ -90,8 +90,9 @@ class RoundMechanism:
         self._c_type = np.zeros(0, dtype=np.int64)
         self._c_x = np.zeros(0)
         self._c_rank = np.zeros(0, dtype=np.int64)
-        self._f_unit: IntArray | None = None
-        self._f_type = np.zeros(0, dtype=np.int64)
+        self._f_unit: list[int] | None = None
+        self._f_type: list[int] = []
+        self._n_units_jobs = 0  # jobs named by the allocation (an upper bound on units per round)
         self._fill_from: tuple[IntArray, BoolArray, FloatArray] = (
             np.zeros(0, dtype=np.int64),
             np.zeros((0, self.n_types), dtype=bool),
@@ -154,6 +155,7 @@ class RoundMechanism:
         rank[tie] = np.arange(cu.shape[0])
         self._c_unit, self._c_type, self._c_x, self._c_rank = cu.astype(np.int64), cj.astype(np.int64), cx, rank
         self._fill_from = (jobs, runnable & (x <= 0), since_s)  # idle-filling candidates, built on demand
+        self._n_units_jobs = n
         self._f_unit = None
 
     def plan(self, now_s: float) -> RoundPlan:
@@ -169,10 +171,10 @@ class RoundMechanism:
             prio = cx / np.maximum(share, _MIN_SHARE)
             order = np.lexsort((self._c_rank, -prio))
             self._greedy(cu[order].tolist(), cj[order].tolist(), free, busy, units, types)
-        if self.fill_idle and sum(free) > 0:
+        if self.fill_idle and sum(free) > 0 and len(units) < self._n_units_jobs:
             fu, fj = self._fill_candidates()
-            if fu.shape[0]:
-                self._greedy(fu.tolist(), fj.tolist(), free, busy, units, types)
+            if fu:
+                self._greedy(fu, fj, free, busy, units, types)
         return self._place(np.array(units, dtype=np.int64), np.array(types, dtype=np.int64))
 
     def forget(self, jobs: IntArray) -> None:
@@ -180,13 +182,13 @@ class RoundMechanism:
         for j in np.asarray(jobs, dtype=np.int64).tolist():
             self._gone[j] = 1
 
-    def _fill_candidates(self) -> tuple[IntArray, IntArray]:
+    def _fill_candidates(self) -> tuple[list[int], list[int]]:
         """(unit, type) pairs the allocation gives nothing, earliest arrival first."""
         if self._f_unit is None:
             jobs, allowed, since = self._fill_from
             fu, fj = np.nonzero(allowed)
             order = np.lexsort((jobs[fu], since[fu]))
-            self._f_unit, self._f_type = fu[order].astype(np.int64), fj[order].astype(np.int64)
+            self._f_unit, self._f_type = fu[order].tolist(), fj[order].tolist()
         return self._f_unit, self._f_type
 
     def _greedy(

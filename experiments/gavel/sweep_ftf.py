@@ -1,5 +1,5 @@
 """Finish-time fairness: rho (JCT over the JCT of an isolated 1/N share) of jobs 1000-1499 under the
-finish-time-fairness policy (aware and agnostic) and under LAS, at 2 and 3 jobs/h on 36:36:36,
+finish-time-fairness policy (aware and agnostic) and under LAS, at 2, 3 and 5 jobs/h on 36:36:36,
 3 seeds. Run: .venv/bin/python experiments/gavel/sweep_ftf.py"""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 from common import RESULTS, run_specs
 
 POLICIES = ("finish_time_fairness", "finish_time_fairness_perf", "max_min_fairness", "max_min_fairness_perf")
-RATES = (2.0, 3.0)
+RATES = (2.0, 3.0, 5.0)
 SEEDS = (0, 1, 2)
 
 

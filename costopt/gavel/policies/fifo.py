@@ -36,28 +36,44 @@ class Fifo(Policy):
         notes = ("space sharing ignored by FIFO",) if state.space_sharing else ()
         if state.n_jobs == 0:
             return empty_allocation(self.name, state, notes)
-        free = state.capacity.astype(np.float64).copy()
-        x = np.zeros((state.n_jobs, state.n_types))
-        tput, sf, cur = state.throughput, state.scale_factor, state.current_type
+        # Plain Python lists: the loop visits about one job per GPU, and numpy's per-call cost would dominate.
         can = runnable(state)
-        running = 0
+        can_l: list[list[bool]] = can.tolist()
+        any_l: list[bool] = [any(row) for row in can_l]
+        sf_l: list[int] = state.scale_factor.tolist()
+        cur_l: list[int] = state.current_type.tolist()
+        # aware: each job's types fastest first (ties: lower index first)
+        pref: list[list[int]] = np.argsort(-np.where(can, state.throughput, -1.0), axis=1, kind="stable").tolist()
+        free: list[float] = state.capacity.astype(np.float64).tolist()
+        n_types = state.n_types
+        rows: list[int] = []
+        cols: list[int] = []
         for m in arrival_order(state):
-            if not can[m].any():
+            if not any_l[m]:
                 continue  # can run nowhere: must not block the queue forever
-            ok = (free >= sf[m]) & can[m]
-            if not ok.any():
-                break
+            need, ok_m, j = sf_l[m], can_l[m], -1
             if self.aware:
-                j = int(np.argmax(np.where(ok, tput[m], -1.0)))
-            elif cur[m] >= 0 and ok[cur[m]]:
-                j = int(cur[m])
+                for t in pref[m]:
+                    if ok_m[t] and free[t] >= need:
+                        j = t
+                        break
+            elif cur_l[m] >= 0 and ok_m[cur_l[m]] and free[cur_l[m]] >= need:
+                j = cur_l[m]
             else:
-                j = int(np.argmax(np.where(ok, free, -1.0)))
-            x[m, j] = 1.0
-            free[j] -= sf[m]
-            running += 1
-            if free.max() < 1:
+                best = -1.0
+                for t in range(n_types):
+                    if ok_m[t] and free[t] >= need and free[t] > best:
+                        best, j = free[t], t
+            if j < 0:
                 break
+            rows.append(m)
+            cols.append(j)
+            free[j] -= need
+            if max(free) < 1:
+                break
+        x = np.zeros((state.n_jobs, state.n_types))
+        x[rows, cols] = 1.0
+        running = len(rows)
         return Allocation(
             policy=self.name,
             job_ids=state.job_ids,

@@ -32,7 +32,7 @@ from costopt.gavel.state import Allocation, ClusterState, FloatArray
 
 log = logging.getLogger(__name__)
 
-FTF_TOLERANCE = 1e-4
+FTF_TOLERANCE = 1e-3
 """Relative gap between the bisection's bounds on the optimal max rho at which it stops."""
 MAX_BISECTIONS = 40
 
