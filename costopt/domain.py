@@ -19,6 +19,7 @@ class Cloud(StrEnum):
     GCP = "gcp"
     AZURE = "azure"
     SIM = "sim"
+    LOCAL = "local"  # this machine: jobs as subprocesses (providers/local.py)
 
 
 class Market(StrEnum):

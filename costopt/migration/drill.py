@@ -35,8 +35,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_COMMAND = "python examples/train.py --steps 2000 --checkpoint-every 50 --step-seconds 0.01"
 
 LOCAL_OFFERS = (
-    OfferKey(Cloud.SIM, "local", "local-a", "cpu-1", Market.SPOT),
-    OfferKey(Cloud.SIM, "local", "local-b", "cpu-1", Market.SPOT),
+    OfferKey(Cloud.LOCAL, "local", "local-a", "cpu-1", Market.SPOT),
+    OfferKey(Cloud.LOCAL, "local", "local-b", "cpu-1", Market.SPOT),
 )
 
 

@@ -158,8 +158,8 @@ class EgressRates:
 # "Bandwidth"); GCP $0.01/GB between regions in the US and $0.12/GB to the internet (cloud.google.com
 # "Network pricing", premium tier, first TB).
 DEFAULT_EGRESS = EgressRates(
-    inter_region={Cloud.AWS: 0.02, Cloud.AZURE: 0.02, Cloud.GCP: 0.01, Cloud.SIM: 0.02},
-    internet={Cloud.AWS: 0.09, Cloud.AZURE: 0.087, Cloud.GCP: 0.12, Cloud.SIM: 0.09},
+    inter_region={Cloud.AWS: 0.02, Cloud.AZURE: 0.02, Cloud.GCP: 0.01, Cloud.SIM: 0.02, Cloud.LOCAL: 0.0},
+    internet={Cloud.AWS: 0.09, Cloud.AZURE: 0.087, Cloud.GCP: 0.12, Cloud.SIM: 0.09, Cloud.LOCAL: 0.0},
 )
 
 

@@ -30,6 +30,7 @@ DEFAULT_SPOT_HAZARD_PER_HOUR: Mapping[Cloud, float] = MappingProxyType(
         Cloud.GCP: 0.63,  # pooled 2020 logs: 434 preemptions in 694 instance-hours (preemptible VMs)
         Cloud.AZURE: 0.085,  # no log: assumed equal to AWS
         Cloud.SIM: 0.085,
+        Cloud.LOCAL: 0.0,  # this machine: preempted only when a drill says so
     }
 )
 

@@ -29,8 +29,8 @@ from costopt.migration.machine import (
 from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider
 
-OFFER_A = OfferKey(Cloud.SIM, "local", "local-a", "cpu-1", Market.SPOT)
-OFFER_B = OfferKey(Cloud.SIM, "local", "local-b", "cpu-1", Market.SPOT)
+OFFER_A = OfferKey(Cloud.LOCAL, "local", "local-a", "cpu-1", Market.SPOT)
+OFFER_B = OfferKey(Cloud.LOCAL, "local", "local-b", "cpu-1", Market.SPOT)
 OFFERS = (OFFER_A, OFFER_B)
 # Runs until terminated (or moved): ~200 steps/s, a checkpoint every 50 steps.
 ENDLESS = [sys.executable, str(PROJECT_ROOT / "examples" / "train.py"), "--steps", "1000000",

@@ -28,7 +28,7 @@ from costopt.domain import Cloud, Market, OfferKey
 from costopt.migration.machine import Migrator
 from providers.local import LocalProvider
 url, state_dir, cwd, mode = sys.argv[1:5]
-offers = [OfferKey(Cloud.SIM, "local", z, "cpu-1", Market.SPOT) for z in ("local-a", "local-b")]
+offers = [OfferKey(Cloud.LOCAL, "local", z, "cpu-1", Market.SPOT) for z in ("local-a", "local-b")]
 m = Migrator(make_engine(url), LocalProvider(state_dir, cwd=cwd, grace_seconds=3.0),
              checkpoint_timeout=20.0, verify_timeout=20.0, backoff_base=0.01)
 recs = [m.move("job-1", offers)] if mode == "move" else m.resume("job-1")

@@ -24,7 +24,7 @@ from costopt.domain import Cloud, Market, OfferKey
 from costopt.settings import PROJECT_ROOT
 from providers.local import InvalidSpec, LocalProvider
 
-OFFER = OfferKey(Cloud.SIM, "local", "", "cpu-1", Market.SPOT)
+OFFER = OfferKey(Cloud.LOCAL, "local", "", "cpu-1", Market.SPOT)
 EXAMPLE = PROJECT_ROOT / "examples" / "train.py"
 EPOCH0 = datetime.fromtimestamp(0, UTC)
 
@@ -190,7 +190,7 @@ import sys
 from providers.local import LocalProvider
 from costopt.cloud import LaunchSpec
 from costopt.domain import Cloud, Market, OfferKey
-offer = OfferKey(Cloud.SIM, "local", "", "cpu-1", Market.SPOT)
+offer = OfferKey(Cloud.LOCAL, "local", "", "cpu-1", Market.SPOT)
 cmd = (sys.executable, "-c", "import time\\nwhile True: time.sleep(0.05)")
 inst = LocalProvider(sys.argv[1]).launch(LaunchSpec(offer, cmd, tags={"job": "j9", "epoch": "1"}), "tok-j9")
 print(inst.instance_id)
