@@ -1,0 +1,198 @@
+"""``costopt gavel ...``: the built-in round-based scheduler's policies, simulated and benchmarked."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import pandas as pd
+import typer
+
+from api.cli.common import Exit, failures, settings_with
+from api.cli.output import OutputFormat, emit, emit_object, note
+
+if TYPE_CHECKING:
+    from costopt.gavel.workload import Workload
+
+app = typer.Typer(help="The Gavel-style scheduler: policies, simulation, benchmarks.", no_args_is_help=True)
+
+
+def parse_window(text: str) -> tuple[int, int]:
+    """``"4000:5000"`` -> (4000, 5000): job ids first (inclusive) to end (exclusive)."""
+    try:
+        lo, hi = (int(p) for p in text.split(":"))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not FIRST:END job ids, e.g. 4000:5000", param_hint="--window") from None
+    if not 0 <= lo < hi:
+        raise typer.BadParameter(f"need 0 <= FIRST < END, got {text!r}", param_hint="--window")
+    return lo, hi
+
+
+_UNIT_S = {"": 1.0, "s": 1.0, "sec": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?(?:e\d+)?)\s*(s|sec|min|m|h|d)?\s*$", re.IGNORECASE)
+
+
+def parse_seconds(text: str, option: str) -> float:
+    """'30s', '2min', '1.5h', '7d', '0' (seconds when no unit) or ISO 8601 'PT30S' -> seconds (>= 0)."""
+    m = _DURATION.match(text)
+    if m:
+        seconds = float(m.group(1)) * _UNIT_S[(m.group(2) or "").lower()]
+    else:
+        try:
+            seconds = pd.Timedelta(text).total_seconds()
+        except (ValueError, TypeError):
+            raise typer.BadParameter(f"{text!r} is not a duration (e.g. 30s, 2min, 7d)", param_hint=option) from None
+    if seconds < 0:
+        raise typer.BadParameter("must not be negative", param_hint=option)
+    return seconds
+
+
+def _check_policy(policy: str) -> None:
+    from costopt.gavel.policies import POLICY_NAMES
+
+    if policy not in POLICY_NAMES:
+        raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}", param_hint="--policy")
+
+
+def _workload(data: Path | None) -> Workload:
+    from costopt.gavel.workload import load_workload
+    from costopt.throughput.loaders import GAVEL_SIMULATION_FILE
+
+    settings = settings_with(data)
+    if settings.data_dir is None:
+        raise typer.BadParameter(
+            "Gavel's measured throughputs are needed: pass --data or set COSTOPT_DATA_DIR", param_hint="--data"
+        )
+    return load_workload(settings.data_dir / GAVEL_SIMULATION_FILE)
+
+
+PolicyOpt = Annotated[str, typer.Option("--policy", "-p", help="A policy name (see `costopt gavel policies`).")]
+DataOpt = Annotated[Path | None, typer.Option("--data", help="Real data folder (default ../shared/data).")]
+FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f")]
+
+
+@app.command("policies")
+def policies(fmt: FormatOpt = OutputFormat.table) -> None:
+    """The policy names (as in Gavel's code base; `_perf` = heterogeneity-aware)."""
+    from costopt.gavel.policies import POLICY_NAMES
+
+    rows = [{"policy": n, "heterogeneity_aware": "_perf" in n} for n in POLICY_NAMES]
+    emit(rows, [("policy", "policy", None), ("heterogeneity_aware", "aware", None)], fmt, title="Policies")
+
+
+@app.command("simulate")
+def simulate(
+    policy: PolicyOpt,
+    cluster: Annotated[str, typer.Option(help="GPUs per type, V100:P100:K80.")] = "36:36:36",
+    rate: Annotated[float, typer.Option(min=0.0, help="Poisson arrivals in jobs/hour; 0 = a static trace.")] = 5.0,
+    seed: Annotated[int, typer.Option(help="Trace seed (same seed, same trace).")] = 0,
+    window: Annotated[str, typer.Option(help="Job ids measured, FIRST:END (END exclusive).")] = "4000:5000",
+    multi_gpu: Annotated[bool, typer.Option("--multi-gpu", help="The paper's 1/2/4/8-GPU job mix.")] = False,
+    space_sharing: Annotated[bool, typer.Option("--space-sharing", help="Co-locate job pairs.")] = False,
+    restart_overhead: Annotated[
+        str, typer.Option("--restart-overhead", help="Time lost per move, e.g. 30s (the paper charges 0).")
+    ] = "0s",
+    round_length: Annotated[str, typer.Option("--round", help="Round length, e.g. 360s.")] = "360s",
+    slos: Annotated[bool, typer.Option("--slos", help="Draw SLOs (for the _SLOs policy).")] = False,
+    cap: Annotated[
+        str, typer.Option("--max-simulated", help="Stop after this much simulated time, e.g. 30d.")
+    ] = "5e7s",
+    data: DataOpt = None,
+    fmt: FormatOpt = OutputFormat.table,
+) -> None:
+    """Simulate a policy on a generated trace and print average JCT, makespan, utilization and wall time.
+
+    Exit 3 when the window's jobs did not all finish by the simulation's cap (the JCT is then a lower bound)."""
+    from costopt.gavel.simulator import parse_cluster
+    from costopt.gavel.simulator import simulate as run_simulation
+
+    _check_policy(policy)
+    lo_hi = parse_window(window)
+    overhead_s = parse_seconds(restart_overhead, "--restart-overhead")
+    round_s = parse_seconds(round_length, "--round")
+    cap_s = parse_seconds(cap, "--max-simulated")
+    if round_s <= 0 or overhead_s >= round_s:
+        raise typer.BadParameter("need --round > 0 and --restart-overhead shorter than a round", param_hint="--round")
+    try:
+        parse_cluster(cluster)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--cluster") from None
+    workload = _workload(data)
+    with failures():
+        result = run_simulation(
+            policy,
+            cluster=cluster,
+            rate=rate if rate > 0 else None,
+            seed=seed,
+            window=lo_hi,
+            multi_gpu=multi_gpu,
+            space_sharing=space_sharing,
+            restart_overhead_s=overhead_s,
+            workload=workload,
+            round_s=round_s,
+            slos=slos,
+            max_simulated_s=cap_s,
+        )
+    record = result.as_dict()
+    if fmt is OutputFormat.json:
+        sys.stdout.write(json.dumps(record, indent=2) + "\n")
+    else:
+        emit_object(_shown_simulation(record), fmt, title=f"{policy} on {cluster}")
+    if not result.window_complete:
+        note(
+            f"[yellow]only {result.jobs_completed} of {result.jobs_in_window} jobs of the window finished by "
+            "the simulation's cap: the average JCT is a lower bound (the cluster is saturated at this rate)[/yellow]"
+        )
+        raise typer.Exit(Exit.PARTIAL)
+
+
+def _shown_simulation(r: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "policy": r["policy"],
+        "cluster (V100:P100:K80)": r["cluster"],
+        "rate": "static trace" if r["rate_per_hour"] is None else f"{r['rate_per_hour']:g} jobs/h",
+        "window": f"jobs {r['window'][0]}-{r['window'][1] - 1}",
+        "average JCT": f"{r['avg_jct_s']:,.0f} s ({r['avg_jct_s'] / 3600:.2f} h)",
+        "makespan": f"{r['makespan_s']:,.0f} s ({r['makespan_s'] / 3600:.1f} h)",
+        "utilization": f"{r['utilization']:.1%}",
+        "finish-time fairness rho (mean / max)": f"{r['ftf_rho_mean']:.2f} / {r['ftf_rho_max']:.2f}",
+        "moves per job": f"{r['moves_per_job']:.1f}",
+        "window complete": r["window_complete"],
+        "solver time": f"{r['solve_s']:.2f} s in {r['solves']} solves",
+        "wall time": f"{r['wall_s']:.2f} s",
+    }
+
+
+@app.command("bench")
+def bench(
+    policy: PolicyOpt,
+    jobs: Annotated[int, typer.Option(min=1, help="Jobs in the benchmark state (n/4 GPUs of each type).")] = 2048,
+    space_sharing: Annotated[bool, typer.Option("--space-sharing", help="Co-locate job pairs.")] = False,
+    repeats: Annotated[int, typer.Option(min=1, help="States solved; the median time is reported.")] = 3,
+    seed: Annotated[int, typer.Option(help="Seed of the first state.")] = 0,
+    data: DataOpt = None,
+    fmt: FormatOpt = OutputFormat.table,
+) -> None:
+    """Time one allocation on Gavel's benchmark state: solve seconds (median) and the process's peak memory."""
+    from costopt.gavel.bench import bench_policy
+
+    _check_policy(policy)
+    workload = _workload(data)
+    with failures():
+        result = bench_policy(policy, jobs, space_sharing, workload=workload, repeats=repeats, seed=seed)
+    record = result.as_dict()
+    if fmt is OutputFormat.json:
+        sys.stdout.write(json.dumps(record, indent=2) + "\n")
+        return
+    shown = {
+        "policy": record["policy"],
+        "jobs": f"{record['jobs']:,}",
+        "space sharing": record["space_sharing"],
+        "solve time (median)": f"{record['solve_s'] * 1000:,.1f} ms",
+        "peak memory (process)": f"{record['peak_mem_mb']:,.0f} MB",
+        "objective": f"{record['objective']:.6g}",
+    }
+    emit_object(shown, fmt, title="Allocation benchmark")
