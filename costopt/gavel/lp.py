@@ -328,6 +328,8 @@ class IncrementalLP:
         arr = _arrays(-self._cost if maximize else self._cost, a, row_lower, row_upper, None, None, what)
         self._h: Any = _new_highs()
         self._h.setOptionValue("solver", "ipm" if arr.value.shape[0] > IPM_ABOVE_NONZEROS else "simplex")
+        if arr.value.shape[0] <= PRESOLVE_ABOVE_NONZEROS:
+            self._h.setOptionValue("presolve", "off")
         self._h.passModel(arr.highs_lp())
         self._first = True
 
