@@ -40,7 +40,20 @@ SOLVER_CASES: list[tuple[str, int, bool, float]] = [
     ("max_sum_throughput_normalized_by_cost_perf_SLOs", 2048, False, 1.0),
     ("hierarchical_fairness_perf", 2048, False, 1.0),
 ]
-SIM_POLICIES = ["max_min_fairness", "max_min_fairness_perf", "finish_time_fairness_perf", "fifo_perf"]
+SIM_TARGET_S = 20.0
+SIM_POLICIES = [
+    "max_min_fairness",
+    "max_min_fairness_perf",
+    "max_min_fairness_pareto_perf",
+    "finish_time_fairness",
+    "finish_time_fairness_perf",
+    "min_total_duration_perf",
+    "fifo",
+    "fifo_perf",
+    "max_sum_throughput_perf",
+    "max_sum_throughput_normalized_by_cost_perf_SLOs",
+    "hierarchical_fairness_perf",
+]
 
 
 def _workload() -> Workload:
@@ -94,6 +107,7 @@ def run_sim(policy: str, restart_overhead_s: float = 0.0) -> dict[str, Any]:
         window=(4000, 5000),
         workload=_workload(),
         restart_overhead_s=restart_overhead_s,
+        slos=policy.endswith("_SLOs"),
     ).as_dict()
 
 
@@ -144,8 +158,9 @@ def main() -> None:
             r = run_sim(policy)
             sims.append(r)
             print(
-                f"  {policy:30s} wall {r['wall_s']:6.1f} s  avg JCT {r['avg_jct_s'] / 3600:7.2f} h  "
-                f"makespan {r['makespan_s'] / 3600:7.1f} h  util {r['utilization']:.3f}  solves {r['solves']}"
+                f"  {policy:48s} wall {r['wall_s']:6.1f} s  avg JCT {r['avg_jct_s'] / 3600:7.2f} h  "
+                f"makespan {r['makespan_s'] / 3600:7.1f} h  util {r['utilization']:.3f}  solves {r['solves']}  "
+                + ("ok" if r["wall_s"] <= SIM_TARGET_S else "SLOW")
             )
         results["sim"] = sims
     if args.out:

@@ -14,7 +14,7 @@ import argparse
 from common import RESULTS, run_specs
 
 POLICIES = ("max_min_fairness", "max_min_fairness_perf")
-SINGLE_RATES = (0.4, 1.0, 2.0, 3.0, 4.0, 5.0, 5.5, 6.0)
+SINGLE_RATES = (0.4, 1.0, 2.0, 3.0, 4.0, 4.5, 5.0, 5.25, 5.5, 5.75, 6.0)
 MULTI_RATES = (0.4, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5)
 SEEDS = (0, 1, 2)
 
