@@ -1,4 +1,5 @@
-"""The composition root: builds the store, the price sources and the seed from the settings.
+"""The composition root: builds the store, the price sources, the seed and the cloud providers from the
+settings.
 
 Nothing below api/ reads settings; this module hands each component plain values.
 """
@@ -11,7 +12,9 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
+from costopt.cloud import CloudProvider
 from costopt.db.engine import make_engine, migrate
+from costopt.domain import Cloud
 from costopt.settings import Settings
 from pricing.base import PriceSource
 from pricing.store import PriceStore
@@ -143,3 +146,25 @@ def build_assumptions(settings: Settings) -> Assumptions:
         checkpoint_interval_hours=settings.checkpoint_interval.total_seconds() / 3600,
         restart_hours=settings.restart_time.total_seconds() / 3600,
     )
+
+
+def build_cloud_provider(
+    settings: Settings, store: PriceStore | None = None, *, name: str | None = None
+) -> CloudProvider:
+    """The cloud provider ``name`` (None: ``settings.provider``) from the settings; the simulated cloud
+    runs over ``store``'s prices (None: :func:`build_store`) and the availability logs' hazards."""
+    from providers.factory import build_provider
+
+    chosen = name or settings.provider
+    if chosen != "sim":
+        return build_provider(settings, name=chosen)
+    from costopt.ledger.prices import StorePriceView
+
+    prices = StorePriceView(store if store is not None else build_store(settings))
+    return build_provider(settings, name="sim", prices=prices, hazards=build_hazards(settings))
+
+
+def build_cloud_providers(settings: Settings, store: PriceStore | None = None) -> dict[Cloud, CloudProvider]:
+    """Every provider the service uses (``settings.provider``, then ``settings.providers``), by cloud: what
+    the reconciler sweeps. The simulated cloud, when used, runs over ``store``'s prices."""
+    return {Cloud(name): build_cloud_provider(settings, store, name=name) for name in settings.all_providers()}

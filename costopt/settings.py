@@ -1,20 +1,27 @@
 """The one settings object of costopt (environment prefix ``COSTOPT_``).
 
 Every component receives plain values taken from :class:`Settings` by the composition root
-(``api/``); nothing deeper reads the environment. Cloud credentials are never settings: each SDK
-finds them through its own default chain (AWS profile/env/instance role, GCP ADC, Azure
-DefaultAzureCredential).
+(``api/``, and ``providers/factory.py`` for the cloud providers); nothing deeper reads the environment.
+Cloud credentials are never settings: each SDK finds them through its own default chain (AWS
+profile/env/instance role, GCP ADC, Azure DefaultAzureCredential).
+
+Environment formats: lists are comma-separated (``us-east-1,us-west-2``) or a JSON array; mappings
+are ``key=value`` pairs separated by commas (``us-east-1=ami-0abc,us-west-2=ami-0def``) or a JSON
+object; in a mapping whose values are lists (``COSTOPT_AWS_SECURITY_GROUP_IDS``), the items of one
+value are separated by spaces (``us-east-1=sg-1 sg-2,us-west-2=sg-3``) or given as a JSON array.
+Durations are seconds or ISO 8601 (``PT6H``).
 """
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,6 +52,51 @@ DEFAULT_AWS_REGIONS = (
     "ap-southeast-2",
     "ap-south-1",
 )
+
+
+ProviderName = Literal["sim", "local", "aws", "gcp", "azure"]
+"""The cloud providers costopt can launch on (``providers/<name>.py``)."""
+
+PROVIDER_NAMES: tuple[str, ...] = get_args(ProviderName)
+
+
+def parse_list(value: object) -> object:
+    """An environment list: a JSON array, or comma-separated items (blanks dropped). Other values as given."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        return json.loads(text)
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def parse_mapping(value: object, *, list_values: bool = False) -> object:
+    """An environment mapping: a JSON object, or ``key=value`` pairs separated by commas (blank: empty).
+    With ``list_values``, a value given as text is split on whitespace into a list. Raises ValueError
+    (naming the expected format) for a pair without ``=``, an empty key or a key given twice."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("{"):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not a JSON object: {exc}") from exc
+        else:
+            pairs: dict[str, str] = {}
+            for part in (p.strip() for p in text.split(",")):
+                if not part:
+                    continue
+                key, sep, val = part.partition("=")
+                key = key.strip()
+                if not sep or not key:
+                    raise ValueError(f"expected key=value pairs separated by commas (or a JSON object), got {part!r}")
+                if key in pairs:
+                    raise ValueError(f"key {key!r} given twice")
+                pairs[key] = val.strip()
+            value = pairs
+    if list_values and isinstance(value, dict):
+        return {k: v.split() if isinstance(v, str) else v for k, v in value.items()}
+    return value
 
 
 class Settings(BaseSettings):
@@ -105,17 +157,116 @@ class Settings(BaseSettings):
         default=True, description="Seed an empty store from data_dir and the curated catalog at startup."
     )
     # Regions polled per cloud (None = the collector's built-in default list).
-    aws_regions: list[str] = Field(default_factory=lambda: list(DEFAULT_AWS_REGIONS))
-    gcp_regions: list[str] | None = None
-    azure_regions: list[str] | None = None
-    gcp_project: str | None = Field(default=None, description="GCP project for zone/accelerator queries.")
-    azure_subscription_id: str | None = Field(
-        default=None, description="Azure subscription for resource-SKU discovery (None: not scheduled)."
+    aws_regions: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_AWS_REGIONS),
+        description="AWS regions priced, and searched by the AWS provider (describe, list, interruptions).",
     )
+    gcp_regions: Annotated[list[str] | None, NoDecode] = Field(
+        default=None,
+        description="GCP regions priced (None: the collector's default list); the GCP provider's zones when "
+        "gcp_zones is None.",
+    )
+    azure_regions: Annotated[list[str] | None, NoDecode] = None
+    gcp_project: str | None = Field(
+        default=None, description="GCP project for zone/accelerator queries, and where the GCP provider launches."
+    )
+    azure_subscription_id: str | None = Field(
+        default=None,
+        description="Azure subscription for resource-SKU discovery and the Azure provider (None: neither).",
+    )
+    # Cloud providers: where jobs are launched (see docs/providers.md).
+    provider: ProviderName = Field(
+        default="sim",
+        description="The provider the service launches jobs on by default: sim (the simulated cloud), local "
+        "(subprocesses on this machine), aws, gcp or azure.",
+    )
+    providers: Annotated[list[ProviderName], NoDecode] = Field(
+        default_factory=list,
+        description="Every provider the service uses (launches on, and the reconciler sweeps); `provider` is "
+        "always one of them. Empty: `provider` alone.",
+    )
+    local_provider_dir: Path = Field(
+        default=PROJECT_ROOT / "var" / "local-provider",
+        description="State folder of the local provider (instances, tokens, events): a restarted service finds "
+        "its instances there.",
+    )
+    aws_ami_ids: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="AMI id (or resolve:ssm:... reference) per region. A region not listed: aws_default_image.",
+    )
+    aws_default_image: str | None = Field(
+        default=None,
+        description="Image for regions without an AMI in aws_ami_ids. None: the latest Deep Learning Base OSS "
+        "Nvidia Driver GPU AMI, resolved by EC2 from AWS's public SSM parameter.",
+    )
+    aws_interruption_queue_urls: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="SQS queue URL per region receiving the EventBridge 'EC2 Spot Instance Interruption "
+        "Warning' rule (made by providers.aws.setup_interruption_queue). A region without one: its 2-minute "
+        "notices are not read, only preemptions seen in instance states.",
+    )
+    aws_instance_profile: str | None = Field(
+        default=None,
+        description="IAM instance profile (name or ARN) the job's instances run with, e.g. to reach the "
+        "checkpoint bucket. None: no instance profile.",
+    )
+    aws_security_group_ids: Annotated[dict[str, list[str]], NoDecode] = Field(
+        default_factory=dict,
+        description="Security group ids per region (space-separated within a region). A region not listed: "
+        "the VPC's default group.",
+    )
+    aws_subnet_ids: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="Subnet per availability zone (us-east-1a=subnet-...) or per region (used when the offer's "
+        "zone has none; it must then be in that zone, or the offer regional). Not listed: the default VPC.",
+    )
+    aws_key_name: str | None = Field(default=None, description="EC2 key pair for SSH access. None: no key pair.")
+    gcp_zones: Annotated[list[str] | None, NoDecode] = Field(
+        default=None,
+        description="Zones the GCP provider watches and launches regional offers in. None: every zone of "
+        "gcp_regions, or of the project when gcp_regions is None (read from the Zones API).",
+    )
+    gcp_image: str | None = Field(
+        default=None,
+        description="Boot image (projects/<p>/global/images/family/<f> or an image URI). None: Google's Deep "
+        "Learning VM family with CUDA.",
+    )
+    gcp_network: str = Field(default="global/networks/default", description="VPC network of the instances.")
+    gcp_subnetwork: str | None = Field(
+        default=None, description="Subnetwork (regions/<r>/subnetworks/<s>). None: the network's auto subnet."
+    )
+    gcp_service_account_email: str | None = Field(
+        default=None,
+        description="Service account the instances run as (cloud-platform scope), e.g. to reach the checkpoint "
+        "bucket. None: no service account.",
+    )
+    gcp_external_ip: bool = Field(default=True, description="Give each instance an ephemeral external IP.")
+    azure_resource_group: str | None = Field(
+        default=None, description="Resource group the Azure provider creates, lists and deletes VMs and NICs in."
+    )
+    azure_subnet_ids: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="Subnet resource id per region (/subscriptions/.../virtualNetworks/<v>/subnets/<s>); the "
+        "Azure provider launches only in regions listed here.",
+    )
+    azure_image: str | None = Field(
+        default=None,
+        description="Image URN publisher:offer:sku:version or resource id. None: "
+        "microsoft-dsvm:ubuntu-hpc:2204:latest (Ubuntu HPC 22.04 with NVIDIA drivers).",
+    )
+    azure_ssh_public_key: str | None = Field(
+        default=None,
+        description="The VMs' admin SSH public key: the key itself (ssh-ed25519 AAAA...) or the path of a .pub "
+        "file. Required by the Azure provider (password login is disabled).",
+    )
+    azure_admin_username: str = Field(default="costopt", description="Admin user of the VMs.")
     # Endpoints: None means each SDK's real endpoint; tests point these at local fakes.
     aws_endpoint_url: str | None = None
     gcp_billing_endpoint: str | None = None
     gcp_compute_endpoint: str | None = None
+    azure_arm_endpoint: str | None = Field(
+        default=None, description="Azure Resource Manager endpoint. None: the public cloud's (management.azure.com)."
+    )
     azure_retail_prices_url: str = "https://prices.azure.com/api/retail/prices"
     http_timeout_s: float = 30.0
     api_host: str = "127.0.0.1"
@@ -136,12 +287,24 @@ class Settings(BaseSettings):
             return None
         return self.data_dir / "raw" / "training_on_a_dime" / "logs"
 
-    @field_validator("aws_regions", "gcp_regions", "azure_regions", mode="before")
+    def all_providers(self) -> list[str]:
+        """``provider`` then every other name of ``providers``, each once."""
+        return list(dict.fromkeys([self.provider, *self.providers]))
+
+    @field_validator("aws_regions", "gcp_regions", "azure_regions", "gcp_zones", "providers", mode="before")
     @classmethod
     def _split_csv(cls, v: object) -> object:
-        if isinstance(v, str) and not v.lstrip().startswith("["):
-            return [part.strip() for part in v.split(",") if part.strip()]
-        return v
+        return parse_list(v)
+
+    @field_validator("aws_ami_ids", "aws_interruption_queue_urls", "aws_subnet_ids", "azure_subnet_ids", mode="before")
+    @classmethod
+    def _mapping(cls, v: object) -> object:
+        return parse_mapping(v)
+
+    @field_validator("aws_security_group_ids", mode="before")
+    @classmethod
+    def _mapping_of_lists(cls, v: object) -> object:
+        return parse_mapping(v, list_values=True)
 
 
 @lru_cache(maxsize=1)

@@ -2,9 +2,8 @@
 
 Every collector talks to AWS through boto3 with the SDK's default credential chain (profile,
 ``AWS_*`` environment, instance/container role); no credential is ever passed in or stored here.
-Clients use botocore's *standard* retry mode (5xx, throttling and connection errors are retried with
-jittered backoff) and explicit connect/read timeouts. ``endpoint_url`` (or a ``client_factory``)
-points them at a local fake in tests.
+Clients come from :mod:`costopt.aws_clients` (botocore's *standard* retry mode, explicit connect/read
+timeouts). ``endpoint_url`` (or a ``client_factory``) points them at a local fake in tests.
 
 Prices are USD per instance-hour; every time is tz-aware UTC.
 """
@@ -17,10 +16,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
+from botocore.exceptions import BotoCoreError, ClientError
 from botocore.parsers import ResponseParserError
 
+from costopt.aws_clients import ClientFactory, aws_client_config, boto3_client_factory, describe_aws_error
 from costopt.domain import Cloud, InstanceType, Market
 from costopt.errors import MalformedInput, SourceUnavailable
 from costopt.settings import DEFAULT_AWS_REGIONS, Settings
@@ -70,73 +69,9 @@ PRICE_LIST_FILTERS: Mapping[str, str] = {
 }
 """TERM_MATCH filters selecting the plain Linux, shared-tenancy, on-demand instance-hour products."""
 
-ClientFactory = Callable[[str], Any]
-"""Builds a boto3 client for a region (the service is fixed by the collector)."""
-
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def aws_client_config(*, connect_timeout: float = 10.0, read_timeout: float = 30.0, max_attempts: int = 5) -> Config:
-    """botocore client config: standard retry mode, ``max_attempts`` tries in all (the first call plus
-    retries), timeouts in seconds."""
-    return Config(
-        retries={"mode": "standard", "total_max_attempts": max_attempts},
-        connect_timeout=connect_timeout,
-        read_timeout=read_timeout,
-    )
-
-
-def boto3_client_factory(
-    service: str,
-    *,
-    session: boto3.Session | None = None,
-    endpoint_url: str | None = None,
-    config: Config | None = None,
-) -> ClientFactory:
-    """A factory of ``service`` clients per region.
-
-    ``session`` None means a default ``boto3.Session()`` created at first use, so credentials are
-    looked up by the SDK's default chain only when a fetch runs. ``endpoint_url`` None means the
-    real AWS endpoint of each region.
-    """
-    holder: list[boto3.Session] = [session] if session is not None else []
-
-    def make(region: str) -> Any:
-        if not holder:
-            holder.append(boto3.Session())
-        return holder[0].client(
-            service, region_name=region, endpoint_url=endpoint_url, config=config or aws_client_config()
-        )
-
-    return make
-
-
-_AUTH_ERROR_CODES = frozenset(
-    {
-        "UnauthorizedOperation", "AuthFailure", "AccessDenied", "AccessDeniedException",
-        "InvalidClientTokenId", "SignatureDoesNotMatch", "ExpiredToken", "ExpiredTokenException",
-        "UnrecognizedClientException",
-    }
-)  # fmt: skip
-
-
-def describe_aws_error(exc: BaseException) -> str:
-    """A one-line account of an SDK error, with what to check when the cause is known."""
-    if isinstance(exc, ClientError):
-        err = exc.response.get("Error", {})
-        code = str(err.get("Code", "?"))
-        text = f"{code}: {err.get('Message', exc)}"
-        if code in _AUTH_ERROR_CODES:
-            text += " (check the AWS credentials and that their IAM policy allows this call)"
-        return text
-    if isinstance(exc, NoCredentialsError | PartialCredentialsError):
-        return (
-            f"{type(exc).__name__}: {exc} (configure an AWS profile, AWS_ACCESS_KEY_ID/"
-            "AWS_SECRET_ACCESS_KEY or an instance role)"
-        )
-    return f"{type(exc).__name__}: {exc}"
 
 
 _REGION_ERRORS = (ClientError, BotoCoreError, ResponseParserError, MalformedInput)

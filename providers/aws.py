@@ -13,15 +13,19 @@ How each contract of the protocol is kept:
   shutting down is not an error. It refuses (:class:`CloudError`) to terminate an instance that does
   not carry the ``costopt:token`` tag, so a wrong id can never take down a machine costopt did not launch.
 - ``list(tags)`` only ever returns instances launched by costopt (those with a ``costopt:token`` tag),
-  whatever ``tags`` asks, so a reconciler cannot mistake someone else's machine for an orphan.
+  whatever ``tags`` asks, so a reconciler cannot mistake someone else's machine for an orphan. It keeps
+  the rule of :mod:`costopt.cloud`: every instance that still exists (stopped ones included), and
+  terminated ones until :data:`costopt.cloud.ENDED_RETENTION` after their termination (EC2 itself
+  reports them for about an hour).
 - ``interruptions(since)`` reads the EventBridge "EC2 Spot Instance Interruption Warning" events that
   :func:`setup_interruption_queue` routes to one SQS queue per region (AWS gives two minutes' notice),
   and checks instance states for spot instances AWS has already taken back.
 
 Instance states map to :class:`InstanceState`: ``pending`` -> PENDING, ``running`` -> RUNNING,
-``stopping``/``stopped``/``shutting-down`` -> STOPPING, ``terminated`` -> TERMINATED; a spot instance
-AWS interrupted (state reason ``Server.SpotInstanceTermination``/``Server.SpotInstanceShutdown``, or its
-spot request's status says AWS terminated it) is PREEMPTED instead, from ``shutting-down`` on.
+``stopping``/``shutting-down`` -> STOPPING, ``stopped`` -> STOPPED (disks kept, nothing runs),
+``terminated`` -> TERMINATED; a spot instance AWS interrupted (state reason
+``Server.SpotInstanceTermination``/``Server.SpotInstanceShutdown``, or its spot request's status says AWS
+terminated or stopped it) is PREEMPTED instead, from ``stopping``/``shutting-down`` on.
 
 Errors are translated: capacity codes -> :class:`CapacityError`, quota codes -> :class:`QuotaError`,
 refused or missing credentials -> :class:`AuthError`, unknown instance -> :class:`NotFoundError`, and
@@ -29,7 +33,8 @@ anything else AWS or the network refused -> :class:`CloudError`; each message sa
 5xx and connection errors are first retried by botocore's *standard* retry mode.
 
 Credentials come from the SDK's default chain only (profile, ``AWS_*`` environment, instance role);
-none is passed in or stored. Times are tz-aware UTC.
+none is passed in or stored. Times are tz-aware UTC. :meth:`AwsProvider.from_settings` builds the
+provider from the ``COSTOPT_AWS_*`` settings (docs/providers.md).
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ import builtins
 import json
 import logging
 import re
-import shlex
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -46,10 +50,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
-from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
+from costopt.aws_clients import ServiceClientFactory, aws_client_config, describe_aws_error, service_client_factory
 from costopt.cloud import (
+    ENDED_RETENTION,
     AuthError,
     CapacityError,
     CloudError,
@@ -58,12 +63,13 @@ from costopt.cloud import (
     Interruption,
     LaunchSpec,
     NotFoundError,
+    ProviderConfigError,
     QuotaError,
 )
 from costopt.domain import Cloud, Market, OfferKey, parse_utc, utc
 from costopt.errors import BadRecord
 from costopt.settings import DEFAULT_AWS_REGIONS, Settings
-from pricing.aws import aws_client_config, describe_aws_error
+from providers.boot import boot_script
 
 log = logging.getLogger("costopt.providers.aws")
 
@@ -100,9 +106,6 @@ MAX_USER_DATA_BYTES = 16 * 1024
 _MAX_RECEIVE_BATCHES = 20
 """At most this many SQS receives (of up to 10 messages each) per ``interruptions`` call."""
 
-ServiceClientFactory = Callable[[str, str], Any]
-"""Builds a boto3 client for ``(service, region)``; services used: ``ec2``, ``sqs``, ``events``."""
-
 _CAPACITY_CODES = frozenset({"InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "InsufficientCapacity"})
 _QUOTA_CODES = frozenset({"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded"})
 _AUTH_CODES = frozenset(
@@ -125,9 +128,7 @@ _PREEMPTION_REQUEST_STATUSES = frozenset(
     }
 )  # fmt: skip
 _GONE_STATES = frozenset({"shutting-down", "terminated"})
-_LIVE_STATES = ("pending", "running", "stopping", "stopped", "shutting-down")
 _TRANSITION_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def _utcnow() -> datetime:
@@ -137,20 +138,8 @@ def _utcnow() -> datetime:
 # --------------------------------------------------------------------------- clients and errors
 
 
-def default_client_factory(
-    *, session: boto3.Session | None = None, endpoint_url: str | None = None, config: Config | None = None
-) -> ServiceClientFactory:
-    """A factory of ``(service, region)`` clients sharing one session (created at first use, so credentials
-    are looked up by the SDK's default chain only when a call is made). ``endpoint_url`` None: AWS itself."""
-    holder: list[boto3.Session] = [session] if session is not None else []
-    cfg = config or aws_client_config()
-
-    def make(service: str, region: str) -> Any:
-        if not holder:
-            holder.append(boto3.Session())
-        return holder[0].client(service, region_name=region, endpoint_url=endpoint_url, config=cfg)
-
-    return make
+default_client_factory = service_client_factory
+"""``(service, region)`` boto3 clients sharing one session (services used: ``ec2``, ``sqs``, ``events``)."""
 
 
 def _error_code(exc: ClientError) -> str:
@@ -209,30 +198,10 @@ def translate_error(exc: BaseException, action: str) -> CloudError:
 
 
 def user_data_script(spec: LaunchSpec) -> str:
-    """The boot script that starts ``spec``'s job: ``export NAME=value`` per ``spec.env`` (values quoted
-    with :func:`shlex.quote`, so no value can run code) then ``exec`` of ``spec.command`` (quoted word by
-    word). Raises ValueError for an empty command, an env name that is not a shell identifier, a NUL
-    character, or a script above EC2's 16 KB."""
-    if not spec.command:
-        raise ValueError("LaunchSpec.command is empty: nothing would start the job on the instance")
-    lines = ["#!/bin/bash", "# Generated by costopt: starts one training job with its environment.", "set -eu"]
-    for name, value in spec.env.items():
-        if not _ENV_NAME.match(name):
-            raise ValueError(f"environment variable name {name!r} is not a shell identifier ([A-Za-z_][A-Za-z0-9_]*)")
-        if "\x00" in value:
-            raise ValueError(f"environment variable {name} contains a NUL character")
-        lines.append(f"export {name}={shlex.quote(value)}")
-    if any("\x00" in word for word in spec.command):
-        raise ValueError("LaunchSpec.command contains a NUL character")
-    lines.append(f"exec {shlex.join(spec.command)}")
-    script = "\n".join(lines) + "\n"
-    size = len(script.encode())
-    if size > MAX_USER_DATA_BYTES:
-        raise ValueError(
-            f"user data is {size} bytes, above EC2's limit of {MAX_USER_DATA_BYTES}: pass large configuration "
-            "through the checkpoint store instead of the environment"
-        )
-    return script
+    """The user data that starts ``spec``'s job (:func:`providers.boot.boot_script`). Raises ValueError for
+    an empty command, an env name that is not a shell identifier, a NUL character, or a script above
+    EC2's 16 KB."""
+    return boot_script(spec, max_bytes=MAX_USER_DATA_BYTES, limit_name="EC2's")
 
 
 def _check_token(token: str) -> None:
@@ -297,7 +266,9 @@ def map_state(raw: Mapping[str, Any], spot_request_status: str | None = None) ->
         return InstanceState.PREEMPTED
     if name == "terminated":
         return InstanceState.TERMINATED
-    if name in ("shutting-down", "stopping", "stopped"):
+    if name == "stopped":
+        return InstanceState.STOPPED
+    if name in ("shutting-down", "stopping"):
         return InstanceState.STOPPING
     raise CloudError(f"AWS reported instance {raw.get('InstanceId')} in an unknown state {name!r}")
 
@@ -313,6 +284,14 @@ def _needs_request_status(raw: Mapping[str, Any]) -> bool:
         and reason not in _PREEMPTION_REASONS
         and not reason.startswith("Client.")
     )
+
+
+def _expired(raw: Mapping[str, Any], horizon: datetime) -> bool:
+    """A terminated instance whose termination time is known and before ``horizon``."""
+    if str(raw.get("State", {}).get("Name", "")) != "terminated":
+        return False
+    ended = _transition_time(raw)
+    return ended is not None and ended < horizon
 
 
 def to_instance(raw: Mapping[str, Any], region: str, spot_request_status: str | None = None) -> Instance:
@@ -390,7 +369,9 @@ class AwsProvider:
         default_image: str = DEFAULT_IMAGE,
         interruption_queue_urls: Mapping[str, str] | None = None,
         iam_instance_profile: str | None = None,
-        security_group_ids: Sequence[str] = (),
+        security_group_ids: Mapping[str, Sequence[str]] | None = None,
+        subnet_ids: Mapping[str, str] | None = None,
+        key_name: str | None = None,
         session: boto3.Session | None = None,
         endpoint_url: str | None = None,
         client_factory: ServiceClientFactory | None = None,
@@ -401,20 +382,26 @@ class AwsProvider:
         clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         """
-        - ``regions``: where ``describe``, ``list`` and the instance-state checks of ``interruptions`` look
-          (``launch`` goes to the offer's region, which is then remembered too).
+        - ``regions``: where ``describe``, ``list`` and the instance-state checks of ``interruptions`` look;
+          ``launch`` refuses offers of other regions (a restarted provider would never find their instances).
         - ``ami_ids``: region -> AMI id (or ``resolve:ssm:...`` reference) to launch; ``default_image`` for
           other regions. ``LaunchSpec.image`` overrides both.
         - ``interruption_queue_urls``: region -> URL of the SQS queue receiving that region's EventBridge
           spot interruption warnings (EventBridge rules are regional; make them with
           :func:`setup_interruption_queue`). None: notices are not read, only instance states.
         - ``iam_instance_profile``: name or ARN of the instance profile the job runs with (e.g. to reach
-          the checkpoint bucket); ``security_group_ids``: groups of the instance (default: the VPC's).
+          the checkpoint bucket); ``security_group_ids``: region -> groups of the instance (a region not
+          listed: the VPC's default group).
+        - ``subnet_ids``: availability zone or region -> subnet to launch in; the offer's zone is looked
+          up first, then its region (a region's subnet must lie in the zone launched, or the offer be
+          regional). None, or neither listed: the default VPC's subnet.
+        - ``key_name``: EC2 key pair for SSH (None: none).
         - ``client_factory(service, region)`` overrides ``session``/``endpoint_url``/timeouts/``max_attempts``
           (botocore standard retry mode, ``max_attempts`` tries in all).
         - ``queue_wait_seconds``: SQS long-poll wait of the first receive (0: short poll, which may miss
           messages on a real queue until the next call).
-        - ``clock``: now, for preemptions whose time AWS does not report.
+        - ``clock``: now, for preemptions whose time AWS does not report and for ``list``'s retention of
+          terminated instances.
         """
         if not regions:
             raise ValueError("AwsProvider needs at least one region (e.g. COSTOPT_AWS_REGIONS=us-east-1)")
@@ -425,7 +412,9 @@ class AwsProvider:
         self.default_image = default_image
         self.interruption_queue_urls = dict(interruption_queue_urls or {})
         self.iam_instance_profile = iam_instance_profile
-        self.security_group_ids = tuple(security_group_ids)
+        self.security_group_ids = {r: tuple(groups) for r, groups in (security_group_ids or {}).items()}
+        self.subnet_ids = dict(subnet_ids or {})
+        self.key_name = key_name
         self.queue_wait_seconds = queue_wait_seconds
         self._clock = clock
         self._factory = client_factory or default_client_factory(
@@ -442,10 +431,43 @@ class AwsProvider:
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> AwsProvider:
-        """Built from :class:`Settings` (``aws_regions``, ``aws_endpoint_url``, ``http_timeout_s`` as the read
-        timeout); ``overrides`` win (AMIs, queues and instance profile are not settings yet)."""
+        """Built from :class:`Settings`: ``aws_regions``, ``aws_ami_ids``, ``aws_default_image`` (None: the
+        DLAMI SSM parameter), ``aws_interruption_queue_urls``, ``aws_instance_profile``,
+        ``aws_security_group_ids``, ``aws_subnet_ids``, ``aws_key_name``, ``aws_endpoint_url`` and
+        ``http_timeout_s`` (read timeout). ``overrides`` (constructor arguments, e.g. ``session``) win.
+
+        Raises :class:`ProviderConfigError` when no region is set, or an AMI, queue, security group or
+        subnet names a region outside ``aws_regions`` (it would never be used: launches go there only)."""
+        regions = list(settings.aws_regions)
+        if not regions and "regions" not in overrides:
+            raise ProviderConfigError("AWS: no region: set COSTOPT_AWS_REGIONS (e.g. us-east-1,us-west-2)")
+        known = set(overrides.get("regions", regions))
+        for var, keys in (
+            ("COSTOPT_AWS_INTERRUPTION_QUEUE_URLS", settings.aws_interruption_queue_urls),
+            ("COSTOPT_AWS_SECURITY_GROUP_IDS", settings.aws_security_group_ids),
+            ("COSTOPT_AWS_AMI_IDS", settings.aws_ami_ids),
+        ):
+            stray = sorted(set(keys) - known)
+            if stray:
+                raise ProviderConfigError(
+                    f"AWS: {var} names regions {stray} that are not in COSTOPT_AWS_REGIONS {sorted(known)}: "
+                    "add them to COSTOPT_AWS_REGIONS or remove them"
+                )
+        stray = sorted(k for k in settings.aws_subnet_ids if not any(k.startswith(r) for r in known))
+        if stray:
+            raise ProviderConfigError(
+                f"AWS: COSTOPT_AWS_SUBNET_IDS names zones or regions {stray} outside COSTOPT_AWS_REGIONS "
+                f"{sorted(known)}: add their regions to COSTOPT_AWS_REGIONS or remove them"
+            )
         kwargs: dict[str, Any] = {
-            "regions": settings.aws_regions,
+            "regions": regions,
+            "ami_ids": settings.aws_ami_ids,
+            "default_image": settings.aws_default_image or DEFAULT_IMAGE,
+            "interruption_queue_urls": settings.aws_interruption_queue_urls,
+            "iam_instance_profile": settings.aws_instance_profile,
+            "security_group_ids": settings.aws_security_group_ids,
+            "subnet_ids": settings.aws_subnet_ids,
+            "key_name": settings.aws_key_name,
             "endpoint_url": settings.aws_endpoint_url,
             "read_timeout": settings.http_timeout_s,
         }
@@ -479,6 +501,10 @@ class AwsProvider:
             known = self._region_of.get(instance_id)
         rest = [r for r in self._all_regions() if r != known]
         return [known, *rest] if known else rest
+
+    def subnet_for(self, offer: OfferKey) -> str | None:
+        """The subnet to launch ``offer`` in: ``subnet_ids[zone]``, else ``subnet_ids[region]``, else None."""
+        return (self.subnet_ids.get(offer.zone) if offer.zone else None) or self.subnet_ids.get(offer.region)
 
     def image_for(self, spec: LaunchSpec) -> str:
         """The image to launch: ``spec.image``, else ``ami_ids[region]``, else ``default_image``."""
@@ -548,13 +574,19 @@ class AwsProvider:
         ``costopt:token``, booting :func:`user_data_script`. Returns the instance already launched for
         ``idempotency_token`` instead, if there is one (in any state: see the module docstring).
 
-        Raises ValueError for a bad spec or token (nothing is launched), :class:`CapacityError`,
+        Raises ValueError for a bad spec or token and :class:`ProviderConfigError` for a region outside
+        ``regions`` (nothing is launched), :class:`CapacityError`,
         :class:`QuotaError`, :class:`AuthError` or :class:`CloudError`.
         """
         _check_token(idempotency_token)
         offer = spec.offer
         if offer.cloud is not Cloud.AWS:
             raise ValueError(f"AwsProvider cannot launch an offer of {offer.cloud.value}: {offer!r}")
+        if offer.region not in self.regions:
+            raise ProviderConfigError(
+                f"AWS: region {offer.region} is not one of the provider's regions {list(self.regions)}: add it to "
+                "COSTOPT_AWS_REGIONS (describe, list and interruptions only look there)"
+            )
         tags = launch_tags(spec, idempotency_token)
         script = user_data_script(spec)
         existing = self.find_by_token(offer.region, idempotency_token)
@@ -587,8 +619,14 @@ class AwsProvider:
         if self.iam_instance_profile:
             key = "Arn" if self.iam_instance_profile.startswith("arn:") else "Name"
             request["IamInstanceProfile"] = {key: self.iam_instance_profile}
-        if self.security_group_ids:
-            request["SecurityGroupIds"] = list(self.security_group_ids)
+        groups = self.security_group_ids.get(offer.region)
+        if groups:
+            request["SecurityGroupIds"] = list(groups)
+        subnet = self.subnet_for(offer)
+        if subnet:
+            request["SubnetId"] = subnet
+        if self.key_name:
+            request["KeyName"] = self.key_name
         where = f"{offer.region}/{offer.zone or '-'}"
         action = f"launch {offer.instance_type} {offer.market.value} in {where}"
         try:
@@ -637,18 +675,21 @@ class AwsProvider:
         region, raw = located
         return self._to_instances(region, [raw])[0]
 
-    def list(self, tags: Mapping[str, str], *, include_terminated: bool = False) -> builtins.list[Instance]:
+    def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
         """costopt's instances (those with a ``costopt:token`` tag) carrying every ``tags`` key with exactly
-        its value, in every known region, oldest launch first. Terminated instances are left out unless
-        ``include_terminated`` (shutting-down ones are kept: they may still bill and need watching)."""
+        its value, in every known region, oldest launch first: every one that still exists (pending,
+        running, stopping, shutting down, stopped), and terminated ones until
+        :data:`~costopt.cloud.ENDED_RETENTION` after their termination (by the provider's clock; one whose
+        termination time EC2 does not give stays as long as EC2 reports it, about an hour)."""
         filters: builtins.list[dict[str, Any]] = [{"Name": "tag-key", "Values": [TOKEN_TAG]}]
         filters += [{"Name": f"tag:{k}", "Values": [v]} for k, v in tags.items()]
-        if not include_terminated:
-            filters.append({"Name": "instance-state-name", "Values": list(_LIVE_STATES)})
+        horizon = utc(self._clock()) - ENDED_RETENTION
         out: builtins.list[Instance] = []
         for region in self._all_regions():
             try:
-                raws = [r for r in self._describe_raw(region, filters) if _has_tags(r, tags)]
+                raws = [
+                    r for r in self._describe_raw(region, filters) if _has_tags(r, tags) and not _expired(r, horizon)
+                ]
                 out.extend(self._to_instances(region, raws))
             except (ClientError, BotoCoreError) as exc:
                 raise translate_error(exc, f"list instances tagged {dict(tags)} in {region}") from exc

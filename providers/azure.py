@@ -10,16 +10,19 @@ How each contract of the protocol is kept:
   token whose VM was deleted launches afresh: use a fresh token for every distinct launch.
 - ``terminate(instance_id)`` is idempotent: deleting a VM or NIC that does not exist is not an error. It
   refuses (:class:`CloudError`) to delete a VM without the ``costopt:token`` tag.
-- ``list(tags)`` only returns VMs of the resource group that carry ``costopt:token`` (and every ``tags`` item).
+- ``list(tags)`` only returns VMs of the resource group that carry ``costopt:token`` (and every ``tags`` item
+  exactly): every such VM that exists, stopped and deallocated ones included; a deleted VM no longer exists
+  and is not listed (the rule of :mod:`costopt.cloud`).
 - ``interruptions(since)``: Scheduled Events ``Preempt`` notices (30 s ahead; read through an injected
   fetcher, on a VM the instance metadata service: see :func:`imds_scheduled_events`), then Spot VMs found
   evicted: deallocated by the platform, or vanished (eviction policy ``Delete``) without costopt deleting them.
 
 States (instance view): ``PowerState/running`` -> RUNNING; ``ProvisioningState/creating`` or
-``PowerState/starting`` (or no power state yet) -> PENDING; ``PowerState/stopping|stopped|deallocating|
-deallocated``, ``ProvisioningState/deleting`` or ``failed`` -> STOPPING; a Spot VM deallocated or evicted
-by the platform -> PREEMPTED (costopt itself never deallocates: it deletes); a VM costopt deleted ->
-TERMINATED.
+``PowerState/starting`` (or no power state yet) -> PENDING; ``PowerState/stopping|deallocating``,
+``ProvisioningState/deleting`` or ``failed`` -> STOPPING; ``PowerState/stopped|deallocated`` -> STOPPED
+(the VM and its disks exist; ``stopped`` even keeps billing compute); a Spot VM deallocated or evicted by
+the platform -> PREEMPTED (costopt itself never deallocates: it deletes); a VM costopt deleted ->
+TERMINATED (while this provider object remembers it; after that :class:`NotFoundError`).
 
 Errors: ``SkuNotAvailable``/``AllocationFailed``/``ZonalAllocationFailed``/``OverconstrainedAllocationRequest``
 -> :class:`CapacityError`; ``QuotaExceeded`` or ``OperationNotAllowed`` about a quota -> :class:`QuotaError`;
@@ -27,6 +30,7 @@ Errors: ``SkuNotAvailable``/``AllocationFailed``/``ZonalAllocationFailed``/``Ove
 (``ResourceNotFound``) -> :class:`NotFoundError`; anything else -> :class:`CloudError`.
 
 Credentials: ``DefaultAzureCredential`` (environment, managed identity, ``az login``) unless one is injected.
+:meth:`AzureProvider.from_settings` builds the provider from the ``COSTOPT_AZURE_*`` settings (docs/providers.md).
 """
 
 from __future__ import annotations
@@ -37,13 +41,13 @@ import hashlib
 import json
 import logging
 import re
-import shlex
 import threading
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from azure.core.exceptions import AzureError, ClientAuthenticationError, HttpResponseError, ResourceNotFoundError
@@ -59,10 +63,14 @@ from costopt.cloud import (
     Interruption,
     LaunchSpec,
     NotFoundError,
+    ProviderConfigError,
     QuotaError,
+    tags_match,
 )
 from costopt.domain import Cloud, Market, OfferKey, parse_utc, utc
 from costopt.errors import BadRecord
+from costopt.settings import Settings
+from providers.boot import boot_script
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
@@ -86,6 +94,12 @@ MAX_TOKEN_LENGTH = 256
 
 DEFAULT_ADMIN_USERNAME = "costopt"
 
+DEFAULT_IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
+"""Image when neither ``LaunchSpec.image`` nor the settings name one: Microsoft's Ubuntu HPC 22.04 image
+(NVIDIA drivers, CUDA and InfiniBand drivers installed)."""
+
+_SSH_KEY_PREFIXES = ("ssh-", "ecdsa-", "sk-ssh-", "sk-ecdsa-")
+
 _CAPACITY_CODES = frozenset(
     {"SkuNotAvailable", "AllocationFailed", "ZonalAllocationFailed", "OverconstrainedAllocationRequest",
      "OverconstrainedZonalAllocationRequest"}
@@ -96,7 +110,12 @@ _AUTH_CODES = frozenset(
      "LinkedAuthorizationFailed", "ExpiredAuthenticationToken"}
 )  # fmt: skip
 _NOT_FOUND_CODES = frozenset({"ResourceNotFound", "NotFound", "ResourceGroupNotFound"})
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_WHY = {
+    "subscription_id": "the subscription VMs are created in",
+    "resource_group": "the resource group VMs and NICs are created in",
+    "subnet_id": "region=subnet resource id, for the VMs' NICs",
+    "ssh_public_key": "the admin's SSH public key or its .pub path; password login is disabled",
+}
 _KNOWN_CODE = re.compile(r"\b(" + "|".join(sorted(_CAPACITY_CODES | _QUOTA_CODES | _AUTH_CODES)) + r")\b")
 
 ScheduledEventsFetcher = Callable[[], "Mapping[str, Any] | str | bytes"]
@@ -192,25 +211,31 @@ def launch_tags(spec: LaunchSpec, token: str) -> dict[str, str]:
 
 
 def custom_data_script(spec: LaunchSpec) -> str:
-    """The boot script: ``export NAME=value`` per ``spec.env`` (values :func:`shlex.quote`-d) then ``exec`` of
-    ``spec.command`` (quoted word by word). Raises ValueError for an empty command, a bad env name, a NUL
-    character, or a script above Azure's 64 KB."""
-    if not spec.command:
-        raise ValueError("LaunchSpec.command is empty: nothing would start the job on the VM")
-    lines = ["#!/bin/bash", "# Generated by costopt: starts one training job with its environment.", "set -eu"]
-    for name, value in spec.env.items():
-        if not _ENV_NAME.match(name):
-            raise ValueError(f"environment variable name {name!r} is not a shell identifier ([A-Za-z_][A-Za-z0-9_]*)")
-        if "\x00" in value:
-            raise ValueError(f"environment variable {name} contains a NUL character")
-        lines.append(f"export {name}={shlex.quote(value)}")
-    if any("\x00" in word for word in spec.command):
-        raise ValueError("LaunchSpec.command contains a NUL character")
-    lines.append(f"exec {shlex.join(spec.command)}")
-    script = "\n".join(lines) + "\n"
-    if len(script.encode()) > MAX_CUSTOM_DATA_BYTES:
-        raise ValueError(f"custom data is above Azure's limit of {MAX_CUSTOM_DATA_BYTES} bytes")
-    return script
+    """The custom data that starts ``spec``'s job (:func:`providers.boot.boot_script`). Raises ValueError for
+    an empty command, a bad env name, a NUL character, or a script above Azure's 64 KB."""
+    return boot_script(spec, max_bytes=MAX_CUSTOM_DATA_BYTES, limit_name="Azure's")
+
+
+def read_ssh_public_key(value: str) -> str:
+    """An SSH public key given as the key itself (``ssh-ed25519 AAAA...``) or the path of a ``.pub`` file
+    (``~`` expanded). Raises :class:`ProviderConfigError` for a file that cannot be read or a value that is
+    not an OpenSSH public key."""
+    text = value.strip()
+    if not text.startswith(_SSH_KEY_PREFIXES):
+        path = Path(text).expanduser()
+        try:
+            text = path.read_text().strip()
+        except OSError as exc:
+            raise ProviderConfigError(
+                f"Azure: COSTOPT_AZURE_SSH_PUBLIC_KEY is neither an SSH public key nor a readable file ({exc}): "
+                "set it to the key (ssh-ed25519 AAAA...) or the path of a .pub file"
+            ) from exc
+    if not text.startswith(_SSH_KEY_PREFIXES) or len(text.split()) < 2:
+        raise ProviderConfigError(
+            "Azure: COSTOPT_AZURE_SSH_PUBLIC_KEY does not hold an OpenSSH public key (ssh-ed25519 AAAA..., "
+            "ssh-rsa AAAA...): point it at the .pub file, not the private key"
+        )
+    return text
 
 
 def image_reference(image: str | Mapping[str, str]) -> cm.ImageReference:
@@ -264,8 +289,10 @@ def map_state(vm: Any) -> InstanceState:
         return InstanceState.STOPPING
     if power == "running":
         return InstanceState.RUNNING
-    if power in ("stopping", "stopped", "deallocating", "deallocated"):
+    if power in ("stopping", "deallocating"):
         return InstanceState.STOPPING
+    if power in ("stopped", "deallocated"):
+        return InstanceState.STOPPED
     return InstanceState.PENDING
 
 
@@ -356,8 +383,8 @@ class AzureProvider:
         subscription_id: str,
         resource_group: str,
         *,
-        subnet_id: str,
-        image: str | Mapping[str, str],
+        subnet_id: str | Mapping[str, str],
+        image: str | Mapping[str, str] = DEFAULT_IMAGE,
         ssh_public_key: str,
         admin_username: str = DEFAULT_ADMIN_USERNAME,
         os_disk_type: str = "Premium_LRS",
@@ -371,7 +398,8 @@ class AzureProvider:
     ) -> None:
         """
         - ``subscription_id``, ``resource_group``: where VMs and NICs are created, listed and deleted.
-        - ``subnet_id``: resource id of the subnet every NIC joins (its VNet must be in the offer's region).
+        - ``subnet_id``: resource id of the subnet every NIC joins (its VNet must be in the offer's region), or
+          a mapping region -> subnet id (launches in other regions are refused).
         - ``image``: resource id, URN ``publisher:offer:sku:version`` or mapping; ``LaunchSpec.image`` overrides.
         - ``ssh_public_key``, ``admin_username``: the Linux admin account (password login is disabled).
         - ``credential``: a ``TokenCredential`` (default: ``DefaultAzureCredential()``, created at first use).
@@ -384,11 +412,13 @@ class AzureProvider:
         if not subscription_id or not resource_group:
             raise ValueError("AzureProvider needs a subscription id and a resource group")
         if not subnet_id:
-            raise ValueError("AzureProvider needs the resource id of a subnet for the VMs' NICs")
+            raise ValueError(
+                "AzureProvider needs the resource id of a subnet for the VMs' NICs (COSTOPT_AZURE_SUBNET_IDS)"
+            )
         image_reference(image)  # validate early
         self.subscription_id = subscription_id
         self.resource_group = resource_group
-        self.subnet_id = subnet_id
+        self.subnet_id: str | dict[str, str] = subnet_id if isinstance(subnet_id, str) else dict(subnet_id)
         self.image = image
         self.ssh_public_key = ssh_public_key
         self.admin_username = admin_username
@@ -405,7 +435,48 @@ class AzureProvider:
         self._deleted: dict[str, Instance] = {}
         self._reported: set[tuple[str, str]] = set()
 
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> AzureProvider:
+        """Built from :class:`Settings`: ``azure_subscription_id``, ``azure_resource_group``,
+        ``azure_subnet_ids`` and ``azure_ssh_public_key`` (key or ``.pub`` path) are required;
+        ``azure_image`` (None: :data:`DEFAULT_IMAGE`), ``azure_admin_username``, ``azure_arm_endpoint``.
+        ``overrides`` (constructor arguments, e.g. ``credential``, ``client_kwargs``) win. Raises
+        :class:`ProviderConfigError` naming the first missing setting."""
+        required = {
+            "subscription_id": ("COSTOPT_AZURE_SUBSCRIPTION_ID", settings.azure_subscription_id),
+            "resource_group": ("COSTOPT_AZURE_RESOURCE_GROUP", settings.azure_resource_group),
+            "subnet_id": ("COSTOPT_AZURE_SUBNET_IDS", settings.azure_subnet_ids),
+            "ssh_public_key": ("COSTOPT_AZURE_SSH_PUBLIC_KEY", settings.azure_ssh_public_key),
+        }
+        for arg, (var, value) in required.items():
+            if not value and not overrides.get(arg):
+                raise ProviderConfigError(f"Azure: {var} is not set: the Azure provider needs it ({_WHY[arg]})")
+        kwargs: dict[str, Any] = {
+            "subscription_id": settings.azure_subscription_id,
+            "resource_group": settings.azure_resource_group,
+            "subnet_id": settings.azure_subnet_ids,
+            "image": settings.azure_image or DEFAULT_IMAGE,
+            "admin_username": settings.azure_admin_username,
+            "base_url": settings.azure_arm_endpoint,
+        }
+        if "ssh_public_key" not in overrides:
+            kwargs["ssh_public_key"] = read_ssh_public_key(str(settings.azure_ssh_public_key))
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
     # ------------------------------------------------------------------ plumbing
+
+    def subnet_for(self, region: str) -> str:
+        """The subnet of ``region``'s NICs; raises :class:`ProviderConfigError` for a region without one."""
+        if isinstance(self.subnet_id, str):
+            return self.subnet_id
+        subnet = self.subnet_id.get(region)
+        if not subnet:
+            raise ProviderConfigError(
+                f"Azure: no subnet for region {region}: add {region}=/subscriptions/.../subnets/<name> to "
+                f"COSTOPT_AZURE_SUBNET_IDS (configured: {sorted(self.subnet_id)})"
+            )
+        return subnet
 
     def _cred(self) -> TokenCredential:
         if self._credential is None:
@@ -509,6 +580,7 @@ class AzureProvider:
         offer = spec.offer
         if offer.cloud is not Cloud.AZURE:
             raise ValueError(f"AzureProvider cannot launch an offer of {offer.cloud.value}: {offer!r}")
+        subnet = self.subnet_for(offer.region)
         name = vm_name(idempotency_token)
         existing = self._get_vm(name)
         if existing is not None:
@@ -527,9 +599,7 @@ class AzureProvider:
                 ip_configurations=[
                     nm.NetworkInterfaceIPConfiguration(
                         name="ipconfig1",
-                        properties=nm.NetworkInterfaceIPConfigurationPropertiesFormat(
-                            subnet=nm.Subnet(id=self.subnet_id)
-                        ),
+                        properties=nm.NetworkInterfaceIPConfigurationPropertiesFormat(subnet=nm.Subnet(id=subnet)),
                     )
                 ]
             ),
@@ -574,7 +644,7 @@ class AzureProvider:
 
     def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
         """costopt's VMs (``costopt:token`` tag) of the resource group carrying every ``tags`` item exactly,
-        oldest first."""
+        in any state (stopped and deallocated ones included), oldest first. Deleted VMs are not listed."""
         try:
             vms = builtins.list(self.compute.virtual_machines.list(self.resource_group, expand="instanceView"))
         except AzureError as exc:
@@ -582,7 +652,7 @@ class AzureProvider:
         out = []
         for vm in vms:
             vm_tags = dict(vm.tags or {})
-            if TOKEN_TAG in vm_tags and all(vm_tags.get(k) == v for k, v in tags.items()):
+            if TOKEN_TAG in vm_tags and tags_match(vm_tags, tags):
                 out.append(self._seen(to_instance(vm)))
         return sorted(out, key=lambda i: i.launched_at or datetime.min.replace(tzinfo=UTC))
 

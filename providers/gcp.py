@@ -14,9 +14,16 @@ How each contract of the protocol is kept:
   fresh token for a fresh launch anyway.
 - ``terminate(instance_id)`` is idempotent: an unknown or already deleted instance is not an error.
   It refuses (:class:`CloudError`) to delete an instance without the ``costopt-token`` label.
-- ``list(tags)`` only returns instances launched by costopt (label ``costopt-token`` present).
+- ``list(tags)`` only returns instances launched by costopt (label ``costopt-token`` present), and every
+  one of them that exists, stopped ones (status ``TERMINATED``) included; a deleted instance no longer
+  exists and is not listed (the rule of :mod:`costopt.cloud`).
 - ``interruptions(since)`` reads ``compute.instances.preempted`` zone operations (GCP's own record of
-  each preemption; a Spot VM gets ~30 s notice inside the guest only) of the known zones.
+  each preemption; a Spot VM gets ~30 s notice inside the guest only) of the watched zones.
+
+Zones: the provider watches (lists, reads preemptions in, launches regional offers in) the configured
+``zones``; without any, every zone of the configured ``regions``, or of the whole project without
+those, read once from the Zones API. ``launch`` refuses a zone outside them, since a restarted provider
+would not find its instance.
 
 Labels: GCP label keys and values are lowercase ``[a-z0-9_-]`` of at most 63 characters (keys start
 with a letter). :func:`sanitize_label` lower-cases, replaces any other character with ``_`` and, when
@@ -26,12 +33,15 @@ never map to the same label. ``spec.tags`` keys and values are sanitized that wa
 (JSON) and are what :attr:`Instance.tags` returns; ``list`` filters on the labels server-side and then
 compares the exact tags.
 
-Instance states map to :class:`InstanceState`: ``PROVISIONING``/``STAGING``/``REPAIRING`` -> PENDING,
-``RUNNING`` -> RUNNING, ``STOPPING``/``SUSPENDING``/``SUSPENDED`` -> STOPPING, ``TERMINATED`` ->
-TERMINATED; a Spot VM stopped that way because GCP preempted it (a ``compute.instances.preempted``
-operation targets it) is PREEMPTED. Spot VMs launched here use ``instance_termination_action=DELETE``,
-so a preempted one usually disappears: ``describe`` then raises :class:`NotFoundError` and
-``interruptions`` reports the preemption.
+Instance states map to :class:`InstanceState`: ``PROVISIONING``/``STAGING``/``REPAIRING``/``PENDING`` ->
+PENDING, ``RUNNING`` -> RUNNING, ``STOPPING``/``SUSPENDING``/``PENDING_STOP``/``DEPROVISIONING`` ->
+STOPPING, and ``TERMINATED``/``STOPPED``/``SUSPENDED`` -> STOPPED: on GCP, ``TERMINATED`` means
+*stopped* (the VM and its disks still exist and can be started again), never deleted. A Spot VM stopped
+or stopping because GCP preempted it (a ``compute.instances.preempted`` operation targets it) is
+PREEMPTED. A deleted instance does not exist any more: ``describe`` raises :class:`NotFoundError`
+(costopt's own terminations are deletions). Spot VMs launched here use
+``instance_termination_action=DELETE``, so a preempted one usually disappears: ``describe`` then raises
+:class:`NotFoundError` and ``interruptions`` reports the preemption.
 
 Errors are translated: ``ZONE_RESOURCE_POOL_EXHAUSTED*``/stockout -> :class:`CapacityError`,
 ``QUOTA_EXCEEDED`` -> :class:`QuotaError`, HTTP 401/403 and credential errors -> :class:`AuthError`,
@@ -40,7 +50,9 @@ HTTP 404 -> :class:`NotFoundError`, anything else -> :class:`CloudError`.
 Credentials: Application Default Credentials unless ``credentials`` is given. The zone operations
 client is built with the same endpoint and credentials, or injected (``operations_client``): the one
 ``google-cloud-compute``'s extended operations create internally ignores a custom endpoint, so the
-provider never uses those (it calls ``insert_unary``/``delete_unary`` and polls itself).
+provider never uses those (it calls ``insert_unary``/``delete_unary`` and polls itself). The zones
+client likewise. :meth:`GcpProvider.from_settings` builds the provider from the ``COSTOPT_GCP_*``
+settings (docs/providers.md).
 """
 
 from __future__ import annotations
@@ -50,7 +62,6 @@ import hashlib
 import json
 import logging
 import re
-import shlex
 import threading
 import time
 import uuid
@@ -75,12 +86,15 @@ from costopt.cloud import (
     Interruption,
     LaunchSpec,
     NotFoundError,
+    ProviderConfigError,
     QuotaError,
+    tags_match,
 )
 from costopt.domain import Cloud, Market, OfferKey, normalize_accelerator, parse_utc, utc
 from costopt.errors import BadRecord
 from costopt.settings import Settings
 from pricing.gcp import SHAPES_BY_NAME, MachineShape, n1_gpu_instance_name
+from providers.boot import boot_script
 
 log = logging.getLogger("costopt.providers.gcp")
 
@@ -103,11 +117,12 @@ REQUEST_ID_NAMESPACE = uuid.UUID("6f1d1d4e-5a43-4c55-9b59-3d0b1b7d0c11")
 """Namespace of :func:`request_id_for` (any fixed UUID: it only has to stay the same)."""
 
 _LABEL_OK = re.compile(r"[a-z0-9_-]")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _CAPACITY_MARKERS = ("ZONE_RESOURCE_POOL_EXHAUSTED", "STOCKOUT", "DOES NOT HAVE ENOUGH RESOURCES")
 _QUOTA_MARKERS = ("QUOTA_EXCEEDED", "QUOTAEXCEEDED")
 _PENDING = frozenset({"PROVISIONING", "STAGING", "REPAIRING", "PENDING"})
-_STOPPING = frozenset({"STOPPING", "SUSPENDING", "SUSPENDED", "STOPPED"})
+_STOPPING = frozenset({"STOPPING", "SUSPENDING", "PENDING_STOP", "DEPROVISIONING"})
+_STOPPED = frozenset({"TERMINATED", "STOPPED", "SUSPENDED"})
+"""GCP's ``TERMINATED`` is a *stopped* VM (it still exists, with its disks); ``STOPPED`` is its old alias."""
 _CALL_ERRORS: tuple[type[Exception], ...] = (
     api_exceptions.GoogleAPIError,
     auth_exceptions.GoogleAuthError,
@@ -159,22 +174,9 @@ def launch_labels(spec: LaunchSpec, token: str) -> dict[str, str]:
 
 
 def startup_script(spec: LaunchSpec) -> str:
-    """The boot script starting ``spec``'s job: ``export NAME=value`` per ``spec.env`` (quoted with
-    :func:`shlex.quote`) then ``exec`` of the quoted command. Raises ValueError for an empty command, an env
-    name that is not a shell identifier or a NUL character."""
-    if not spec.command:
-        raise ValueError("LaunchSpec.command is empty: nothing would start the job on the instance")
-    lines = ["#!/bin/bash", "# Generated by costopt: starts one training job with its environment.", "set -eu"]
-    for name, value in spec.env.items():
-        if not _ENV_NAME.match(name):
-            raise ValueError(f"environment variable name {name!r} is not a shell identifier ([A-Za-z_][A-Za-z0-9_]*)")
-        if "\x00" in value:
-            raise ValueError(f"environment variable {name} contains a NUL character")
-        lines.append(f"export {name}={shlex.quote(value)}")
-    if any("\x00" in word for word in spec.command):
-        raise ValueError("LaunchSpec.command contains a NUL character")
-    lines.append(f"exec {shlex.join(spec.command)}")
-    return "\n".join(lines) + "\n"
+    """The startup script starting ``spec``'s job (:func:`providers.boot.boot_script`). Raises ValueError
+    for an empty command, an env name that is not a shell identifier or a NUL character."""
+    return boot_script(spec, max_bytes=MAX_METADATA_BYTES, limit_name="GCP's metadata")
 
 
 def shape_for(instance_type: str) -> MachineShape:
@@ -313,12 +315,12 @@ def map_status(status: str, *, preempted: bool = False) -> InstanceState:
         return InstanceState.PENDING
     if status == "RUNNING":
         return InstanceState.RUNNING
-    if preempted and (status in _STOPPING or status == "TERMINATED"):
+    if preempted and (status in _STOPPING or status in _STOPPED):
         return InstanceState.PREEMPTED
     if status in _STOPPING:
         return InstanceState.STOPPING
-    if status == "TERMINATED":
-        return InstanceState.TERMINATED
+    if status in _STOPPED:
+        return InstanceState.STOPPED
     raise CloudError(f"GCP reported an instance in an unknown status {status!r}")
 
 
@@ -326,9 +328,7 @@ def to_instance(raw: compute_v1.Instance, zone: str, *, preempted: bool = False)
     """An :class:`Instance` from one Compute Engine instance resource of ``zone``."""
     state = map_status(raw.status, preempted=preempted)
     market = Market.SPOT if is_spot(raw) else Market.ON_DEMAND
-    terminated_at = (
-        _time(raw.last_stop_timestamp) if state in (InstanceState.TERMINATED, InstanceState.PREEMPTED) else None
-    )
+    terminated_at = _time(raw.last_stop_timestamp) if state is InstanceState.PREEMPTED else None
     try:
         offer = OfferKey(Cloud.GCP, _region_of_zone(zone), zone, _instance_type(raw), market)
     except BadRecord as exc:
@@ -371,6 +371,7 @@ class GcpProvider:
         project: str,
         zones: Sequence[str] = (),
         *,
+        regions: Sequence[str] = (),
         image: str = DEFAULT_IMAGE,
         network: str = "global/networks/default",
         subnetwork: str | None = None,
@@ -381,6 +382,7 @@ class GcpProvider:
         credentials: Credentials | None = None,
         instances_client: compute_v1.InstancesClient | None = None,
         operations_client: compute_v1.ZoneOperationsClient | None = None,
+        zones_client: compute_v1.ZonesClient | None = None,
         operation_timeout_s: float = 300.0,
         poll_interval_s: float = 2.0,
         request_timeout_s: float = 30.0,
@@ -388,16 +390,17 @@ class GcpProvider:
     ) -> None:
         """
         - ``project``: the GCP project instances are launched in.
-        - ``zones``: where ``describe``-less lookups (``list``, ``interruptions``) look, besides zones launched
-          into; empty: ``list`` uses the aggregated list of every zone. Offers without a zone launch in the
-          first configured zone of their region.
+        - ``zones``: the zones watched (``list``, ``interruptions``) and launched in; offers without a zone
+          launch in the first watched zone of their region. Empty: every zone of ``regions`` (or of the
+          project when ``regions`` is empty too), read from the Zones API at first need; ``list`` then
+          uses the aggregated list (one call).
         - ``image``: boot disk image (``LaunchSpec.image`` overrides); ``boot_disk_gb``: its size.
         - ``network``/``subnetwork``/``external_ip``: the instance's one network interface.
         - ``service_account_email``: the job's identity (e.g. to reach the checkpoint bucket), with the
           cloud-platform scope; None: no service account.
         - ``endpoint``/``credentials``: Compute Engine API endpoint (``host:port`` or URL; None: Google's)
           and credentials (None: ADC); both used to build clients not injected.
-        - ``instances_client``/``operations_client``: injected clients (REST transport).
+        - ``instances_client``/``operations_client``/``zones_client``: injected clients (REST transport).
         - ``operation_timeout_s``/``poll_interval_s``: how long ``launch`` waits for the insert operation.
         - ``clock``: now, for preemption times GCP does not report.
         """
@@ -405,6 +408,7 @@ class GcpProvider:
             raise ValueError("GcpProvider needs a project (COSTOPT_GCP_PROJECT)")
         self.project = project
         self.zones: tuple[str, ...] = tuple(dict.fromkeys(zones))
+        self.regions: tuple[str, ...] = tuple(dict.fromkeys(regions))
         self.image = image
         self.network = network
         self.subnetwork = subnetwork
@@ -422,16 +426,31 @@ class GcpProvider:
         self._operations = operations_client or compute_v1.ZoneOperationsClient(
             credentials=credentials, transport="rest", client_options=options
         )
+        self._zones_client = zones_client or compute_v1.ZonesClient(
+            credentials=credentials, transport="rest", client_options=options
+        )
         self._lock = threading.Lock()
-        self._launched_zones: dict[str, None] = {}
+        self._discovered: tuple[str, ...] | None = None
         self._reported: set[str] = set()
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> GcpProvider:
-        """Built from :class:`Settings` (``gcp_project``, ``gcp_compute_endpoint``, ``http_timeout_s`` as the
-        request timeout); ``overrides`` win (zones, image and service account are not settings yet)."""
+        """Built from :class:`Settings`: ``gcp_project`` (required), ``gcp_zones`` (None: the zones of
+        ``gcp_regions``, or every zone), ``gcp_image`` (None: :data:`DEFAULT_IMAGE`), ``gcp_network``,
+        ``gcp_subnetwork``, ``gcp_external_ip``, ``gcp_service_account_email``, ``gcp_compute_endpoint`` and
+        ``http_timeout_s`` (request timeout). ``overrides`` (constructor arguments, e.g. ``credentials``)
+        win. Raises :class:`ProviderConfigError` without a project."""
+        if not settings.gcp_project and not overrides.get("project"):
+            raise ProviderConfigError("GCP: no project: set COSTOPT_GCP_PROJECT to the project to launch in")
         kwargs: dict[str, Any] = {
-            "project": settings.gcp_project or "",
+            "project": settings.gcp_project,
+            "zones": settings.gcp_zones or (),
+            "regions": () if settings.gcp_zones else (settings.gcp_regions or ()),
+            "image": settings.gcp_image or DEFAULT_IMAGE,
+            "network": settings.gcp_network,
+            "subnetwork": settings.gcp_subnetwork,
+            "external_ip": settings.gcp_external_ip,
+            "service_account_email": settings.gcp_service_account_email,
             "endpoint": settings.gcp_compute_endpoint,
             "request_timeout_s": settings.http_timeout_s,
         }
@@ -440,19 +459,53 @@ class GcpProvider:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _all_zones(self) -> builtins.list[str]:
+    def _project_zones(self) -> tuple[str, ...]:
+        """Every zone of the project that is up, from the Zones API (read once)."""
         with self._lock:
-            return list(dict.fromkeys((*self.zones, *self._launched_zones)))
+            if self._discovered is not None:
+                return self._discovered
+        request = compute_v1.ListZonesRequest(project=self.project)
+        try:
+            found = sorted(
+                z.name
+                for z in self._zones_client.list(request=request, timeout=self.request_timeout_s)
+                if not z.status or z.status == "UP"
+            )
+        except _CALL_ERRORS as exc:
+            raise translate_error(exc, f"list the zones of project {self.project}") from exc
+        with self._lock:
+            self._discovered = tuple(found)
+        return self._discovered
+
+    def _all_zones(self) -> builtins.list[str]:
+        """The watched zones: the configured ones, else those of the configured regions, else every zone."""
+        if self.zones:
+            return list(self.zones)
+        zones = self._project_zones()
+        if self.regions:
+            return [z for z in zones if _region_of_zone(z) in self.regions]
+        return list(zones)
 
     def _zone_for(self, offer: OfferKey) -> str:
+        """The zone to launch ``offer`` in: its own (if watched), else the first watched zone of its region."""
         if offer.zone:
+            if self.zones and offer.zone not in self.zones:
+                raise ProviderConfigError(
+                    f"GCP: zone {offer.zone} is not one of the provider's zones {list(self.zones)}: add it to "
+                    "COSTOPT_GCP_ZONES (list and interruptions only look there)"
+                )
+            if not self.zones and self.regions and _region_of_zone(offer.zone) not in self.regions:
+                raise ProviderConfigError(
+                    f"GCP: zone {offer.zone} is outside the provider's regions {list(self.regions)}: add "
+                    f"{_region_of_zone(offer.zone)} to COSTOPT_GCP_REGIONS (or the zone to COSTOPT_GCP_ZONES)"
+                )
             return offer.zone
-        for zone in self.zones:
+        for zone in self._all_zones():
             if _region_of_zone(zone) == offer.region:
                 return zone
-        raise ValueError(
-            f"offer {offer!r} has no zone and no configured zone is in {offer.region}: "
-            "pass zones=[...] to GcpProvider or price offers per zone"
+        raise ProviderConfigError(
+            f"GCP: offer {offer!r} has no zone and no watched zone is in {offer.region}: add one of its zones to "
+            "COSTOPT_GCP_ZONES (or the region to COSTOPT_GCP_REGIONS), or price offers per zone"
         )
 
     def _get(self, zone: str, name: str) -> compute_v1.Instance | None:
@@ -570,8 +623,6 @@ class GcpProvider:
         zone = self._zone_for(offer)
         resource = self.instance_resource(spec, idempotency_token, zone)
         name = resource.name
-        with self._lock:
-            self._launched_zones[zone] = None
         existing = self._get(zone, name)
         if existing is not None:
             log.info("launch: token %s already launched %s/%s (%s)", idempotency_token, zone, name, existing.status)
@@ -620,32 +671,30 @@ class GcpProvider:
         return self._to_instance(zone, raw)
 
     def _list_raw(self, flt: str) -> Iterable[tuple[str, compute_v1.Instance]]:
-        zones = self._all_zones()
-        if not zones:
+        if not self.zones:
             request = compute_v1.AggregatedListInstancesRequest(project=self.project, filter=flt)
             for scope, scoped in self._instances.aggregated_list(request=request, timeout=self.request_timeout_s):
-                if scope.startswith("zones/"):
+                zone = scope.removeprefix("zones/")
+                if scope.startswith("zones/") and (not self.regions or _region_of_zone(zone) in self.regions):
                     for raw in scoped.instances:
-                        yield scope.removeprefix("zones/"), raw
+                        yield zone, raw
             return
-        for zone in zones:
+        for zone in self.zones:
             request_z = compute_v1.ListInstancesRequest(project=self.project, zone=zone, filter=flt)
             for raw in self._instances.list(request=request_z, timeout=self.request_timeout_s):
                 yield zone, raw
 
-    def list(self, tags: Mapping[str, str], *, include_terminated: bool = False) -> builtins.list[Instance]:
-        """costopt's instances carrying every ``tags`` key with exactly its value, oldest first. Stopped
-        (TERMINATED) ones are left out unless ``include_terminated``."""
+    def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
+        """costopt's instances in the watched zones carrying every ``tags`` key with exactly its value, in
+        any state (stopped ones included), oldest first. Deleted instances no longer exist: not listed."""
         labels = {sanitize_label(k, key=True): sanitize_label(v) for k, v in tags.items()}
         out: builtins.list[Instance] = []
         try:
             for zone, raw in self._list_raw(_label_filter(labels)):
                 if TOKEN_LABEL not in raw.labels:
                     continue
-                if not include_terminated and raw.status == "TERMINATED":
-                    continue
                 inst = self._to_instance(zone, raw)
-                if all(inst.tags.get(k) == v for k, v in tags.items()):
+                if tags_match(inst.tags, tags):
                     out.append(inst)
         except _CALL_ERRORS as exc:
             raise translate_error(exc, f"list instances tagged {dict(tags)}") from exc

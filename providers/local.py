@@ -24,6 +24,11 @@ Preemption: :meth:`LocalProvider.preempt` writes ``notice.json`` (``{"deadline":
 through ``COSTOPT_NOTICE_FILE``), optionally sends a signal (``notice_signal``, e.g. SIGUSR1), and
 SIGKILLs the group once the notice period is over
 (a timer, and every later call checks overdue notices, so a restarted provider still takes it).
+
+Listing follows the rule of :mod:`costopt.cloud`: every instance whose process has not ended, and
+ended ones (terminated, exited or preempted) until :data:`~costopt.cloud.ENDED_RETENTION` after their
+end (by ``clock``); their records stay in ``state_dir`` for ``describe`` and :meth:`LocalProvider.history`
+(every instance ever launched, for audits). There is no STOPPED state.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from costopt.cloud import (
+    ENDED_RETENTION,
     CapacityError,
     CloudError,
     Instance,
@@ -55,8 +61,10 @@ from costopt.cloud import (
     Interruption,
     LaunchSpec,
     NotFoundError,
+    tags_match,
 )
 from costopt.domain import Cloud, Market, OfferKey
+from costopt.settings import Settings
 
 log = logging.getLogger("providers.local")
 
@@ -229,6 +237,14 @@ class LocalProvider:
         self._lock_fd: int | None = None
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._timers: dict[str, threading.Timer] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: Any) -> LocalProvider:
+        """Built from :class:`Settings`: its state lives in ``local_provider_dir``. ``overrides``
+        (constructor arguments: ``cwd``, ``grace_seconds``, ...) win."""
+        kwargs: dict[str, Any] = {"state_dir": settings.local_provider_dir}
+        kwargs.update(overrides)
+        return cls(**kwargs)
 
     # -- state directory -----------------------------------------------------------------------------
 
@@ -486,16 +502,33 @@ class LocalProvider:
                 self._save(instance_id, rec)
 
     def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
-        """Every instance (terminated ones included) whose tags contain ``tags``, oldest first."""
+        """Every instance whose tags contain ``tags`` exactly, oldest first: all whose process has not ended,
+        and ended ones until :data:`~costopt.cloud.ENDED_RETENTION` after their end (:meth:`history` keeps
+        them all)."""
+        horizon = self.clock() - ENDED_RETENTION.total_seconds()
+        out: builtins.list[Instance] = []
+        for created, inst in self._matching(tags):
+            if inst.state in (InstanceState.TERMINATED, InstanceState.PREEMPTED):
+                ended = inst.terminated_at.timestamp() if inst.terminated_at is not None else created
+                if ended < horizon:
+                    continue
+            out.append(inst)
+        return out
+
+    def history(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
+        """Every instance ever launched in ``state_dir`` whose tags contain ``tags`` exactly, ended ones
+        however long ago, oldest first: for audits (``costopt drill``), where ``list`` is for reconciling."""
+        return [inst for _, inst in self._matching(tags)]
+
+    def _matching(self, tags: Mapping[str, str]) -> builtins.list[tuple[float, Instance]]:
+        """``(created_at, instance)`` of every recorded instance whose tags contain ``tags``, oldest first."""
         out: builtins.list[tuple[float, Instance]] = []
         for inst_dir in sorted((self.state_dir / "instances").iterdir()):
             rec = _read_json(inst_dir / "record.json")
-            if not isinstance(rec, dict):
+            if not isinstance(rec, dict) or not tags_match(rec.get("tags") or {}, tags):
                 continue
-            have = rec.get("tags") or {}
-            if all(have.get(k) == v for k, v in tags.items()):
-                out.append((float(rec.get("created_at", 0.0)), self.describe(inst_dir.name)))
-        return [inst for _, inst in sorted(out, key=lambda p: p[0])]
+            out.append((float(rec.get("created_at", 0.0)), self.describe(inst_dir.name)))
+        return sorted(out, key=lambda p: p[0])
 
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         """Notices and preemptions (``kind`` ``"notice"`` / ``"preempted"``) observed at or after ``since``."""

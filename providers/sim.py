@@ -27,6 +27,11 @@
   (before a move) and the workload stopped after it. With ``checkpoint_on_notice`` the workload writes
   one when noticed, if it fits in the lead time.
 
+- **Listing** follows the rule of :mod:`costopt.cloud`: every instance that has not ended, and ended
+  ones (terminated or preempted: a simulated instance is released when it ends) until
+  :data:`~costopt.cloud.ENDED_RETENTION` of simulated time after their end. ``terminate`` of an unknown
+  id does nothing, as on a real cloud. There is no STOPPED state.
+
 Times are tz-aware UTC, held internally as integer microseconds from the clock's start (exact).
 """
 
@@ -38,13 +43,14 @@ import math
 from bisect import bisect_right
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 
 import numpy as np
 
 from costopt.backtest.job import SimEvent, SimEventKind, WorkloadProgress, WorkloadTiming
 from costopt.cloud import (
+    ENDED_RETENTION,
     CapacityError,
     CloudError,
     Instance,
@@ -53,11 +59,13 @@ from costopt.cloud import (
     LaunchSpec,
     NotFoundError,
     QuotaError,
+    tags_match,
 )
 from costopt.domain import Cloud, Market, OfferKey, utc
 from costopt.ledger.prices import PriceView
 from costopt.risk.availability import LaunchStats
 from costopt.risk.hazard import HazardModel
+from costopt.settings import Settings
 
 __all__ = [
     "DEFAULT_NOTICE_LEAD",
@@ -341,6 +349,28 @@ class SimCloud:
         self._rates: dict[OfferKey, tuple[float, str | None, float | None]] = {}
         self.launch_failures = 0
 
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        prices: PriceView,
+        hazards: HazardModel | None = None,
+        start: datetime | None = None,
+        clock: SimClock | None = None,
+        seed: int | Sequence[int] = 0,
+        config: SimConfig | None = None,
+    ) -> SimCloud:
+        """The service's simulated cloud over ``prices`` (the composition root passes the price store's
+        view) and ``hazards`` (None: the model's documented defaults), its clock starting at ``start``
+        (None: now) unless ``clock`` is given; ``config`` None: :class:`SimConfig`'s documented defaults.
+        Nothing is read from ``settings`` yet (the signature is the one every provider has). The caller
+        moves the clock (:meth:`SimClock.advance_to`, :meth:`run_until`)."""
+        del settings
+        if clock is None and start is None:
+            start = datetime.now(UTC)
+        return cls(prices, hazards, clock=clock, start=start, seed=seed, config=config)
+
     # --- time -----------------------------------------------------------------------------------------
 
     @property
@@ -459,18 +489,28 @@ class SimCloud:
         return self._describe(self._get(instance_id))
 
     def terminate(self, instance_id: str) -> None:
-        """Terminate now; a gone (terminated or preempted) instance is left as it is."""
-        inst = self._get(instance_id)
+        """Terminate now; a gone (terminated or preempted) or unknown instance is left as it is."""
+        inst = self._instances.get(instance_id)
+        if inst is None:
+            return
         t = self.clock.micros()
         if self._alive(inst, t):
             inst.terminated = t
             self._live.discard(instance_id)
 
     def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
-        """Every instance launched whose tags include ``tags``, in any state, in launch order."""
-        return [
-            self._describe(i) for i in self._instances.values() if all(i.spec.tags.get(k) == v for k, v in tags.items())
-        ]
+        """Every instance whose tags include ``tags`` exactly, in launch order: all that have not ended, and
+        ended ones until :data:`~costopt.cloud.ENDED_RETENTION` after their end."""
+        now = self.clock.micros()
+        horizon = now - ENDED_RETENTION // _US
+        out = []
+        for inst in self._instances.values():
+            end = inst.end()
+            if end is not None and end <= now and end < horizon:
+                continue
+            if tags_match(inst.spec.tags, tags):
+                out.append(self._describe(inst))
+        return out
 
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         """Notices and preemptions that happened in ``[since, now]``, in time order."""

@@ -3,14 +3,9 @@ data for the families moto knows) and the Stubber for pagination and damaged rec
 
 from __future__ import annotations
 
-import functools
-import socket
-from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from botocore.stub import Stubber
 
@@ -19,40 +14,8 @@ from costopt.errors import MalformedInput, SourceUnavailable
 from costopt.settings import Settings
 from pricing.aws import AWS_GPU_FAMILIES, AwsInstanceTypeSource
 from pricing.aws_pages import family_of, parse_instance_type_record, parse_instance_types_page
-
-
-@pytest.fixture(autouse=True)
-def _no_real_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No real credentials, profiles, endpoints or instance-metadata lookups can leak into a test."""
-    for var in (
-        "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2",
-        "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    ):  # fmt: skip
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-
-
-@functools.cache
-def fake_session() -> boto3.Session:
-    return boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    """moto's server on a free loopback port."""
-    from moto.server import ThreadedMotoServer
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-        server.stop()
+from tests.aws_support import fake_session
+from tests.net_support import closed_port_url
 
 
 class NoHistory:
@@ -109,9 +72,7 @@ def test_discover_merges_regions_into_one_shape_per_name(moto_url: str) -> None:
 
 
 def test_when_every_region_fails_the_catalog_is_unavailable() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    closed = closed_port_url()
     source = AwsInstanceTypeSource(
         ["us-east-1"], session=fake_session(), endpoint_url=closed, connect_timeout=1.0, max_attempts=1
     )

@@ -5,9 +5,7 @@ API)."""
 from __future__ import annotations
 
 import copy
-import functools
 import json
-import socket
 import threading
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -15,7 +13,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from botocore.stub import Stubber
 
@@ -24,30 +21,12 @@ from costopt.errors import MalformedInput, SourceUnavailable
 from costopt.settings import Settings
 from pricing.aws import PRICE_LIST_REGION, AwsOnDemandSource
 from pricing.aws_pages import parse_price_list_page
+from tests.aws_support import fake_session
+from tests.net_support import closed_port_url
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "aws" / "price_list_p3.json"
 NOW = datetime(2025, 1, 15, 6, 0, tzinfo=UTC)
 EFFECTIVE = datetime(2024, 11, 1, tzinfo=UTC)
-
-
-@pytest.fixture(autouse=True)
-def _no_real_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No real credentials, profiles, endpoints or instance-metadata lookups can leak into a test."""
-    for var in (
-        "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_PRICING",
-        "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    ):  # fmt: skip
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-
-
-@functools.cache
-def fake_session() -> boto3.Session:
-    return boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
 
 
 def fixture_pages() -> dict[str, list[dict[str, Any]]]:
@@ -299,9 +278,7 @@ def test_a_throttled_call_is_retried_and_pages_follow_over_http(endpoints: list[
 
 
 def test_an_unreachable_price_list_stops_at_once_and_makes_the_source_unavailable() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    closed = closed_port_url()
     collector = AwsOnDemandSource(
         ["p3.2xlarge", "p2.xlarge", "g5.xlarge"],
         session=fake_session(),

@@ -5,10 +5,8 @@ botocore's Stubber replaying the real recorded ``describe-spot-price-history`` p
 from __future__ import annotations
 
 import copy
-import functools
 import http.client
 import json
-import socket
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -17,22 +15,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from botocore.stub import Stubber
 
+from costopt.aws_clients import aws_client_config, boto3_client_factory
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.errors import SourceUnavailable
 from costopt.settings import Settings
-from pricing.aws import (
-    AWS_GPU_FAMILIES,
-    AWS_GPU_INSTANCE_TYPES,
-    SPOT_LOOKBACK,
-    AwsSpotSource,
-    aws_client_config,
-    boto3_client_factory,
-)
+from pricing.aws import AWS_GPU_FAMILIES, AWS_GPU_INSTANCE_TYPES, SPOT_LOOKBACK, AwsSpotSource
 from pricing.aws_pages import ACCELERATOR_BY_FAMILY, family_of
+from tests.aws_support import fake_session
+from tests.net_support import closed_port_url
 
 NOW = datetime(2020, 3, 24, tzinfo=UTC)
 """The fetch time of these tests: just after the last recorded weekly pull (2020-03-23)."""
@@ -41,49 +34,6 @@ P3_WEEKS = ("2020-02-27", "2020-03-05", "2020-03-13", "2020-03-23")
 
 
 # --------------------------------------------------------------------------- environment
-
-
-@pytest.fixture(autouse=True)
-def _no_real_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No real credentials, profiles, endpoints or instance-metadata lookups can leak into a test."""
-    for var in (
-        "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2",
-        "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    ):  # fmt: skip
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-
-
-@functools.cache
-def fake_session() -> boto3.Session:
-    """One session with dummy keys for the whole module (a new session reloads the service models)."""
-    return boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    """moto's EC2 (and other services) server on a free loopback port."""
-    from moto.server import ThreadedMotoServer
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")  # not needed here, and slow to load per region
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        yield f"http://{host}:{port}"
-        server.stop()
-
-
-def closed_port_url() -> str:
-    """A loopback URL nobody listens on (connections are refused)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 # --------------------------------------------------------------------------- fakes

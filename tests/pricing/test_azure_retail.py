@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from pricing.azure import (
     parse_retail_page,
     retail_filter,
 )
+from tests.net_support import free_port
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "azure"
 REAL_PREFIX = "https://prices.azure.com:443/api/retail/prices"
@@ -321,12 +321,6 @@ def test_a_next_page_link_that_loops_back_stops_as_partial(fake):
     assert result.partial
     assert "repeats an earlier page" in result.errors[0]
     assert result.pages == 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_server_down_raises_source_unavailable_saying_what_to_check():

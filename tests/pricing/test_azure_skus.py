@@ -24,6 +24,7 @@ from azure.core.exceptions import ClientAuthenticationError
 from costopt.domain import Cloud
 from costopt.errors import SourceUnavailable
 from pricing.azure import AzureResourceSkus
+from tests.net_support import server_tls
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "azure"
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
@@ -121,23 +122,9 @@ class FakeArm:
         self.server.server_close()
 
 
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture(scope="module")
-def ca_file(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("ca") / "ca.pem"
-    ca.cert_pem.write_to_path(str(path))
-    return str(path)
-
-
 @pytest.fixture
 def arm(ca: trustme.CA) -> Iterator[FakeArm]:
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1", "localhost").configure_cert(ctx)
-    with FakeArm(ctx) as server:
+    with FakeArm(server_tls(ca)) as server:
         yield server
 
 

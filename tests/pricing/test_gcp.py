@@ -7,7 +7,6 @@ import csv
 import json
 import logging
 import re
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from google.auth.credentials import AnonymousCredentials
 from costopt.domain import Cloud, Market, OfferKey, PricePoint
 from costopt.errors import SourceUnavailable
 from pricing.gcp import COMPUTE_ENGINE_SERVICE, MACHINE_SHAPES, GcpFetchResult, GcpPriceSource
+from tests.net_support import closed_port_url
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gcp"
 FETCHED_AT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -161,13 +161,6 @@ def prices(result: GcpFetchResult) -> dict[tuple[str, str, Market], PricePoint]:
         assert key not in out, f"duplicate price point for {key}"
         out[key] = p
     return out
-
-
-def closed_port_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 # ------------------------------------------------------------------------------------------------

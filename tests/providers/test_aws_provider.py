@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import base64
 import copy
-import functools
 import http.client
 import json
 import logging
 import subprocess
 import sys
 import threading
-import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
@@ -26,7 +24,9 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
+from costopt.aws_clients import aws_client_config
 from costopt.cloud import (
+    ENDED_RETENTION,
     AuthError,
     CapacityError,
     CloudError,
@@ -34,12 +34,12 @@ from costopt.cloud import (
     InstanceState,
     LaunchSpec,
     NotFoundError,
+    ProviderConfigError,
     QuotaError,
 )
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.errors import BadRecord
 from costopt.settings import Settings
-from pricing.aws import aws_client_config
 from providers.aws import (
     DEFAULT_IMAGE,
     INTERRUPTION_DETAIL_TYPE,
@@ -52,69 +52,9 @@ from providers.aws import (
     setup_interruption_queue,
     user_data_script,
 )
+from tests.aws_support import MOTO_ACCOUNT, REGION, fake_session
 
-REGION = "us-east-1"
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "aws"
-MOTO_ACCOUNT = "123456789012"
-
-
-# --------------------------------------------------------------------------- environment
-
-
-@pytest.fixture(autouse=True)
-def _no_real_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No real credentials, profiles, endpoints or instance-metadata lookups can leak into a test."""
-    for var in (
-        "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2",
-        "AWS_ENDPOINT_URL_SQS", "AWS_ENDPOINT_URL_EVENTBRIDGE", "AWS_DEFAULT_REGION", "AWS_REGION",
-        "AWS_ROLE_ARN", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    ):  # fmt: skip
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-
-
-@functools.cache
-def fake_session() -> boto3.Session:
-    """One session with dummy keys for the module (a new session reloads the service models)."""
-    return boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name=REGION)
-
-
-def _moto_reset(url: str) -> None:
-    """Empty every moto backend of this process (other test modules share them)."""
-    with urllib.request.urlopen(urllib.request.Request(f"{url}/moto-api/reset", method="POST"), timeout=10):
-        pass
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    """moto's server (EC2, SQS, EventBridge) on a free loopback port, with its default AMIs, reset before
-    and after this module."""
-    from moto.server import ThreadedMotoServer
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "true")
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        host, port = server.get_host_and_port()
-        url = f"http://{host}:{port}"
-        _moto_reset(url)
-        yield url
-        _moto_reset(url)
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def dl_ami(moto_url: str) -> str:
-    """A Deep Learning AMI from moto's catalog of real (old) public AMIs."""
-    ec2 = fake_session().client("ec2", endpoint_url=moto_url)
-    wanted = [{"Name": "name", "Values": ["Deep Learning AMI Ubuntu*"]}]
-    images = ec2.describe_images(Owners=["amazon"], Filters=wanted)["Images"]
-    assert images, "moto's default AMIs should include a Deep Learning AMI in us-east-1"
-    return str(images[0]["ImageId"])
 
 
 class Recorder:
@@ -426,9 +366,13 @@ def test_describe_follows_the_instance_from_pending_to_running(provider: AwsProv
     assert (now.instance_id, now.offer, now.tags) == (instance.instance_id, instance.offer, instance.tags)
 
 
-def test_list_matches_every_tag_exactly_and_leaves_out_terminated_unless_asked(
-    provider: AwsProvider, ec2: Any, dl_ami: str, job: str
+def test_list_matches_every_tag_exactly_and_keeps_terminated_instances_for_the_retention_only(
+    recorder: Recorder, ec2: Any, dl_ami: str, job: str
 ) -> None:
+    now = [datetime.now(UTC)]
+    provider = AwsProvider(
+        [REGION], ami_ids={REGION: dl_ami}, client_factory=recorder, queue_wait_seconds=0, clock=lambda: now[0]
+    )
     other = job + "-other"
     epoch1 = provider.launch(spec_for(job, epoch=1), f"tok-{job}-1")
     epoch2 = provider.launch(spec_for(job, epoch=2), f"tok-{job}-2")
@@ -439,16 +383,30 @@ def test_list_matches_every_tag_exactly_and_leaves_out_terminated_unless_asked(
         TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "costopt:job", "Value": job}]}],
     )  # fmt: skip
 
-    def ids(tags: Mapping[str, str], **kw: Any) -> set[str]:
-        return {i.instance_id for i in provider.list(tags, **kw)}
+    def ids(tags: Mapping[str, str]) -> set[str]:
+        return {i.instance_id for i in provider.list(tags)}
 
     assert ids({"costopt:job": job}) == {epoch1.instance_id, epoch2.instance_id}
     assert ids({"costopt:job": job, "costopt:epoch": "2"}) == {epoch2.instance_id}
     assert ids({"costopt:job": job[:-2] + "*"}) == set(), "tag values are not wildcards"
     provider.terminate(epoch1.instance_id)
-    assert ids({"costopt:job": job}) == {epoch2.instance_id}
-    assert ids({"costopt:job": job}, include_terminated=True) == {epoch1.instance_id, epoch2.instance_id}
+    states = {i.instance_id: i.state for i in provider.list({"costopt:job": job})}
+    assert states == {epoch1.instance_id: InstanceState.TERMINATED, epoch2.instance_id: InstanceState.RUNNING}
+    now[0] += ENDED_RETENTION + timedelta(minutes=1)
+    assert ids({"costopt:job": job}) == {epoch2.instance_id}, "terminated over an hour ago: no longer listed"
     assert all(TOKEN_TAG in i.tags for i in provider.list({}))
+
+
+def test_a_stopped_instance_is_stopped_and_still_listed(provider: AwsProvider, ec2: Any, job: str) -> None:
+    instance = provider.launch(spec_for(job), "tok-" + job)
+    provider.describe(instance.instance_id)  # moto: pending -> running
+    ec2.stop_instances(InstanceIds=[instance.instance_id])
+
+    stopped = provider.describe(instance.instance_id)
+    assert (stopped.state, stopped.terminated_at) == (InstanceState.STOPPED, None)
+    assert [i.state for i in provider.list({"costopt:job": job})] == [InstanceState.STOPPED]
+    provider.terminate(instance.instance_id)  # a stopped instance is terminated like any other
+    assert provider.describe(instance.instance_id).state is InstanceState.TERMINATED
 
 
 # --------------------------------------------------------------------------- state mapping
@@ -474,13 +432,16 @@ def _raw(state: str, reason: str = "", lifecycle: str | None = "spot", **extra: 
         (_raw("pending"), None, InstanceState.PENDING),
         (_raw("running"), None, InstanceState.RUNNING),
         (_raw("stopping", "Client.UserInitiatedShutdown"), None, InstanceState.STOPPING),
-        (_raw("stopped", "Client.UserInitiatedShutdown", lifecycle=None), None, InstanceState.STOPPING),
+        (_raw("stopped", "Client.UserInitiatedShutdown", lifecycle=None), None, InstanceState.STOPPED),
+        (_raw("stopped", "Client.UserInitiatedShutdown"), None, InstanceState.STOPPED),
         (_raw("shutting-down", "Client.UserInitiatedShutdown"), None, InstanceState.STOPPING),
         (_raw("terminated", "Client.UserInitiatedShutdown"), None, InstanceState.TERMINATED),
         (_raw("terminated", "Client.InstanceInitiatedShutdown", lifecycle=None), None, InstanceState.TERMINATED),
         (_raw("shutting-down", "Server.SpotInstanceTermination"), None, InstanceState.PREEMPTED),
         (_raw("terminated", "Server.SpotInstanceTermination"), None, InstanceState.PREEMPTED),
         (_raw("stopped", "Server.SpotInstanceShutdown"), None, InstanceState.PREEMPTED),
+        (_raw("stopping", "Server.SpotInstanceShutdown"), None, InstanceState.PREEMPTED),
+        (_raw("stopped"), "instance-stopped-no-capacity", InstanceState.PREEMPTED),
         (_raw("terminated"), "instance-terminated-by-price", InstanceState.PREEMPTED),
         (_raw("terminated"), "instance-terminated-no-capacity", InstanceState.PREEMPTED),
         (_raw("terminated"), "instance-terminated-by-user", InstanceState.TERMINATED),
@@ -846,9 +807,72 @@ def test_settings_give_regions_endpoint_and_timeout_and_clients_use_standard_ret
     provider = AwsProvider.from_settings(settings, session=fake_session(), max_attempts=4)
 
     assert provider.regions == ("eu-west-1", "us-west-2")
+    assert provider.default_image == DEFAULT_IMAGE, "no image set: the DLAMI SSM parameter"
     client = provider._client("ec2", "eu-west-1")
     assert client.meta.config.retries == {"mode": "standard", "total_max_attempts": 4}
     assert client.meta.config.read_timeout == 7
     assert client.meta.endpoint_url == "http://127.0.0.1:9"
     with pytest.raises(ValueError, match="at least one region"):
         AwsProvider([])
+
+
+def test_settings_give_images_network_identity_and_queues_of_each_launch(
+    moto_url: str, dl_ami: str, recorder: Recorder, job: str
+) -> None:
+    queue = setup_interruption_queue(REGION, session=fake_session(), endpoint_url=moto_url, queue_name="q-" + job)
+    ec2 = fake_session().client("ec2", endpoint_url=moto_url)
+    vpc = ec2.describe_vpcs()["Vpcs"][0]["VpcId"]
+    subnet_b = ec2.create_subnet(VpcId=vpc, CidrBlock="172.31.200.0/24", AvailabilityZone="us-east-1b")["Subnet"]
+    group = ec2.create_security_group(GroupName="g-" + job, Description="costopt test", VpcId=vpc)["GroupId"]
+    ec2.create_key_pair(KeyName="k-" + job)
+    iam = fake_session().client("iam", endpoint_url=moto_url)
+    profile = iam.create_instance_profile(InstanceProfileName="p-" + job)["InstanceProfile"]["Arn"]
+    settings = Settings(
+        aws_regions=[REGION],
+        aws_ami_ids=f"{REGION}={dl_ami}",
+        aws_interruption_queue_urls={REGION: queue.queue_url},
+        aws_instance_profile=profile,
+        aws_security_group_ids=f"{REGION}={group}",
+        aws_subnet_ids=f"us-east-1b={subnet_b['SubnetId']}",
+        aws_key_name="k-" + job,
+    )
+    provider = AwsProvider.from_settings(settings, client_factory=recorder, queue_wait_seconds=0)
+    assert provider.interruption_queue_urls == {REGION: queue.queue_url}
+
+    instance = provider.launch(spec_for(job, zone="us-east-1b"), "tok-" + job)
+
+    (sent,) = recorder.named("RunInstances")
+    assert sent["ImageId"] == dl_ami
+    assert sent["SubnetId"] == subnet_b["SubnetId"]
+    assert sent["SecurityGroupIds"] == [group]
+    assert sent["KeyName"] == "k-" + job
+    assert sent["IamInstanceProfile"] == {"Arn": profile}
+    (raw,) = instances_tagged(ec2, TOKEN_TAG, "tok-" + job)
+    assert (raw["SubnetId"], raw["KeyName"]) == (subnet_b["SubnetId"], "k-" + job)
+    assert [g["GroupId"] for g in raw["SecurityGroups"]] == [group]
+    assert raw["IamInstanceProfile"]["Arn"] == profile
+    assert instance.offer.zone == "us-east-1b"
+
+
+def test_an_offer_outside_the_regions_is_refused_before_anything_is_sent(
+    provider: AwsProvider, recorder: Recorder, job: str
+) -> None:
+    elsewhere = replace(spec_for(job), offer=OfferKey(Cloud.AWS, "eu-west-1", "", "g5.xlarge", Market.SPOT))
+    with pytest.raises(ProviderConfigError, match="COSTOPT_AWS_REGIONS"):
+        provider.launch(elsewhere, "tok-" + job)
+    assert recorder.calls == []
+
+
+@pytest.mark.parametrize(
+    ("settings", "variable"),
+    [
+        ({"aws_regions": []}, "COSTOPT_AWS_REGIONS"),
+        ({"aws_interruption_queue_urls": "eu-west-1=https://sqs/q"}, "COSTOPT_AWS_INTERRUPTION_QUEUE_URLS"),
+        ({"aws_security_group_ids": "eu-west-1=sg-1"}, "COSTOPT_AWS_SECURITY_GROUP_IDS"),
+        ({"aws_ami_ids": "eu-west-1=ami-1"}, "COSTOPT_AWS_AMI_IDS"),
+        ({"aws_subnet_ids": "eu-west-1a=subnet-1"}, "COSTOPT_AWS_SUBNET_IDS"),
+    ],
+)
+def test_settings_that_cannot_work_name_the_variable_to_fix(settings: dict[str, Any], variable: str) -> None:
+    with pytest.raises(ProviderConfigError, match=variable):
+        AwsProvider.from_settings(Settings(**{"aws_regions": [REGION], **settings}), session=fake_session())

@@ -1,10 +1,5 @@
-"""The Azure provider through the real azure-mgmt-compute/-network clients against a local ARM fake over TLS.
-
-azure-core refuses bearer tokens over plain HTTP, so the fake serves HTTPS with a certificate of a throwaway
-trustme CA that the clients trust via ``connection_verify``. The fake keeps VMs and NICs in memory and answers
-PUT with 201 + ``Azure-AsyncOperation`` and DELETE with 202 + ``Location`` (``Retry-After: 0``), so the real
-ARM pollers run their long-running-operation protocol to completion.
-"""
+"""The Azure provider through the real azure-mgmt-compute/-network clients against the local ARM fake over
+TLS of ``azure_fake.py`` (fixtures ``arm`` and ``ca_file`` in conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,21 +7,15 @@ import base64
 import copy
 import json
 import shlex
-import ssl
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
-import trustme
 from azure.core.credentials import AccessToken
-from azure.core.exceptions import ClientAuthenticationError
 
 from costopt.cloud import (
     AuthError,
@@ -35,232 +24,34 @@ from costopt.cloud import (
     InstanceState,
     LaunchSpec,
     NotFoundError,
+    ProviderConfigError,
     QuotaError,
 )
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.errors import BadRecord
-from providers.azure import AzureProvider, imds_scheduled_events, nic_name, parse_scheduled_events, vm_name
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "azure"
-SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
-RG = "costopt-rg"
-TOKEN = "fake-token"
-SUBNET = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{RG}/providers/Microsoft.Network/virtualNetworks/vnet/subnets/a"
-IMAGE = "microsoft-dsvm:ubuntu-hpc:2204:latest"
-RG_PREFIX = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{RG}/providers/"
-NOW = datetime(2026, 11, 29, 10, 0, 0, tzinfo=UTC)
-
-
-def load(name: str) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads((FIXTURES / name).read_text())
-    doc.pop("_comment", None)
-    return doc
-
-
-class FakeCredential:
-    def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
-        return AccessToken(TOKEN, int(time.time()) + 3600)
-
-
-class RefusingCredential:
-    def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
-        raise ClientAuthenticationError("DefaultAzureCredential failed to retrieve a token")
-
-
-class FakeArm:
-    """VMs and NICs of one resource group, in memory, over TLS on 127.0.0.1."""
-
-    def __init__(self, tls: ssl.SSLContext) -> None:
-        self.vms: dict[str, dict[str, Any]] = {}
-        self.nics: dict[str, dict[str, Any]] = {}
-        self.ops: dict[str, dict[str, Any]] = {}
-        self.requests: list[tuple[str, str]] = []
-        self.puts: list[tuple[str, dict[str, Any]]] = []
-        self.fail_put: dict[str, Any] | None = None  # {"status", "body"} answered to the next VM PUT
-        self.fail_operation: dict[str, Any] | None = None  # failed LRO result of the next VM PUT
-        self.lock = threading.Lock()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                fake.handle(self, "GET")
-
-            def do_PUT(self) -> None:
-                fake.handle(self, "PUT")
-
-            def do_DELETE(self) -> None:
-                fake.handle(self, "DELETE")
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
-
-    def __enter__(self) -> FakeArm:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    # ---------------------------------------------------------------- scripted platform events
-
-    def evict(self, name: str, *, deallocate: bool) -> None:
-        """Spot eviction: policy Deallocate leaves a deallocated VM, policy Delete removes it."""
-        with self.lock:
-            if deallocate:
-                self.vms[name]["_power"] = "PowerState/deallocated"
-            else:
-                del self.vms[name]
-
-    # ---------------------------------------------------------------- HTTP
-
-    def send(self, h: BaseHTTPRequestHandler, status: int, doc: Any = None, headers: dict[str, str] | None = None):
-        body = b"" if doc is None else json.dumps(doc).encode()
-        h.send_response(status)
-        h.send_header("Content-Type", "application/json")
-        h.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            h.send_header(k, v)
-        h.end_headers()
-        h.wfile.write(body)
-
-    def new_op(self, kind: str, target: tuple[str, str], result: dict[str, Any] | None = None) -> str:
-        op = uuid.uuid4().hex
-        self.ops[op] = {"kind": kind, "target": target, "polls": 0, "result": result}
-        return op
-
-    def handle(self, h: BaseHTTPRequestHandler, method: str) -> None:
-        parts = urlsplit(h.path)
-        query = parse_qs(parts.query)
-        with self.lock:
-            self.requests.append((method, parts.path))
-        if h.headers.get("Authorization") != f"Bearer {TOKEN}":
-            self.send(h, 401, {"error": {"code": "AuthenticationFailed", "message": "no bearer token"}})
-            return
-        body: dict[str, Any] = {}
-        if method == "PUT":
-            length = int(h.headers.get("Content-Length", "0"))
-            body = json.loads(h.rfile.read(length) or b"{}")
-        with self.lock:
-            self.route(h, method, parts.path, query, body)
-
-    def route(self, h: Any, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any]) -> None:
-        if path.startswith("/operations/"):
-            self.poll(h, path.split("/")[2], path.endswith("/result"))
-            return
-        if not path.startswith(RG_PREFIX):
-            self.send(h, 404, load("provider_errors.json")["ResourceGroupNotFound"]["body"])
-            return
-        rest = path[len(RG_PREFIX) :].split("/")
-        kind = "/".join(rest[:2])
-        store = {"Microsoft.Compute/virtualMachines": self.vms, "Microsoft.Network/networkInterfaces": self.nics}[kind]
-        expand = query.get("$expand", [""])[0] == "instanceView"
-        if len(rest) == 2 and method == "GET":
-            self.send(h, 200, {"value": [self.view(path + "/" + n, r, expand) for n, r in store.items()]})
-            return
-        name = rest[2]
-        if method == "GET":
-            if name not in store:
-                msg = f"The Resource '{kind}/{name}' under resource group '{RG}' was not found."
-                self.send(h, 404, {"error": {"code": "ResourceNotFound", "message": msg}})
-            else:
-                self.send(h, 200, self.view(path, store[name], expand))
-        elif method == "PUT":
-            if kind.endswith("virtualMachines"):
-                self.puts.append((name, copy.deepcopy(body)))
-                if self.fail_put is not None:
-                    fail, self.fail_put = self.fail_put, None
-                    self.send(h, fail["status"], fail["body"])
-                    return
-            resource = {**body, "_power": "PowerState/starting", "_created": datetime.now(UTC).isoformat()}
-            resource.setdefault("properties", {})["provisioningState"] = "Creating"
-            failure = None
-            if kind.endswith("virtualMachines"):
-                failure, self.fail_operation = self.fail_operation, None
-            store[name] = resource
-            op = self.new_op("put", (kind, name), failure)
-            self.send(
-                h,
-                201,
-                self.view(path, resource, False),
-                {"Azure-AsyncOperation": f"{self.url}/operations/{op}", "Retry-After": "0"},
-            )
-        elif method == "DELETE":
-            if name not in store:
-                if kind.endswith("virtualMachines"):  # both answers occur; the provider takes either as "gone"
-                    self.send(h, 404, {"error": {"code": "ResourceNotFound", "message": f"{name} not found"}})
-                else:
-                    self.send(h, 204)
-                return
-            store[name]["properties"]["provisioningState"] = "Deleting"
-            op = self.new_op("delete", (kind, name))
-            self.send(h, 202, None, {"Location": f"{self.url}/operations/{op}/result", "Retry-After": "0"})
-
-    def poll(self, h: Any, op_id: str, location: bool) -> None:
-        op = self.ops[op_id]
-        op["polls"] += 1
-        kind, name = op["target"]
-        store = self.vms if kind.endswith("virtualMachines") else self.nics
-        if op["polls"] < 2:  # one "still running" answer first, so the poller really polls
-            if location:
-                self.send(h, 202, None, {"Location": f"{self.url}/operations/{op_id}/result", "Retry-After": "0"})
-            else:
-                self.send(h, 200, {"status": "InProgress"}, {"Retry-After": "0"})
-            return
-        if op["kind"] == "delete":
-            store.pop(name, None)
-            self.send(h, 204)
-            return
-        if op["result"] is not None:
-            store.pop(name, None)
-            self.send(h, 200, op["result"]["body"])
-            return
-        if name in store:
-            store[name]["properties"]["provisioningState"] = "Succeeded"
-            store[name]["_power"] = "PowerState/running"
-        self.send(h, 200, {"status": "Succeeded"})
-
-    def view(self, path: str, resource: dict[str, Any], expand: bool) -> dict[str, Any]:
-        name = path.rsplit("/", 1)[1]
-        doc = {k: copy.deepcopy(v) for k, v in resource.items() if not k.startswith("_")}
-        doc.update(id=path, name=name)
-        props = doc.setdefault("properties", {})
-        if "virtualMachines" in path:
-            doc["type"] = "Microsoft.Compute/virtualMachines"
-            props["timeCreated"] = resource["_created"]
-            if expand:
-                view = load("provider_instance_view.json")
-                state = props["provisioningState"].lower()
-                view["statuses"][0]["code"] = f"ProvisioningState/{state}"
-                view["statuses"][1]["code"] = resource["_power"]
-                props["instanceView"] = view
-        return doc
-
-
-@pytest.fixture(scope="module")
-def ca() -> trustme.CA:
-    return trustme.CA()
-
-
-@pytest.fixture(scope="module")
-def ca_file(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("ca") / "ca.pem"
-    ca.cert_pem.write_to_path(str(path))
-    return str(path)
-
-
-@pytest.fixture
-def arm(ca: trustme.CA) -> Iterator[FakeArm]:
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("127.0.0.1", "localhost").configure_cert(ctx)
-    with FakeArm(ctx) as server:
-        yield server
+from costopt.settings import Settings
+from providers.azure import (
+    DEFAULT_IMAGE,
+    AzureProvider,
+    imds_scheduled_events,
+    nic_name,
+    parse_scheduled_events,
+    read_ssh_public_key,
+    vm_name,
+)
+from tests.providers.azure_fake import (
+    IMAGE,
+    NOW,
+    RG,
+    RG_PREFIX,
+    SSH_KEY,
+    SUBNET,
+    SUBSCRIPTION,
+    FakeArm,
+    FakeCredential,
+    RefusingCredential,
+    load,
+)
 
 
 def provider(arm: FakeArm, ca_file: str, **kw: Any) -> AzureProvider:
@@ -270,7 +61,7 @@ def provider(arm: FakeArm, ca_file: str, **kw: Any) -> AzureProvider:
         RG,
         subnet_id=SUBNET,
         image=IMAGE,
-        ssh_public_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyForTests costopt@test",
+        ssh_public_key=SSH_KEY,
         base_url=arm.url,
         client_kwargs={"connection_verify": ca_file, "retry_total": 0, "polling_interval": 0},
         clock=lambda: NOW,
@@ -380,7 +171,12 @@ def test_describe_reads_the_instance_view(arm, ca_file):
     prov = provider(arm, ca_file)
     name = prov.launch(spec(Market.ON_DEMAND), "tok-1").instance_id
     arm.vms[name]["_power"] = "PowerState/deallocated"
-    assert prov.describe(name).state is InstanceState.STOPPING  # a regular VM: stopped, not preempted
+    assert prov.describe(name).state is InstanceState.STOPPED  # a regular VM: stopped, not preempted
+    assert [i.state for i in prov.list({})] == [InstanceState.STOPPED]  # still exists: still listed
+    arm.vms[name]["_power"] = "PowerState/deallocating"
+    assert prov.describe(name).state is InstanceState.STOPPING
+    arm.vms[name]["_power"] = "PowerState/stopped"
+    assert prov.describe(name).state is InstanceState.STOPPED
     arm.vms[name]["_power"] = "PowerState/starting"
     assert prov.describe(name).state is InstanceState.PENDING
     with pytest.raises(NotFoundError):
@@ -493,6 +289,64 @@ def test_construction_needs_a_subnet_and_a_valid_image():
         AzureProvider(SUBSCRIPTION, RG, subnet_id="", image=IMAGE, ssh_public_key="k")
     with pytest.raises(ValueError, match="URN"):
         AzureProvider(SUBSCRIPTION, RG, subnet_id=SUBNET, image="ubuntu", ssh_public_key="k")
+
+
+def azure_settings(arm: FakeArm, **kw: Any) -> Settings:
+    values: dict[str, Any] = {
+        "azure_subscription_id": SUBSCRIPTION,
+        "azure_resource_group": RG,
+        "azure_subnet_ids": {"eastus": SUBNET},
+        "azure_ssh_public_key": SSH_KEY,
+        "azure_arm_endpoint": arm.url,
+    }
+    values.update(kw)
+    return Settings(**values)
+
+
+def test_from_settings_builds_the_provider_and_launches_through_the_arm_endpoint(arm: FakeArm, ca_file: str) -> None:
+    settings = azure_settings(arm, azure_admin_username="trainer")
+    kw = {"connection_verify": ca_file, "retry_total": 0, "polling_interval": 0}
+    prov = AzureProvider.from_settings(settings, credential=FakeCredential(), client_kwargs=kw)
+    assert (prov.subscription_id, prov.resource_group, prov.image) == (SUBSCRIPTION, RG, DEFAULT_IMAGE)
+    assert prov.launch(spec(), "tok-settings").state is InstanceState.RUNNING
+    body = arm.puts[0][1]["properties"]
+    assert body["osProfile"]["adminUsername"] == "trainer"
+    assert body["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"] == SSH_KEY
+    assert body["storageProfile"]["imageReference"]["offer"] == "ubuntu-hpc"
+    nic = arm.nics[nic_name(vm_name("tok-settings"))]
+    assert nic["properties"]["ipConfigurations"][0]["properties"]["subnet"]["id"] == SUBNET
+    other_region = LaunchSpec(OfferKey(Cloud.AZURE, "westeurope", "", "Standard_NC6s_v3", Market.SPOT), ("x",))
+    with pytest.raises(ProviderConfigError, match="COSTOPT_AZURE_SUBNET_IDS"):
+        prov.launch(other_region, "tok-westeurope")
+    assert len(arm.puts) == 1
+
+
+@pytest.mark.parametrize(
+    ("missing", "variable"),
+    [
+        ("azure_subscription_id", "COSTOPT_AZURE_SUBSCRIPTION_ID"),
+        ("azure_resource_group", "COSTOPT_AZURE_RESOURCE_GROUP"),
+        ("azure_subnet_ids", "COSTOPT_AZURE_SUBNET_IDS"),
+        ("azure_ssh_public_key", "COSTOPT_AZURE_SSH_PUBLIC_KEY"),
+    ],
+)
+def test_from_settings_names_the_missing_variable(arm: FakeArm, missing: str, variable: str) -> None:
+    empty: Any = {} if missing == "azure_subnet_ids" else None
+    with pytest.raises(ProviderConfigError, match=variable):
+        AzureProvider.from_settings(azure_settings(arm, **{missing: empty}), credential=FakeCredential())
+
+
+def test_the_ssh_key_is_the_key_itself_or_a_pub_file(tmp_path: Path) -> None:
+    pub = tmp_path / "id_ed25519.pub"
+    pub.write_text(SSH_KEY + "\n")
+    assert read_ssh_public_key(SSH_KEY) == SSH_KEY
+    assert read_ssh_public_key(str(pub)) == SSH_KEY
+    private = tmp_path / "id_ed25519"
+    private.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nxx\n-----END OPENSSH PRIVATE KEY-----\n")
+    with pytest.raises(ProviderConfigError, match="not the private key"):
+        read_ssh_public_key(str(private))
+    with pytest.raises(ProviderConfigError, match="neither an SSH public key nor a readable file"):
+        read_ssh_public_key(str(tmp_path / "missing.pub"))
 
 
 def test_the_real_pollers_follow_the_long_running_operation_headers(arm, ca_file):

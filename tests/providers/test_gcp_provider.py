@@ -1,24 +1,15 @@
-"""GCP provider through the real google-cloud-compute REST clients (InstancesClient, ZoneOperationsClient)
-against a stateful loopback fake of the Compute Engine v1 REST API (instances insert/get/list/delete and
-aggregatedList, zone operations get/list), built from tests/fixtures/gcp/provider_*.json."""
+"""GCP provider through the real google-cloud-compute REST clients (InstancesClient, ZoneOperationsClient,
+ZonesClient) against the stateful loopback fake of the Compute Engine v1 REST API in ``gcp_fake.py``."""
 
 from __future__ import annotations
 
-import copy
-import itertools
 import json
-import logging
 import re
 import subprocess
-import threading
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
@@ -31,6 +22,7 @@ from costopt.cloud import (
     InstanceState,
     LaunchSpec,
     NotFoundError,
+    ProviderConfigError,
     QuotaError,
 )
 from costopt.domain import Cloud, Market, OfferKey
@@ -45,248 +37,12 @@ from providers.gcp import (
     sanitize_label,
     startup_script,
 )
-
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gcp"
-PROJECT = "costopt-demo"
-ZONE = "us-central1-a"
-ZONE_B = "us-central1-b"
-T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-
-_BASE = r"^/compute/v1/projects/(?P<project>[^/]+)"
-INSTANCES = re.compile(_BASE + r"/zones/(?P<zone>[^/]+)/instances$")
-INSTANCE = re.compile(_BASE + r"/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)$")
-AGGREGATED = re.compile(_BASE + r"/aggregated/instances$")
-OPERATIONS = re.compile(_BASE + r"/zones/(?P<zone>[^/]+)/operations$")
-OPERATION = re.compile(_BASE + r"/zones/(?P<zone>[^/]+)/operations/(?P<op>[^/]+)$")
-FILTER_TERM = re.compile(r'(?P<field>[\w.-]+)\s*(?P<op>>=|=|:)\s*"?(?P<value>[^")]*)"?')
-
-
-def _load(name: str) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((FIXTURES / name).read_text())
-    data.pop("_comment", None)
-    return data
-
-
-def _fill(template: Any, **values: str) -> Any:
-    """``template`` with ``{key}`` placeholders in every string replaced."""
-    if isinstance(template, str):
-        for k, v in values.items():
-            template = template.replace("{" + k + "}", v)
-        return template
-    if isinstance(template, dict):
-        return {k: _fill(v, **values) for k, v in template.items()}
-    if isinstance(template, list):
-        return [_fill(v, **values) for v in template]
-    return template
-
-
-def _stamp(dt: datetime) -> str:
-    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.000-00:00")
-
-
-def _matches(item: dict[str, Any], flt: str) -> bool:
-    """A subset of the Compute Engine list filter: ``labels.k:*``, ``field = "v"``, ``insertTime >= "t"``."""
-    for term in FILTER_TERM.finditer(flt):
-        name, op, value = term["field"], term["op"], term["value"]
-        if name.startswith("labels."):
-            labels = item.get("labels", {})
-            key = name.removeprefix("labels.")
-            if op == ":" and value == "*":
-                if key not in labels:
-                    return False
-            elif labels.get(key) != value:
-                return False
-        elif op == ">=":
-            if datetime.fromisoformat(str(item.get(name))) < datetime.fromisoformat(value.replace("Z", "+00:00")):
-                return False
-        elif str(item.get(name, "")) != value:
-            return False
-    return True
-
-
-@dataclass
-class FakeCompute:
-    """State of one fake project: instances and operations by zone, inserts received, injected failures.
-
-    ``insert_failures`` are consumed one per insert: ``op:<name>`` fails the insert's operation with
-    ``provider_errors.json``'s operation error ``<name>``; ``http:<name>`` answers the insert with that HTTP
-    error body. ``hold_operations``: operations stay RUNNING (the client's wait times out).
-    """
-
-    url: str = ""
-    instances: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    operations: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    request_ids: dict[str, tuple[str, str]] = field(default_factory=dict)
-    inserts: list[dict[str, Any]] = field(default_factory=list)
-    requests: list[tuple[str, str, dict[str, list[str]]]] = field(default_factory=list)
-    insert_failures: list[str] = field(default_factory=list)
-    get_failures: list[str] = field(default_factory=list)
-    hold_operations: bool = False
-    clock: datetime = T0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1000))
-    errors: dict[str, Any] = field(default_factory=lambda: _load("provider_errors.json"))
-
-    # -- helpers for tests
-
-    def add_instance(self, zone: str, name: str, body: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
-        raw: dict[str, Any] = _fill(_load("provider_instance.json"), project=PROJECT, zone=zone, name=name)
-        raw.update(body or {})
-        raw.update({"id": str(next(self._ids)), "name": name, "creationTimestamp": _stamp(self.clock)})
-        raw.update(fields)
-        self.instances[(zone, name)] = raw
-        return raw
-
-    def preempt(self, zone: str, name: str, at: datetime, *, delete: bool = True) -> None:
-        """GCP preempts a Spot VM: a ``compute.instances.preempted`` operation, then the instance is
-        deleted (termination action DELETE) or left TERMINATED (STOP)."""
-        with self.lock:
-            raw = self.instances[(zone, name)]
-            op = _fill(_load("provider_preempted_operation.json"), project=PROJECT, zone=zone, name=name, op=name)
-            op.update({"targetId": raw["id"], "insertTime": _stamp(at), "startTime": _stamp(at), "endTime": _stamp(at)})
-            self.operations[(zone, op["name"])] = op
-            if delete:
-                del self.instances[(zone, name)]
-            else:
-                raw.update({"status": "TERMINATED", "lastStopTimestamp": _stamp(at)})
-
-    # -- the API
-
-    def _error(self, kind: str, **values: str) -> tuple[int, dict[str, Any]]:
-        body = _fill(self.errors["http_errors"][kind], project=PROJECT, **values)
-        return int(body["error"]["code"]), body
-
-    def _new_op(self, zone: str, name: str, kind: str, **extra: Any) -> dict[str, Any]:
-        op_name = f"operation-{next(self._ids)}"
-        op: dict[str, Any] = _fill(
-            _load("provider_operation.json"), project=PROJECT, zone=zone, name=name, op=op_name, type=kind
-        )
-        op.update({"id": str(next(self._ids)), "insertTime": _stamp(self.clock), "startTime": _stamp(self.clock)})
-        op.update(extra)
-        self.operations[(zone, op_name)] = op
-        return op
-
-    def answer(self, method: str, target: str, body: dict[str, Any] | None) -> tuple[int, dict[str, Any]]:
-        parts = urlsplit(target)
-        query = parse_qs(parts.query)
-        path = parts.path
-        flt = query.get("filter", [""])[0]
-        with self.lock:
-            self.requests.append((method, path, query))
-            if (m := INSTANCES.match(path)) and method == "POST":
-                return self._insert(m["zone"], body or {}, query.get("requestId", [""])[0])
-            if (m := INSTANCES.match(path)) and method == "GET":
-                items = [i for (z, _), i in self.instances.items() if z == m["zone"] and _matches(i, flt)]
-                return 200, {"kind": "compute#instanceList", "id": "x", "items": items}
-            if (m := AGGREGATED.match(path)) and method == "GET":
-                scoped: dict[str, Any] = {}
-                for (z, _), i in self.instances.items():
-                    if _matches(i, flt):
-                        scoped.setdefault(f"zones/{z}", {"instances": []})["instances"].append(i)
-                return 200, {"kind": "compute#instanceAggregatedList", "id": "x", "items": scoped}
-            if m := INSTANCE.match(path):
-                zone, name = m["zone"], m["name"]
-                if self.get_failures and method == "GET":
-                    return self._error(self.get_failures.pop(0), zone=zone, name=name)
-                if (zone, name) not in self.instances:
-                    return self._error("not_found", zone=zone, name=name)
-                if method == "GET":
-                    return 200, self.instances[(zone, name)]
-                if method == "DELETE":
-                    del self.instances[(zone, name)]
-                    op = self._new_op(zone, name, "delete")
-                    return 200, op
-            if (m := OPERATION.match(path)) and method == "GET":
-                return self._poll(m["zone"], m["op"])
-            if (m := OPERATIONS.match(path)) and method == "GET":
-                items = [o for (z, _), o in self.operations.items() if z == m["zone"] and _matches(o, flt)]
-                return 200, {"kind": "compute#operationList", "id": "x", "items": items}
-        return 404, {"error": {"code": 404, "message": f"no route {method} {path}"}}
-
-    def _insert(self, zone: str, body: dict[str, Any], request_id: str) -> tuple[int, dict[str, Any]]:
-        name = str(body.get("name", ""))
-        if request_id and request_id in self.request_ids:  # GCP answers a retried request with its operation
-            return 200, self.operations[self.request_ids[request_id]]
-        self.inserts.append(copy.deepcopy(body))
-        failure = self.insert_failures.pop(0) if self.insert_failures else ""
-        if failure.startswith("http:"):
-            return self._error(failure.removeprefix("http:"), zone=zone, name=name)
-        if (zone, name) in self.instances:
-            return self._error("already_exists", zone=zone, name=name)
-        op = self._new_op(zone, name, "insert")
-        if failure.startswith("op:"):
-            op["_fail"] = failure.removeprefix("op:")
-        else:
-            self.add_instance(zone, name, body)
-        if request_id:
-            self.request_ids[request_id] = (zone, op["name"])
-        return 200, op
-
-    def _poll(self, zone: str, op_name: str) -> tuple[int, dict[str, Any]]:
-        op = self.operations.get((zone, op_name))
-        if op is None:
-            return self._error("not_found", zone=zone, name=op_name)
-        if not self.hold_operations and op["status"] != "DONE":
-            op.update({"status": "DONE", "progress": 100, "endTime": _stamp(self.clock)})
-            fail = op.pop("_fail", None)
-            if fail:
-                op.update(_fill(self.errors["operation_errors"][fail], project=PROJECT, zone=zone))
-            name = op["targetLink"].rsplit("/", 1)[-1]
-            if (zone, name) in self.instances and op["operationType"] == "insert":
-                self.instances[(zone, name)]["status"] = "RUNNING"
-        return 200, {k: v for k, v in op.items() if not k.startswith("_")}
-
-    def posts(self) -> int:
-        return sum(1 for method, _, _ in self.requests if method == "POST")
-
-
-def _handler(fake: FakeCompute) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def _serve(self, method: str) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
-            body = json.loads(raw) if raw else None
-            try:
-                status, answer = fake.answer(method, self.path, body)
-            except Exception as exc:  # a bug in the fake: answer 500 (not retried by these calls) and say why
-                logging.getLogger("fake-compute").exception("fake failed")
-                status, answer = 500, {"error": {"code": 500, "message": f"fake failed: {exc!r}"}}
-            data = json.dumps(answer).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json; charset=UTF-8")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            self._serve("GET")
-
-        def do_POST(self) -> None:
-            self._serve("POST")
-
-        def do_DELETE(self) -> None:
-            self._serve("DELETE")
-
-        def log_message(self, format: str, *args: Any) -> None:
-            logging.getLogger("fake-compute").debug(format, *args)
-
-    return Handler
+from tests.providers.gcp_fake import PROJECT, T0, ZONE, ZONE_B, FakeCompute
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeCompute]:
-    state = FakeCompute()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    server.daemon_threads = True
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
-        yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+def fake(fake_compute: FakeCompute) -> FakeCompute:
+    return fake_compute
 
 
 def make_provider(fake: FakeCompute, **overrides: Any) -> GcpProvider:
@@ -339,13 +95,44 @@ def test_is_a_cloud_provider(provider: GcpProvider) -> None:
 
 
 def test_from_settings(fake: FakeCompute) -> None:
-    settings = Settings(gcp_project=PROJECT, gcp_compute_endpoint=fake.url)
+    settings = Settings(
+        gcp_project=PROJECT,
+        gcp_compute_endpoint=fake.url,
+        gcp_zones=[ZONE],
+        gcp_image="projects/my-images/global/images/family/trainer",
+        gcp_network="global/networks/ml",
+        gcp_subnetwork="regions/us-central1/subnetworks/ml-a",
+        gcp_service_account_email="trainer@costopt-demo.iam.gserviceaccount.com",
+        gcp_external_ip=False,
+    )
     credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
-    provider = GcpProvider.from_settings(settings, zones=[ZONE], credentials=credentials, poll_interval_s=0.01)
-    assert provider.project == PROJECT
+    provider = GcpProvider.from_settings(settings, credentials=credentials, poll_interval_s=0.01)
+    assert (provider.project, provider.zones) == (PROJECT, (ZONE,))
     assert provider.launch(spec(), "tok-settings").state is InstanceState.RUNNING
-    with pytest.raises(ValueError, match="needs a project"):
+    body = fake.inserts[0]
+    assert body["disks"][0]["initializeParams"]["sourceImage"] == "projects/my-images/global/images/family/trainer"
+    assert body["networkInterfaces"] == [
+        {"network": "global/networks/ml", "subnetwork": "regions/us-central1/subnetworks/ml-a"}
+    ]  # no accessConfigs: no external IP
+    assert body["serviceAccounts"][0]["email"] == "trainer@costopt-demo.iam.gserviceaccount.com"
+    with pytest.raises(ProviderConfigError, match="COSTOPT_GCP_PROJECT"):
         GcpProvider.from_settings(Settings(gcp_project=None))
+
+
+def test_without_zones_the_zones_of_the_regions_are_read_once_from_the_zones_api(fake: FakeCompute) -> None:
+    settings = Settings(gcp_project=PROJECT, gcp_compute_endpoint=fake.url, gcp_regions=["us-central1"])
+    credentials = AnonymousCredentials()  # type: ignore[no-untyped-call]
+    provider = GcpProvider.from_settings(settings, credentials=credentials, poll_interval_s=0.01)
+    assert provider.zones == () and provider.regions == ("us-central1",)
+
+    inst = provider.launch(spec(zone=""), "tok-regional")  # a regional offer: the region's first zone that is UP
+    assert inst.offer.zone == ZONE
+    provider.interruptions(T0)
+    polled = {p.split("/zones/")[1].split("/")[0] for m, p, _ in fake.requests if p.endswith("/operations")}
+    assert polled == {"us-central1-a", "us-central1-b", "us-central1-c"}  # not the DOWN one, not europe
+    assert fake.zone_lists == 1
+    with pytest.raises(ProviderConfigError, match="COSTOPT_GCP_REGIONS"):
+        provider.launch(spec(zone="europe-west4-a"), "tok-elsewhere")
 
 
 def test_spot_launch_sends_the_documented_request_body(fake: FakeCompute, provider: GcpProvider) -> None:
@@ -427,8 +214,11 @@ def test_offer_without_zone_uses_a_configured_zone_of_its_region(fake: FakeCompu
     provider = make_provider(fake, zones=["europe-west4-a", ZONE_B])
     inst = provider.launch(spec(zone=""), "tok-z")
     assert inst.offer.zone == ZONE_B
-    with pytest.raises(ValueError, match="no configured zone"):
+    with pytest.raises(ProviderConfigError, match="no watched zone"):
         provider.launch(LaunchSpec(OfferKey(Cloud.GCP, "asia-east1", "", "g2-standard-4", Market.SPOT)), "t")
+    with pytest.raises(ProviderConfigError, match="COSTOPT_GCP_ZONES"):
+        provider.launch(spec(zone="us-central1-c"), "t")
+    assert fake.inserts == [fake.inserts[0]]
 
 
 # --------------------------------------------------------------------------- idempotency
@@ -504,9 +294,11 @@ def test_describe_and_list_by_tags(fake: FakeCompute, provider: GcpProvider) -> 
     flt = next(q["filter"][0] for m, p, q in fake.requests if m == "GET" and p.endswith("/instances") and "filter" in q)
     assert f"labels.{TOKEN_LABEL}:*" in flt
 
-    fake.instances[(ZONE, instance_name("tok-a"))]["status"] = "TERMINATED"
+    fake.instances[(ZONE, instance_name("tok-a"))]["status"] = "TERMINATED"  # GCP's word for stopped
+    listed = {i.instance_id: i.state for i in provider.list({})}
+    assert listed == {a.instance_id: InstanceState.STOPPED, b.instance_id: InstanceState.RUNNING}
+    provider.terminate(a.instance_id)  # deleted: it no longer exists
     assert [i.instance_id for i in provider.list({})] == [b.instance_id]
-    assert len(provider.list({}, include_terminated=True)) == 2
 
 
 def test_list_without_zones_uses_the_aggregated_list(fake: FakeCompute) -> None:
@@ -515,6 +307,8 @@ def test_list_without_zones_uses_the_aggregated_list(fake: FakeCompute) -> None:
     found = provider.list({"costopt:epoch": "3"})
     assert [i.offer.zone for i in found] == [ZONE_B]
     assert any(p.endswith("/aggregated/instances") for _, p, _ in fake.requests)
+    assert make_provider(fake, zones=[], regions=["europe-west4"]).list({}) == []  # other regions left out
+    assert fake.zone_lists == 0  # listing needs no zone discovery
 
 
 def test_describe_of_a_bad_id_is_not_found(provider: GcpProvider) -> None:
@@ -529,10 +323,15 @@ def test_describe_of_a_bad_id_is_not_found(provider: GcpProvider) -> None:
         ("STAGING", False, InstanceState.PENDING),
         ("RUNNING", False, InstanceState.RUNNING),
         ("RUNNING", True, InstanceState.RUNNING),
+        ("REPAIRING", False, InstanceState.PENDING),
         ("STOPPING", False, InstanceState.STOPPING),
         ("SUSPENDING", False, InstanceState.STOPPING),
+        ("PENDING_STOP", False, InstanceState.STOPPING),
+        ("DEPROVISIONING", False, InstanceState.STOPPING),
         ("STOPPING", True, InstanceState.PREEMPTED),
-        ("TERMINATED", False, InstanceState.TERMINATED),
+        ("TERMINATED", False, InstanceState.STOPPED),  # GCP's TERMINATED is a stopped VM, not a deleted one
+        ("STOPPED", False, InstanceState.STOPPED),
+        ("SUSPENDED", False, InstanceState.STOPPED),
         ("TERMINATED", True, InstanceState.PREEMPTED),
     ],
 )
@@ -583,10 +382,15 @@ def test_preempted_spot_vm_kept_stopped_is_preempted(fake: FakeCompute, provider
     assert described.terminated_at == T0 + timedelta(minutes=5)
 
 
-def test_spot_vm_stopped_by_the_user_is_terminated(fake: FakeCompute, provider: GcpProvider) -> None:
+def test_spot_vm_stopped_by_the_user_is_stopped_and_still_listed(fake: FakeCompute, provider: GcpProvider) -> None:
     inst = provider.launch(spec(), "tok-user")
     fake.instances[(ZONE, inst.instance_id.split("/")[1])]["status"] = "TERMINATED"
-    assert provider.describe(inst.instance_id).state is InstanceState.TERMINATED
+    stopped = provider.describe(inst.instance_id)
+    assert (stopped.state, stopped.terminated_at) == (InstanceState.STOPPED, None)
+    assert [i.state for i in provider.list({"costopt:job": "job-1"})] == [InstanceState.STOPPED]
+    provider.terminate(inst.instance_id)  # a stopped VM can be deleted
+    with pytest.raises(NotFoundError):
+        provider.describe(inst.instance_id)
 
 
 # --------------------------------------------------------------------------- errors

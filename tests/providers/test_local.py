@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from costopt.agent import contract_env, control
-from costopt.cloud import CloudProvider, InstanceState, LaunchSpec, NotFoundError
+from costopt.cloud import ENDED_RETENTION, CloudProvider, InstanceState, LaunchSpec, NotFoundError
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.settings import PROJECT_ROOT
 from providers.local import InvalidSpec, LocalProvider
@@ -350,3 +350,20 @@ def test_a_migration_fences_the_old_copy_so_two_copies_never_both_write(provider
     old_checkpoints = [r["step"] for r in control.records(uri) if r["event"] == "checkpoint" and r["epoch"] == 1]
     assert max(old_checkpoints) == control.progress(uri, 2).restored_step
     assert control.restore_latest(uri).state["w"] == _example_reference(200)  # type: ignore[union-attr]
+
+
+def test_list_drops_instances_ended_over_an_hour_ago_but_history_keeps_them(tmp_path):
+    offset = [0.0]
+    p = LocalProvider(tmp_path / "state", cwd=tmp_path, grace_seconds=5.0, clock=lambda: time.time() + offset[0])
+    try:
+        done = p.launch(py("pass"), "tok-done")
+        live = p.launch(py(SLEEPER), "tok-live")
+        p.wait(done.instance_id, 20.0)
+        assert [i.instance_id for i in p.list({"suite": "local"})] == [done.instance_id, live.instance_id]
+        offset[0] += ENDED_RETENTION.total_seconds() + 60
+        assert [i.instance_id for i in p.list({"suite": "local"})] == [live.instance_id]
+        assert [i.instance_id for i in p.history({"suite": "local"})] == [done.instance_id, live.instance_id]
+        assert p.describe(done.instance_id).state is InstanceState.TERMINATED
+    finally:
+        p.terminate(live.instance_id)
+        p.close()

@@ -1,0 +1,39 @@
+"""Loopback networking helpers shared by test packages: closed ports, and TLS for local fakes.
+
+azure-core refuses bearer tokens over plain HTTP, so the Azure fakes serve HTTPS with a certificate of a
+throwaway trustme CA that the clients trust via ``connection_verify`` (the CA file).
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from pathlib import Path
+
+import trustme
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (free when this returns; connections to it are refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def closed_port_url() -> str:
+    """``http://127.0.0.1:<port>`` of a port nobody listens on."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+def server_tls(ca: trustme.CA) -> ssl.SSLContext:
+    """A server-side TLS context with a certificate of ``ca`` for 127.0.0.1 and localhost."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1", "localhost").configure_cert(ctx)
+    return ctx
+
+
+def write_ca(ca: trustme.CA, folder: Path) -> str:
+    """``ca``'s certificate written as ``folder/ca.pem`` (for ``connection_verify``); returns the path."""
+    path = folder / "ca.pem"
+    ca.cert_pem.write_to_path(str(path))
+    return str(path)
