@@ -2,6 +2,11 @@
 
 Throughput catalog and hazard model are built once per process (they only change when files or
 registered measurements change; :func:`reset` drops them).
+
+Unavailable offers (recently preempted, or refused at launch for capacity or quota: the cache of
+:mod:`costopt.migration.unavailable`) are left out of plans at the offers' frame, before the planner
+sees it: pass ``unavailable=`` to :func:`offers_at` / :func:`plan_single`. The planners themselves are
+unchanged (they plan on whatever offers they are given).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import pandas as pd
 
 from api.wiring import build_assumptions, build_catalog, build_hazards
 from costopt.domain import Cloud
+from costopt.migration.unavailable import UnavailableOffers
 from costopt.planning.evaluate import OfferTable
 from costopt.planning.model import Assumptions, JobSpec, Objective, Plan
 from costopt.planning.single import plan_job
@@ -53,16 +59,25 @@ def reset() -> None:
 
 
 def offers_at(
-    store: PriceStore, settings: Settings, at: datetime | None, clouds: list[Cloud] | None
+    store: PriceStore,
+    settings: Settings,
+    at: datetime | None,
+    clouds: list[Cloud] | None,
+    *,
+    unavailable: UnavailableOffers | None = None,
 ) -> tuple[Now, pd.DataFrame]:
     """Offers in effect at ``at`` (None: now as the settings' clock defines it), optionally only
-    on some clouds; stale offers are left out."""
+    on some clouds; stale offers are left out, and so are the offers ``unavailable`` holds (marked
+    unavailable at ``at`` when given, else now by the cache's clock: a replay of old prices still
+    avoids what is unavailable today)."""
     if at is not None:
         now = Now(at, "replay")
         frame = store.snapshot_frame(at, cloud=clouds)
     else:
         now = store.resolve_now(settings.clock)
         frame = store.snapshot_frame(None if now.mode == "live" else now.at, cloud=clouds)
+    if unavailable is not None:
+        frame = unavailable.drop_from(frame, at=at).reset_index(drop=True)
     return now, frame
 
 
@@ -75,9 +90,11 @@ def plan_single(
     at: datetime | None = None,
     clouds: list[Cloud] | None = None,
     top: int = 10,
+    unavailable: UnavailableOffers | None = None,
 ) -> tuple[Now, Plan]:
-    """Plan one job over every offer in effect (raises costopt.planning.model.Infeasible)."""
+    """Plan one job over every offer in effect, less those ``unavailable`` holds (raises
+    costopt.planning.model.Infeasible)."""
     inputs = planner_inputs(settings, store)
-    now, frame = offers_at(store, settings, at, clouds)
+    now, frame = offers_at(store, settings, at, clouds, unavailable=unavailable)
     table = OfferTable.from_frame(frame, inputs.hazards)
     return now, plan_job(job, objective, table, inputs.catalog, inputs.assumptions, top=top)

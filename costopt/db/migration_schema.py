@@ -1,4 +1,4 @@
-"""The migrator's tables (migration ``0004``), declared on the one ``metadata`` of :mod:`costopt.db.schema`.
+"""The migrator's tables (migrations ``0004``, ``0005``), on the one ``metadata`` of :mod:`costopt.db.schema`.
 
 ``costopt/db/schema.py`` should import this module at its end (like ``ledger_schema``), so Alembic and
 ``compare_metadata`` see these tables.
@@ -8,15 +8,22 @@
   ``finished``) with the reason of the last change.
 - ``migrations``: one row per move (or recovery) of a job: the persisted state machine. The row says
   where the move is (``state``), the epochs it goes from and to, the idempotency token stored *before*
-  each launch call, the candidate offers and which one is being tried, and why it failed if it did.
+  each launch call, the candidate offers and which one is being tried, and why it failed if it did;
+  ``checkpoint_gb`` (``0005``): the size of the checkpoint the move ships, when the decision gave one
+  (the egress charge of the move).
+- ``migration_copies`` (``0005``): one row per copy of a job (an instance of one epoch) with the facts
+  the ledger bills: launch and end times, why it ended, when it was seen progressing. The facts are
+  written in the same transaction as the state transition that learned them (so they are stable across
+  a crash), then copied to the ledger (an outbox: ``ledger_*`` flags say what the ledger already holds;
+  every ledger write is idempotent by key, so a crash between the write and the flag repeats nothing).
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Index, Integer, String, Table, Text
+from sqlalchemy import Boolean, Column, Index, Integer, String, Table, Text
 
 from costopt.db.schema import metadata
-from costopt.db.types import UtcDateTime
+from costopt.db.types import ExactDecimal, UtcDateTime
 
 migration_jobs = Table(
     "migration_jobs",
@@ -54,5 +61,30 @@ migrations = Table(
     Column("created_at", UtcDateTime(), nullable=False),
     Column("updated_at", UtcDateTime(), nullable=False),
     Column("deadline_at", UtcDateTime(), nullable=True),  # of the current waiting step
+    Column("checkpoint_gb", ExactDecimal(), nullable=True),  # 0005: the egress charge's quantity
     Index("ix_migrations_job_state", "job_id", "state"),
+)
+
+migration_copies = Table(
+    "migration_copies",
+    metadata,
+    Column("interval_key", String(255), primary_key=True),  # the ledger interval's key
+    Column("job_id", String(200), nullable=False),
+    Column("epoch", Integer, nullable=False),
+    Column("instance_id", String(200), nullable=False),
+    Column("provider", String(32), nullable=False),
+    Column("offer", Text, nullable=False),  # JSON OfferKey
+    Column("migration_id", Integer, nullable=True),  # the move/recovery that launched it (None: an orphan)
+    Column("source_offer", Text, nullable=True),  # JSON OfferKey the checkpoint came from (egress)
+    Column("egress_gb", ExactDecimal(), nullable=True),
+    Column("started_at", UtcDateTime(), nullable=False),
+    Column("verified_at", UtcDateTime(), nullable=True),  # first seen progressing
+    Column("ended_at", UtcDateTime(), nullable=True),
+    Column("end_reason", String(32), nullable=True),
+    Column("ledger_opened", Boolean, nullable=False, server_default="0"),
+    Column("ledger_memo", Boolean, nullable=False, server_default="0"),  # restart memo recorded
+    Column("ledger_closed", Boolean, nullable=False, server_default="0"),
+    Column("ledger_error", Text, nullable=True),  # the last failure to record it (retried)
+    Column("updated_at", UtcDateTime(), nullable=False),
+    Index("ix_migration_copies_job_epoch", "job_id", "epoch"),
 )

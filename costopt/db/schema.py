@@ -118,4 +118,5 @@ throughput_measurements = Table(
 """Throughputs users registered or running jobs reported (steps/s); folded over the file's values."""
 
 import costopt.db.ledger_schema  # noqa: E402  (the ledger tables, on this metadata)
-import costopt.db.migration_schema  # noqa: E402, F401  (the migrator tables, on this metadata)
+import costopt.db.migration_schema  # noqa: E402  (the migrator tables, on this metadata)
+import costopt.db.unavailable_schema  # noqa: E402, F401  (the unavailable-offers cache, on this metadata)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import BigInteger, DateTime
+from sqlalchemy import BigInteger, DateTime, Numeric, String
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
@@ -64,3 +65,40 @@ def db_value_to_ns(value: Any) -> int:
     if isinstance(value, datetime):
         return to_epoch_us(value) * 1000
     raise TypeError(f"not a stored timestamp: {value!r}")
+
+
+class ExactDecimal(TypeDecorator[Decimal]):
+    """An exact decimal: ``NUMERIC`` (unconstrained) on PostgreSQL, its text on SQLite.
+
+    Only :class:`~decimal.Decimal` and ``int`` are accepted on the way in: a float is refused (money
+    through a float is a bug); non-finite values are refused too.
+    """
+
+    impl = Numeric()
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(String(64))
+        return dialect.type_descriptor(Numeric(asdecimal=True))
+
+    def process_bind_param(self, value: Decimal | int | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, Decimal | int):
+            raise TypeError(f"ExactDecimal takes Decimal or int, got {type(value).__name__} {value!r}")
+        dec = Decimal(value)
+        if not dec.is_finite():
+            raise ValueError(f"ExactDecimal must be finite, got {dec}")
+        if dialect.name == "sqlite":
+            return str(dec)
+        return dec
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Decimal | None:
+        if value is None:
+            return None
+        if isinstance(value, Decimal):
+            return value
+        if isinstance(value, float):  # a driver that hands back floats would lose digits: refuse
+            raise TypeError(f"ExactDecimal read a float ({value!r}); the column must hold text or NUMERIC")
+        return Decimal(str(value))

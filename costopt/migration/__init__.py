@@ -1,4 +1,5 @@
-"""Migration: the rule that decides whether a running job stays or moves (:mod:`.decision`)."""
+"""Migration: the rule that decides whether a running job stays or moves (:mod:`.decision`), and the
+cache of offers kept out of plans for a while (:mod:`.unavailable`)."""
 
 from costopt.migration.decision import (
     Action,
@@ -14,6 +15,7 @@ from costopt.migration.decision import (
     decide_many,
     egress_matrix,
 )
+from costopt.migration.unavailable import UnavailableEntry, UnavailableOffers
 
 __all__ = [
     "Action",
@@ -24,6 +26,8 @@ __all__ = [
     "OfferQuote",
     "Reason",
     "RunningJob",
+    "UnavailableEntry",
+    "UnavailableOffers",
     "choose",
     "decide",
     "decide_many",

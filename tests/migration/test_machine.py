@@ -4,21 +4,32 @@ recovery after a preemption, resume after a crash at every state, and the reconc
 from __future__ import annotations
 
 import builtins
+import itertools
+import re
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from datetime import datetime
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
 
 from costopt.agent import control
-from costopt.cloud import CapacityError, Instance, InstanceState, Interruption, LaunchSpec
+from costopt.cloud import CapacityError, CloudProvider, Instance, InstanceState, Interruption, LaunchSpec
+from costopt.db.migration_schema import migrations
 from costopt.domain import Cloud, Market, OfferKey
+from costopt.ledger.model import IntervalLine, segment_micro_usd
+from costopt.ledger.prices import StepPrices
+from costopt.ledger.sql import SqlLedger
 from costopt.migration.machine import (
     ALIVE_STATES,
+    TAG_JOB,
     TAG_MANAGED,
+    EndReason,
     JobStatus,
     Kind,
     Migrator,
@@ -26,6 +37,7 @@ from costopt.migration.machine import (
     job_tags,
     reconcile,
 )
+from costopt.planning.model import EgressRates
 from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider
 
@@ -47,6 +59,11 @@ CRASH_POINTS = (
     "enter:terminating_old",
     "enter:done",
 )
+"""The 9 state transitions (the fault-injection points of every move)."""
+LEDGER_POINTS = ("ledger:opened", "ledger:closed")
+"""Right after a ledger write, before its flag is committed (only with a ledger)."""
+AFTER_LAST_COMMIT = ("enter:done", "ledger:closed")
+"""Crash points at which the move is already done: resume() has nothing left to run."""
 
 
 class Crash(Exception):
@@ -114,6 +131,107 @@ def assert_one_copy(mig: Migrator, provider: LocalProvider, job_id: str = "job-1
     assert running[0].tags["costopt-epoch"] == str(job.epoch)
     assert control.current_epoch(job.checkpoint_uri) == job.epoch
     assert reconcile(mig.engine, provider).orphans_terminated == ()
+
+
+# Another region of this machine, so a move there ships its checkpoint (egress).
+OFFER_C = OfferKey(Cloud.LOCAL, "local-2", "local-c", "cpu-1", Market.SPOT)
+USD_PER_HOUR = {OFFER_A: 0.9, OFFER_B: 1.2, OFFER_C: 0.6}
+EGRESS = EgressRates(inter_region={Cloud.LOCAL: 0.05}, internet={Cloud.LOCAL: 0.09})
+PRICED_SINCE = datetime(2020, 1, 1, tzinfo=UTC)
+
+
+def step_prices(offers: Sequence[OfferKey] = tuple(USD_PER_HOUR)) -> StepPrices:
+    """One price per offer, in effect since 2020."""
+    since_ns = int(PRICED_SINCE.timestamp()) * 1_000_000_000
+    return StepPrices(
+        list(offers),
+        [np.array([since_ns], dtype=np.int64) for _ in offers],
+        [np.array([USD_PER_HOUR[o]]) for o in offers],
+        {},
+    )
+
+
+def billed_migrator(engine: Engine, provider: CloudProvider, ledger: SqlLedger | None, **kw: Any) -> Migrator:
+    """A migrator billing into ``ledger`` (None: not billed), with the test egress rates."""
+    return Migrator(
+        engine,
+        provider,
+        checkpoint_timeout=20.0,
+        verify_timeout=20.0,
+        backoff_base=0.01,
+        ledger=ledger,
+        egress=EGRESS,
+        **kw,
+    )
+
+
+def epoch_of(item: IntervalLine | Any) -> int:
+    """The epoch in an interval key (of a ledger line or an interval record)."""
+    key = item.record.interval_key if isinstance(item, IntervalLine) else item.interval_key
+    match = re.search(r":e(\d+):", key)
+    assert match, key
+    return int(match.group(1))
+
+
+def ledger_snapshot(ledger: SqlLedger, job_id: str) -> tuple[Any, ...]:
+    return (
+        [(ln.record, ln.segments, ln.amount_micro_usd) for ln in ledger.intervals(job_id=job_id)],
+        [(c.record.charge_key, c.record.kind, c.record.at, c.amount_micro_usd) for c in ledger.charges(job_id=job_id)],
+    )
+
+
+def assert_ledger_consistent(engine: Engine, ledger: SqlLedger, provider: LocalProvider, job_id: str) -> float:
+    """The job's ledger intervals against the provider's view of its copies: one interval per epoch, no
+    key twice, each interval's bounds the copy's launch and end times (so the billed time is the sum of
+    the copies' lifetimes), only the current copy open, consecutive epochs overlapping only across a
+    move's launch-to-terminate window, and closed intervals priced exactly. Returns the billed seconds."""
+    lines = ledger.intervals(job_id=job_id)
+    keys = [ln.record.interval_key for ln in lines]
+    assert len(keys) == len(set(keys)), keys
+    epochs = sorted(epoch_of(ln) for ln in lines)
+    assert epochs == list(range(1, len(lines) + 1)), epochs  # one interval per epoch, none missing
+    by_epoch = {epoch_of(ln): ln.record for ln in lines}
+
+    instances = {i.instance_id: i for i in provider.list({TAG_JOB: job_id})}
+    assert set(instances) == {r.instance_id for r in by_epoch.values()}  # every copy billed, nothing else
+    now = datetime.now(UTC)
+    billed = lifetimes = 0.0
+    for rec in by_epoch.values():
+        inst = instances[rec.instance_id]
+        assert rec.started_at == inst.launched_at, rec
+        if rec.ended_at is None:
+            assert inst.state in (InstanceState.PENDING, InstanceState.RUNNING), rec
+        else:
+            assert inst.state in (InstanceState.TERMINATED, InstanceState.PREEMPTED), (rec, inst.state)
+            assert rec.ended_at == inst.terminated_at, rec
+        billed += ((rec.ended_at or now) - rec.started_at).total_seconds()
+        lifetimes += ((inst.terminated_at or now) - (inst.launched_at or now)).total_seconds()
+    assert billed == pytest.approx(lifetimes, abs=1e-6)
+    assert sum(r.ended_at is None for r in by_epoch.values()) <= 1
+
+    with engine.connect() as conn:
+        windows = {
+            int(r.to_epoch): (r.created_at, r.updated_at)
+            for r in conn.execute(select(migrations).where(migrations.c.job_id == job_id)).all()
+            if r.state == State.DONE.value
+        }
+    ordered = [by_epoch[e] for e in sorted(by_epoch)]
+    for prev, cur in itertools.pairwise(ordered):
+        assert prev.ended_at is not None
+        if prev.ended_at > cur.started_at:  # the intended overlap: the old copy runs while the new one verifies
+            assert prev.end_reason == EndReason.MOVED.value, (prev, cur)
+            lo, hi = windows[epoch_of(cur)]
+            assert lo <= cur.started_at and prev.ended_at <= hi, (prev, cur, lo, hi)
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 2 :]:  # non-consecutive copies never overlap
+            assert a.ended_at is not None and a.ended_at <= b.started_at, (a, b)
+
+    for ln in lines:
+        if ln.record.ended_at is not None:
+            price = Decimal(repr(USD_PER_HOUR[ln.record.offer]))
+            expected = segment_micro_usd(ln.record.started_at, ln.record.ended_at, price, Decimal(1))
+            assert ln.amount_micro_usd == expected, ln
+    return billed
 
 
 def test_a_registered_job_starts_as_epoch_1_from_scratch(engine: Engine, local: LocalProvider, tmp_path: Path) -> None:
@@ -218,27 +336,33 @@ def test_the_reconciler_terminates_an_orphan_of_a_stale_epoch_and_one_of_no_job(
 def test_a_crash_at_every_state_resumes_to_exactly_one_copy_with_no_orphans_or_second_launch(
     engine: Engine, local: LocalProvider, tmp_path: Path
 ) -> None:
-    """A raised exception at each transition (one move per point, same job), then a fresh migrator's
-    resume(): the move completes, one copy runs, the token launched nothing twice."""
-    mig = started_job(engine, local, tmp_path)
+    """A raised exception at each transition and after each ledger write (one move per point, same job),
+    then a fresh migrator's resume(): the move completes, one copy runs, the token launched nothing
+    twice, and the ledger bills each copy once."""
+    ledger = SqlLedger(engine, step_prices())
+    mig = billed_migrator(engine, local, ledger)
+    mig.register_job("job-1", ENDLESS, str(tmp_path / "ckpt" / "job-1"))
+    assert mig.start("job-1", OFFERS).state is State.DONE
     uri = mig.job("job-1").checkpoint_uri
-    for n, point in enumerate(CRASH_POINTS, start=2):
+    for n, point in enumerate(CRASH_POINTS + LEDGER_POINTS, start=2):
 
         def hook(p: str, point: str = point) -> None:
             if p == point:
                 raise Crash(p)
 
-        crashing = make_migrator(engine, local, hook=hook)
+        crashing = billed_migrator(engine, local, ledger, hook=hook)
         with pytest.raises(Crash):
             crashing.move("job-1", OFFERS)
-        resumed = make_migrator(engine, local, hook=lambda p: None).resume("job-1")
-        if point == "enter:done":
-            assert resumed == []  # the crash came after the last commit
+        resumed = billed_migrator(engine, local, ledger, hook=lambda p: None).resume("job-1")
+        if point in AFTER_LAST_COMMIT:
+            assert resumed == [], point  # the crash came after the last commit
         else:
             assert [r.state for r in resumed] == [State.DONE], point
         assert mig.job("job-1").epoch == n, point
         assert len(local.list({"costopt-job": "job-1", "costopt-epoch": str(n)})) == 1, point
         assert_one_copy(mig, local)
+        assert_ledger_consistent(engine, ledger, local, "job-1")
+        assert len(ledger.intervals(job_id="job-1")) == n, point
     audit = control.audit_job(uri)
     assert audit.checkpoints_monotonic and audit.repeated_steps == 0, audit.problems
 
