@@ -1,28 +1,64 @@
-"""APScheduler 3.x jobs: one interval job per price source.
+"""APScheduler 3.x jobs: price collection, and the migrator's reconciler and interruption watcher.
 
-Each job has ``max_instances=1`` (a slow fetch never overlaps itself) and ``coalesce=True`` (missed
-runs collapse into one). A source that keeps failing backs off: a run is skipped while the time
-since its last attempt is shorter than :func:`pricing.collect.backoff_delay`.
+- **Price jobs** (:func:`add_price_jobs`): one interval job per source (``collect:<source>``). A source
+  that keeps failing backs off: a run is skipped while the time since its last attempt is shorter
+  than :func:`pricing.collect.backoff_delay`.
+- **Migration jobs** (:func:`add_migration_jobs`, on a :class:`MigrationJobs`): ``migration:reconcile``
+  every ``reconcile_interval`` (default 5 min) lists every configured provider's instances, terminates
+  orphans and marks jobs whose instance vanished for recovery (its first run, at start, also resumes
+  the migrations a crash left active); ``migration:watch`` every ``watch_interval`` (default 5 s) runs
+  one :meth:`InterruptionWatcher.poll` per provider (notices -> checkpoint requests, preemptions and
+  marked jobs -> recoveries).
+
+Every job has ``max_instances=1`` (a slow run never overlaps itself) and ``coalesce=True`` (missed
+runs collapse into one). A failing provider is logged and skipped, the other providers still run, and
+an exception never stops the scheduler (APScheduler logs it and runs the job again at its next time).
+The two migration jobs take one lock, so a reconciler pass never sees a recovery half done.
+
+:func:`build_scheduler` builds a scheduler with price jobs, migration jobs or both.
 """
 
 from __future__ import annotations
 
+import builtins
 import logging
 import signal
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+from apscheduler.job import Job
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
+from sqlalchemy import Engine, select
 
 from api.wiring import source_intervals
+from costopt.cloud import CloudProvider, Instance, InstanceState, Interruption, LaunchSpec
+from costopt.db.migration_schema import migration_jobs
+from costopt.domain import Cloud, Market, OfferKey
+from costopt.migration.machine import JobRecord, Migrator, ReconcileReport, reconcile
+from costopt.migration.unavailable import UnavailableOffers
+from costopt.migration.watch import InterruptionWatcher, OffersFor, WatchReport
 from costopt.settings import Settings
 from pricing.base import PriceSource
 from pricing.collect import backoff_delay, run_source
 from pricing.store import PriceStore
 
 log = logging.getLogger("costopt.scheduler")
+
+RECONCILE_JOB_ID = "migration:reconcile"
+WATCH_JOB_ID = "migration:watch"
+DEFAULT_RECONCILE_INTERVAL = timedelta(minutes=5)
+DEFAULT_WATCH_INTERVAL = timedelta(seconds=5)
+
+
+def new_scheduler() -> BackgroundScheduler:
+    """An empty scheduler (not started), UTC, every job ``max_instances=1`` and ``coalesce=True``."""
+    return BackgroundScheduler(timezone=UTC, job_defaults={"max_instances": 1, "coalesce": True})
+
+
+# -- price collection -------------------------------------------------------------------------------
 
 
 def _job(store: PriceStore, source: PriceSource, interval: timedelta) -> None:
@@ -41,23 +77,236 @@ def _job(store: PriceStore, source: PriceSource, interval: timedelta) -> None:
     run_source(store, source)
 
 
-def build_scheduler(store: PriceStore, sources: Sequence[PriceSource], settings: Settings) -> BackgroundScheduler:
-    """A scheduler (not started) with one job per source, first run right away."""
-    scheduler = BackgroundScheduler(timezone=UTC, job_defaults={"max_instances": 1, "coalesce": True})
+def add_price_jobs(
+    scheduler: BackgroundScheduler, store: PriceStore, sources: Sequence[PriceSource], settings: Settings
+) -> list[Job]:
+    """One interval job per source (``collect:<name>``), first run right away."""
     intervals = source_intervals(settings)
+    added = []
     for source in sources:
         seconds = intervals.get(source.name, 3600.0)
-        scheduler.add_job(
-            _job,
-            IntervalTrigger(seconds=seconds, timezone=UTC),
-            args=[store, source, timedelta(seconds=seconds)],
-            id=f"collect:{source.name}",
-            name=f"collect prices from {source.name}",
-            next_run_time=datetime.now(UTC),
-            max_instances=1,
-            coalesce=True,
-            misfire_grace_time=int(seconds),
+        added.append(
+            scheduler.add_job(
+                _job,
+                IntervalTrigger(seconds=seconds, timezone=UTC),
+                args=[store, source, timedelta(seconds=seconds)],
+                id=f"collect:{source.name}",
+                name=f"collect prices from {source.name}",
+                next_run_time=datetime.now(UTC),
+                max_instances=1,
+                coalesce=True,
+                misfire_grace_time=int(seconds),
+            )
         )
+    return added
+
+
+# -- migration ------------------------------------------------------------------------------------
+
+
+class _OwnJobsView:
+    """``provider`` as one reconciler pass should see it when several providers share the database.
+
+    :func:`costopt.migration.machine.reconcile` describes the instance of *every* running job with the
+    provider it is given, so a job on another cloud would look vanished. Here ``describe`` of an
+    instance that belongs to a job of another provider answers ``running`` (that job is left to its own
+    provider's pass); everything else goes to ``provider``.
+    """
+
+    def __init__(self, provider: CloudProvider, engine: Engine) -> None:
+        self.inner = provider
+        self.engine = engine
+        self.name = provider.name
+
+    def _foreign_job(self, instance_id: str) -> JobRecord | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(migration_jobs).where(
+                    migration_jobs.c.instance_id == instance_id, migration_jobs.c.provider != self.name
+                )
+            ).first()
+        return None if row is None else JobRecord.of(row)
+
+    def describe(self, instance_id: str) -> Instance:
+        job = self._foreign_job(instance_id)
+        if job is None:
+            return self.inner.describe(instance_id)
+        offer = job.offer or OfferKey(Cloud.SIM, "", "", "", Market.SPOT)
+        return Instance(instance_id=instance_id, offer=offer, state=InstanceState.RUNNING, tags={})
+
+    def launch(self, spec: LaunchSpec, idempotency_token: str) -> Instance:
+        return self.inner.launch(spec, idempotency_token)
+
+    def terminate(self, instance_id: str) -> None:
+        self.inner.terminate(instance_id)
+
+    def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
+        return self.inner.list(tags)
+
+    def interruptions(self, since: datetime) -> builtins.list[Interruption]:
+        return self.inner.interruptions(since)
+
+
+def _provider_clock(provider: CloudProvider) -> Callable[[], datetime] | None:
+    """The provider's own clock when it has one (the simulated cloud's ``now``), else None (wall)."""
+    now = getattr(provider, "now", None)
+    return now if callable(now) else None
+
+
+class MigrationJobs:
+    """What the migration jobs run on: one database, the configured providers (one migrator and one
+    :class:`InterruptionWatcher` each), and their intervals.
+
+    - ``providers``: the providers (e.g. ``providers.factory.build_providers(settings)``, a mapping by
+      cloud, or any iterable); their names must differ;
+    - ``offers_for(job)``: candidate offers for a recovery, best first;
+    - ``unavailable``: the unavailable-offers cache (default: one on ``engine``);
+    - ``make_migrator``: builds the migrator of a provider (default ``Migrator(engine, provider,
+      unavailable=unavailable)``, not billed: give one with the service's ledger to bill copies);
+    - ``watch_overlap``: how far back each watcher re-reads before its last pass;
+    - ``resume_on_start``: the first reconciler pass resumes every migration left active (by a crash).
+      Assumes one service process drives migrations per database.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        providers: Mapping[Any, CloudProvider] | Iterable[CloudProvider],
+        offers_for: OffersFor,
+        *,
+        unavailable: UnavailableOffers | None = None,
+        make_migrator: Callable[[Engine, CloudProvider], Migrator] | None = None,
+        reconcile_interval: timedelta = DEFAULT_RECONCILE_INTERVAL,
+        watch_interval: timedelta = DEFAULT_WATCH_INTERVAL,
+        watch_overlap: timedelta = timedelta(minutes=10),
+        resume_on_start: bool = True,
+    ) -> None:
+        if reconcile_interval <= timedelta(0) or watch_interval <= timedelta(0):
+            raise ValueError(f"intervals must be positive (reconcile {reconcile_interval}, watch {watch_interval})")
+        items = list(providers.values()) if isinstance(providers, Mapping) else list(providers)
+        if not items:
+            raise ValueError("no provider configured: the migration jobs need at least one")
+        self.providers: dict[str, CloudProvider] = {}
+        for p in items:
+            if p.name in self.providers:
+                raise ValueError(f"two providers are named {p.name!r}: jobs are kept per provider name")
+            self.providers[p.name] = p
+        self.engine = engine
+        self.unavailable = unavailable if unavailable is not None else UnavailableOffers(engine)
+        build = make_migrator or (lambda eng, prov: Migrator(eng, prov, unavailable=self.unavailable))
+        self.migrators = {name: build(engine, p) for name, p in self.providers.items()}
+        self.watchers = {
+            name: InterruptionWatcher(
+                m, offers_for, unavailable=self.unavailable, overlap=watch_overlap, clock=_provider_clock(m.provider)
+            )
+            for name, m in self.migrators.items()
+        }
+        self.reconcile_interval = reconcile_interval
+        self.watch_interval = watch_interval
+        self.resume_on_start = resume_on_start
+        self.lock = threading.Lock()
+        self._started = False
+
+    def reconcile(self) -> dict[str, ReconcileReport]:
+        """One reconciler pass over every provider (a failing provider is logged and skipped)."""
+        out: dict[str, ReconcileReport] = {}
+        with self.lock:
+            first, self._started = not self._started, True
+            for name, migrator in self.migrators.items():
+                try:
+                    if first and self.resume_on_start:
+                        for rec in migrator.resume():
+                            log.warning("resumed migration %d of job %s: %s", rec.id, rec.job_id, rec.state.value)
+                    report = reconcile(
+                        self.engine,
+                        _OwnJobsView(migrator.provider, self.engine),
+                        ledger=migrator.ledger,
+                        unavailable=migrator.unavailable or self.unavailable,
+                        egress=migrator.egress,
+                    )
+                except Exception:
+                    log.exception("reconciler: provider %s failed; the other providers go on", name)
+                    continue
+                if report.orphans_terminated or report.marked_for_recovery or report.finished:
+                    log.warning(
+                        "reconciler %s: orphans terminated %s, marked for recovery %s, finished %s",
+                        name,
+                        list(report.orphans_terminated),
+                        list(report.marked_for_recovery),
+                        list(report.finished),
+                    )
+                out[name] = report
+        return out
+
+    def watch(self) -> dict[str, WatchReport]:
+        """One interruption-watcher pass per provider (a failing provider is logged and skipped)."""
+        out: dict[str, WatchReport] = {}
+        with self.lock:
+            for name, watcher in self.watchers.items():
+                try:
+                    out[name] = watcher.poll()
+                except Exception:
+                    log.exception("interruption watcher: provider %s failed; the other providers go on", name)
+        return out
+
+
+def reconcile_job(jobs: MigrationJobs) -> None:
+    """The ``migration:reconcile`` job (never raises: errors are logged)."""
+    try:
+        jobs.reconcile()
+    except Exception:
+        log.exception("reconciler pass failed")
+
+
+def watch_job(jobs: MigrationJobs) -> None:
+    """The ``migration:watch`` job (never raises: errors are logged)."""
+    try:
+        jobs.watch()
+    except Exception:
+        log.exception("interruption watcher pass failed")
+
+
+def add_migration_jobs(scheduler: BackgroundScheduler, jobs: MigrationJobs) -> list[Job]:
+    """``migration:reconcile`` and ``migration:watch``, first runs right away."""
+    now = datetime.now(UTC)
+    out = []
+    for job_id, func, interval, name in (
+        (RECONCILE_JOB_ID, reconcile_job, jobs.reconcile_interval, "reconcile instances with jobs"),
+        (WATCH_JOB_ID, watch_job, jobs.watch_interval, "react to preemption notices and preemptions"),
+    ):
+        seconds = interval.total_seconds()
+        out.append(
+            scheduler.add_job(
+                func,
+                IntervalTrigger(seconds=seconds, timezone=UTC),
+                args=[jobs],
+                id=job_id,
+                name=name,
+                next_run_time=now,
+                max_instances=1,
+                coalesce=True,
+                misfire_grace_time=max(1, int(seconds)),
+            )
+        )
+    return out
+
+
+def build_scheduler(
+    store: PriceStore | None = None,
+    sources: Sequence[PriceSource] = (),
+    settings: Settings | None = None,
+    *,
+    migration: MigrationJobs | None = None,
+) -> BackgroundScheduler:
+    """A scheduler (not started) with the price jobs (``store`` and ``sources`` given; ``settings`` for
+    their intervals), the migration jobs (``migration`` given), or both."""
+    scheduler = new_scheduler()
+    if store is not None and sources:
+        if settings is None:
+            raise ValueError("price jobs need the settings (their intervals): pass settings=")
+        add_price_jobs(scheduler, store, sources, settings)
+    if migration is not None:
+        add_migration_jobs(scheduler, migration)
     return scheduler
 
 

@@ -1,51 +1,101 @@
-"""The engine of ``costopt drill``: run a user's training script through forced moves and preemptions.
+"""The engine of ``costopt drill``: run a user's training script through moves and preemptions.
 
-:func:`drill` registers the script as a job, starts it with the ``local`` provider, then alternates
-forced migrations (:meth:`Migrator.move`: checkpoint request, launch of a new epoch, fencing,
-verification, termination of the old copy) and preemptions (:meth:`LocalProvider.preempt` with a
-notice, then :meth:`Migrator.recover` from the last checkpoint), each once the current copy is
-progressing. It waits for the job to finish, reconciles (orphans are counted and terminated), and
-audits the job's progress logs (:func:`costopt.agent.control.audit_job`): did it do exactly the steps it
-asked for, none lost, none counted twice?
+:func:`drill` registers the script as a job and runs it for real, as processes on this machine (only
+running the script can tell whether its checkpointing is sound), on one of two clouds:
 
-The CLI (``costopt drill --command ... --moves 5 --preemptions 5 [--provider local|sim] [--format
-json]``) prints :meth:`DrillReport.to_dict`.
+- ``local`` (:class:`providers.local.LocalProvider`): forced events, each once the current copy is
+  progressing, alternating migrations (:meth:`Migrator.move`: checkpoint request, launch of a new
+  epoch, fencing, verification, termination of the old copy) and preemptions
+  (:meth:`LocalProvider.preempt`: a notice, then a kill at its deadline);
+- ``sim`` (:class:`SimulatedMarket`): the simulated cloud's market (:class:`providers.sim.SimCloud`)
+  decides, on a compressed clock (``time_scale`` simulated seconds per second), *when* each copy is
+  preempted (seeded Poisson reclaims per offer, mean ``preemption_every`` seconds; at any moment:
+  booting, restoring, mid-checkpoint, mid-migration), the notice each cloud gives first (AWS 2 min,
+  GCP and Azure 30 s, scaled down likewise), and which launches fail for lack of capacity (seeded,
+  probability ``launch_failure``: the migrator must go on to the next offer). Forced moves happen
+  as with ``local``, until ``preemptions`` copies have been preempted.
+
+In both, every recovery after a preemption goes through the :class:`~.watch.InterruptionWatcher` (the
+loop the service runs): the drill never calls ``recover`` itself. It waits for the job to finish,
+reconciles (orphans are counted and terminated), and audits the progress logs
+(:func:`costopt.agent.control.audit_job`): exactly the steps asked for, none lost, none counted twice?
+It also checks that every copy given a notice checkpointed and stopped before it was taken, and that
+every copy ran with the epoch it was launched with (``COSTOPT_EPOCH``: the fencing).
+
+The CLI (``costopt drill --command ... --moves 5 --preemptions 5 [--provider local|sim] [--seed N]
+[--format json]``) prints :meth:`DrillReport.to_dict`.
 """
 
 from __future__ import annotations
 
+import builtins
 import logging
 import shlex
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from costopt.agent import control
+from costopt.cloud import CapacityError, CloudProvider, Instance, Interruption, LaunchSpec
 from costopt.domain import Cloud, Market, OfferKey
-from costopt.migration.machine import ALIVE_STATES, TAG_MANAGED, JobStatus, Migrator, State, reconcile
+from costopt.migration.machine import (
+    ALIVE_STATES,
+    TAG_EPOCH,
+    TAG_JOB,
+    TAG_MANAGED,
+    JobStatus,
+    Migrator,
+    State,
+    reconcile,
+)
+from costopt.migration.unavailable import DEFAULT_TTL, UnavailableOffers
+from costopt.migration.watch import InterruptionWatcher, WatchReport
+
+if TYPE_CHECKING:
+    from providers.local import LocalProvider
+    from providers.sim import SimCloud
 
 log = logging.getLogger("costopt.migration.drill")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_COMMAND = "python examples/train.py --steps 2000 --checkpoint-every 50 --step-seconds 0.01"
+PROVIDERS = ("local", "sim")
+NOTICE_REACTION_SECONDS = 1.0
+"""A copy whose agent never recorded a notice is blamed only if the notice came this long ahead and it
+kept training past that (a shorter notice may simply have been too short to see)."""
 
 LOCAL_OFFERS = (
     OfferKey(Cloud.LOCAL, "local", "local-a", "cpu-1", Market.SPOT),
     OfferKey(Cloud.LOCAL, "local", "local-b", "cpu-1", Market.SPOT),
+    OfferKey(Cloud.LOCAL, "local", "local-c", "cpu-1", Market.SPOT),
 )
+SIM_OFFERS = (
+    OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.SPOT),
+    OfferKey(Cloud.GCP, "us-central1", "us-central1-a", "n1-standard-8", Market.SPOT),
+    OfferKey(Cloud.AZURE, "eastus", "", "Standard_NC6s_v3", Market.SPOT),
+    OfferKey(Cloud.AWS, "us-west-2", "us-west-2b", "p3.2xlarge", Market.SPOT),
+)
+"""Spot offers of three clouds, so notices of both lengths (AWS 2 min, GCP and Azure 30 s) occur."""
 
 
 class DrillError(ValueError):
-    """The drill cannot run as asked (unknown provider, empty command)."""
+    """The drill cannot run as asked (unknown provider, empty command, a parameter out of range)."""
 
 
 @dataclass(frozen=True, slots=True)
 class DrillReport:
+    """The verdict. ``ok``: exactly ``steps_requested`` steps, none lost or repeated, every move and
+    preemption asked for happened, no orphan, every notice honoured, every copy on its own epoch.
+    ``problems`` say what was wrong; ``notes`` what happened that is not wrong (a move interrupted by
+    a preemption and tried again, launches refused for capacity)."""
+
     steps_requested: int | None
     steps_done: int
     lost_steps: int
@@ -58,10 +108,17 @@ class DrillReport:
     finished: bool = False
     seconds: float = 0.0
     problems: tuple[str, ...] = field(default_factory=tuple)
+    provider: str = "local"
+    seed: int = 0
+    notices: int = 0
+    recoveries: int = 0
+    launch_failures: int = 0
+    notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["problems"] = list(self.problems)
+        doc["notes"] = list(self.notes)
         return doc
 
 
@@ -69,7 +126,9 @@ def parse_command(command: str | Sequence[str]) -> list[str]:
     """Split a command line; a leading ``python``/``python3`` runs this interpreter (its packages)."""
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     if not argv:
-        raise DrillError("the command is empty")
+        raise DrillError(
+            "the command is empty: give the training command, e.g. --command 'python train.py --steps 500'"
+        )
     if argv[0] in ("python", "python3"):
         argv[0] = sys.executable
     return argv
@@ -85,13 +144,348 @@ def steps_in(argv: Sequence[str]) -> int | None:
     return None
 
 
-def _wait(cond: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() >= end:
-            return False
-        time.sleep(poll)
-    return True
+# -- the simulated market over real processes --------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MarketEvent:
+    """A preemption the market applied to a copy: ``lead`` seconds of notice (0: none)."""
+
+    instance_id: str
+    offer: OfferKey
+    at: datetime
+    lead: float
+
+
+class SimulatedMarket:
+    """A :class:`~costopt.cloud.CloudProvider` whose instances are real processes (``local``) and whose
+    market is the simulated cloud's (:class:`providers.sim.SimCloud`) on a compressed clock.
+
+    - Time: simulated time = start + (wall time since start) x ``time_scale``.
+    - Launch: the simulated cloud launches first and may refuse for lack of capacity (seeded, per
+      offer, probability ``launch_failure``: :class:`~costopt.cloud.CapacityError`); then the local
+      provider starts the process with the same idempotency token.
+    - Preemption: each spot offer has a seeded Poisson process of reclaims (mean ``preemption_every``
+      wall seconds); a copy is taken at its offer's first reclaim after its launch, after a notice of
+      its cloud's lead time (scaled by ``time_scale``; shorter when the reclaim comes sooner after the
+      launch). A background thread applies them to the processes (:meth:`LocalProvider.preempt`) when
+      they come due, whatever the copy is doing. After ``max_preemptions`` applied preemptions the
+      market spares every copy.
+    - ``describe``, ``list``, ``interruptions`` are the processes' (what the job really went through);
+      ``terminate`` stops the process and the simulated instance.
+    """
+
+    name = "sim"
+
+    def __init__(
+        self,
+        local: LocalProvider,
+        offers: Sequence[OfferKey] = SIM_OFFERS,
+        *,
+        seed: int = 0,
+        time_scale: float = 60.0,
+        preemption_every: float = 2.0,
+        launch_failure: float = 0.2,
+        max_preemptions: int | None = None,
+        notice_lead: Mapping[Cloud, timedelta] | None = None,
+        tick_seconds: float = 0.02,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        import numpy as np
+
+        from costopt.ledger.prices import StepPrices
+        from costopt.risk.hazard import HazardModel
+        from providers.sim import DEFAULT_NOTICE_LEAD, SimClock, SimCloud, SimConfig
+
+        if time_scale <= 0 or preemption_every <= 0:
+            raise DrillError(f"time_scale and preemption_every must be > 0, got {time_scale} and {preemption_every}")
+        if not 0.0 <= launch_failure < 1.0:
+            raise DrillError(f"launch_failure is a probability in [0, 1), got {launch_failure}")
+        self.local = local
+        self.offers = tuple(offers)
+        self.time_scale = float(time_scale)
+        self.max_preemptions = max_preemptions
+        self.wall = wall
+        self._wall0 = wall()
+        self.clock = SimClock(datetime.fromtimestamp(self._wall0, UTC))
+        n = len(self.offers)
+        prices = StepPrices(
+            list(self.offers), [np.zeros(1, dtype=np.int64)] * n, [np.ones(1, dtype=np.float64)] * n, {}
+        )
+        rate = 3600.0 / (preemption_every * self.time_scale)  # reclaims per simulated offer-hour
+        config = SimConfig(
+            notice_lead=dict(notice_lead if notice_lead is not None else DEFAULT_NOTICE_LEAD),
+            default_launch_failure=launch_failure,
+        )
+        self.sim: SimCloud = SimCloud(
+            prices, HazardModel(defaults=dict.fromkeys(Cloud, rate)), clock=self.clock, seed=seed, config=config
+        )
+        self._lock = threading.RLock()
+        self._local_of: dict[str, str] = {}  # simulated id -> local id
+        self._sim_of: dict[str, str] = {}  # local id -> simulated id
+        self._offer_of: dict[str, OfferKey] = {}  # local id -> offer
+        self._handled: set[str] = set()  # simulated ids whose notice was applied (or spared)
+        self.applied: list[MarketEvent] = []
+        self.spared = 0
+        self.launch_failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(tick_seconds,), name="sim-market", daemon=True)
+        self._thread.start()
+
+    @property
+    def preemptions(self) -> int:
+        return len(self.applied)
+
+    @property
+    def notices(self) -> int:
+        return sum(1 for e in self.applied if e.lead > 0)
+
+    def _advance(self) -> None:
+        target = self.clock.start + timedelta(seconds=(self.wall() - self._wall0) * self.time_scale)
+        if target > self.clock.now():
+            self.clock.advance_to(target)
+
+    def _run(self, tick_seconds: float) -> None:
+        while not self._stop.wait(tick_seconds):
+            try:
+                self.tick()
+            except Exception:  # a background thread has nobody to raise to: log, keep the market going
+                log.exception("simulated market: a tick failed")
+
+    def tick(self) -> list[MarketEvent]:
+        """Move the simulated clock to now and apply the notices that came due to their processes."""
+        out: list[MarketEvent] = []
+        with self._lock:
+            self._advance()
+            now = self.clock.now()
+            for ev in self.sim.interruptions(self.clock.start):
+                if ev.kind != "notice" or ev.instance_id in self._handled:
+                    continue
+                local_id = self._local_of.get(ev.instance_id)
+                if local_id is None:
+                    continue  # launched but not mapped yet: the next tick applies it
+                self._handled.add(ev.instance_id)
+                if self.max_preemptions is not None and len(self.applied) >= self.max_preemptions:
+                    self.spared += 1
+                    continue
+                deadline = ev.deadline or now
+                lead = max(0.0, (deadline - now).total_seconds() / self.time_scale)
+                taken = self.local.preempt(local_id, lead if lead >= 0.001 else 0.0)
+                if taken is None:
+                    continue  # the process had already ended
+                event = MarketEvent(local_id, self._offer_of[local_id], datetime.fromtimestamp(self.wall(), UTC), lead)
+                self.applied.append(event)
+                out.append(event)
+                log.info("simulated market: preempting %s (%s), %.3f s of notice", local_id, event.offer, lead)
+        return out
+
+    # -- CloudProvider ---------------------------------------------------------------------------
+
+    def launch(self, spec: LaunchSpec, idempotency_token: str) -> Instance:
+        with self._lock:
+            self._advance()
+            try:
+                sim_inst = self.sim.launch(LaunchSpec(offer=spec.offer, tags=dict(spec.tags)), idempotency_token)
+            except CapacityError:
+                self.launch_failures += 1
+                raise
+        try:
+            inst = self.local.launch(spec, idempotency_token)
+        except Exception:
+            with self._lock:
+                self.sim.terminate(sim_inst.instance_id)
+            raise
+        with self._lock:
+            self._local_of[sim_inst.instance_id] = inst.instance_id
+            self._sim_of[inst.instance_id] = sim_inst.instance_id
+            self._offer_of[inst.instance_id] = spec.offer
+        return inst
+
+    def terminate(self, instance_id: str) -> None:
+        with self._lock:
+            sim_id = self._sim_of.get(instance_id)
+            if sim_id is not None:
+                self._advance()
+                self.sim.terminate(sim_id)
+                self._handled.add(sim_id)  # a notice not applied yet never will be
+        self.local.terminate(instance_id)
+
+    def describe(self, instance_id: str) -> Instance:
+        return self.local.describe(instance_id)
+
+    def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
+        return self.local.list(tags)
+
+    def interruptions(self, since: datetime) -> builtins.list[Interruption]:
+        return self.local.interruptions(since)
+
+    def close(self) -> None:
+        """Stop the market's thread (the local provider is closed by its owner)."""
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+
+# -- checks on the progress logs ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Run:
+    run_id: str
+    epoch: int
+    first_at: float
+    pid: int | None = None
+    restored: int = 0
+    steps: list[tuple[int, float]] = field(default_factory=list)
+    checkpoints: list[tuple[int, float]] = field(default_factory=list)
+    noticed_at: float | None = None  # when its agent first saw a preemption notice
+    done: bool = False
+
+
+def _runs(records: Sequence[Mapping[str, Any]]) -> list[_Run]:
+    runs: dict[str, _Run] = {}
+    for rec in records:
+        rid = str(rec.get("run", ""))
+        t = float(rec.get("t", 0.0))
+        run = runs.get(rid)
+        if run is None:
+            run = runs[rid] = _Run(rid, int(rec.get("epoch", 0)), t)
+        run.first_at = min(run.first_at, t)
+        ev = rec.get("event")
+        if ev == "start":
+            run.pid = int(rec["pid"]) if rec.get("pid") is not None else None
+            run.restored = int(rec.get("restored_step") or 0)
+        elif ev == "step":
+            run.steps.append((int(rec["step"]), t))
+        elif ev == "checkpoint":
+            run.checkpoints.append((int(rec["step"]), t))
+        elif ev == "notice" and run.noticed_at is None:
+            run.noticed_at = t
+        elif ev == "done":
+            run.done = True
+    return sorted(runs.values(), key=lambda r: r.first_at)
+
+
+def _owners(instances: Sequence[Instance], pids: Mapping[str, int | None], runs: Sequence[_Run]) -> dict[str, _Run]:
+    """Which run each instance's process was: by pid when the start record names it, else the first
+    run that began after the instance's launch and before the next launch."""
+    by_pid = {r.pid: r for r in runs if r.pid is not None}
+    launched = sorted(
+        (i for i in instances if i.launched_at is not None),
+        key=lambda i: i.launched_at.timestamp() if i.launched_at is not None else 0.0,
+    )
+    owners: dict[str, _Run] = {}
+    taken: set[str] = set()
+    for inst in launched:
+        pid = pids.get(inst.instance_id)
+        if pid is not None and pid in by_pid:
+            owners[inst.instance_id] = by_pid[pid]
+            taken.add(by_pid[pid].run_id)
+    for n, inst in enumerate(launched):
+        if inst.instance_id in owners:
+            continue
+        assert inst.launched_at is not None
+        lo = inst.launched_at.timestamp()
+        nxt = launched[n + 1].launched_at if n + 1 < len(launched) else None
+        hi = nxt.timestamp() if nxt is not None else float("inf")
+        for run in runs:
+            if run.run_id not in taken and lo <= run.first_at < hi:
+                owners[inst.instance_id] = run
+                taken.add(run.run_id)
+                break
+    return owners
+
+
+def check_copies(local: LocalProvider, job_id: str, uri: str, since: datetime) -> list[str]:
+    """What the copies of ``job_id`` did wrong (empty: nothing):
+
+    - a copy launched with epoch E whose agent ran with another epoch (the script does not take its
+      epoch from ``COSTOPT_EPOCH``, so fencing cannot stop stale copies);
+    - a copy given a preemption notice that was taken with steps it had not checkpointed although it
+      could have known: its agent saw the notice and it trained two steps or more after that, or it
+      never looked at a notice given at least :data:`NOTICE_REACTION_SECONDS` ahead and trained past
+      that (the script ignores notices).
+    """
+    instances = local.list({TAG_JOB: job_id})
+    pids = {i.instance_id: local.status(i.instance_id).pid for i in instances}
+    runs = _runs(control.records(uri))
+    owners = _owners(instances, pids, runs)
+    problems: list[str] = []
+    for inst in instances:
+        run = owners.get(inst.instance_id)
+        if run is None:
+            continue
+        launched_as = int(inst.tags.get(TAG_EPOCH, "0"))
+        if run.epoch != launched_as:
+            problems.append(
+                f"copy {inst.instance_id} was launched as epoch {launched_as} (COSTOPT_EPOCH) but its agent ran as "
+                f"epoch {run.epoch}: take the epoch from the environment (Agent.from_env()), or fencing cannot stop "
+                "a stale copy"
+            )
+    for ev in local.interruptions(since):
+        if ev.kind != "notice":
+            continue
+        run = owners.get(ev.instance_id)
+        if run is None or run.done:
+            continue
+        last_step = max((s for s, _ in run.steps), default=run.restored)
+        unsaved = last_step - max([run.restored, *(s for s, _ in run.checkpoints)])
+        if unsaved <= 0:
+            continue
+        if run.noticed_at is not None:
+            # Its agent saw the notice: the script should have checkpointed and stopped at once.
+            after = sum(1 for _, t in run.steps if t > run.noticed_at)
+            if after >= 2:
+                problems.append(
+                    f"copy {ev.instance_id} (epoch {run.epoch}) kept training {after} steps after its agent saw the "
+                    f"preemption notice and was taken with {unsaved} steps not checkpointed: on a notice, "
+                    "checkpoint (agent.should_checkpoint()) and stop (agent.should_stop())"
+                )
+            continue
+        lead = (ev.deadline - ev.noticed_at).total_seconds() if ev.deadline is not None else 0.0
+        late = ev.noticed_at.timestamp() + NOTICE_REACTION_SECONDS
+        after = sum(1 for _, t in run.steps if t > late)
+        if lead >= NOTICE_REACTION_SECONDS and after:
+            problems.append(
+                f"copy {ev.instance_id} (epoch {run.epoch}) never looked at its preemption notice ({lead:.1f} s "
+                f"ahead), kept training {after} steps and was taken with {unsaved} steps not checkpointed: call "
+                "agent.should_checkpoint() every step (it polls the notice) and stop (agent.should_stop())"
+            )
+    return problems
+
+
+# -- the drill ---------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Tally:
+    notices: int = 0
+    recoveries: int = 0
+    failed_recoveries: int = 0
+    failed_in_a_row: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    def add(self, report: WatchReport, *, excused: bool = False) -> None:
+        """Count a watcher pass; ``excused``: the market preempted a copy meanwhile, so a failed
+        recovery is the market's doing, not the script's."""
+        self.notices += len(report.notices)
+        for rec in report.recoveries:
+            if rec.recovered:
+                self.recoveries += 1
+                self.failed_in_a_row = 0
+            else:
+                self.failed_recoveries += 1
+                self.failed_in_a_row = 0 if excused else self.failed_in_a_row + 1
+                self.reasons.append(f"recovery {rec.migration_id} ({rec.cause}) rolled back: {rec.reason}")
+
+
+class _GiveUp(Exception):
+    """The job cannot go on (its recoveries keep failing): stop the drill and report."""
+
+
+def _check(**limits: float) -> None:
+    for name, value in limits.items():
+        if value < 0:
+            raise DrillError(f"{name} must be >= 0, got {value}")
 
 
 def drill(
@@ -103,29 +497,56 @@ def drill(
     steps: int | None = None,
     workdir: str | Path | None = None,
     cwd: str | Path | None = None,
+    seed: int = 0,
     notice_seconds: float = 3.0,
+    time_scale: float = 60.0,
+    preemption_every: float = 2.0,
+    launch_failure: float = 0.2,
     gap_steps: int = 5,
     timeout: float = 600.0,
     event_timeout: float = 60.0,
+    unavailable_seconds: float = 2.0,
+    max_failed_recoveries: int = 5,
 ) -> DrillReport:
     """Run ``command`` (default: the example script) through ``moves`` forced migrations and
-    ``preemptions`` preemptions (alternating), then audit it.
+    ``preemptions`` preemptions on ``provider`` (module docstring), then audit it.
 
     - ``steps``: the steps the script asks for (default: its ``--steps``);
     - ``workdir``: where the database, checkpoints and instances live (default: a temporary directory);
     - ``cwd``: the script's working directory (default: the repository root);
-    - ``notice_seconds``: preemption notice given to the script before it is killed;
+    - ``seed``: the simulated market's seed (``sim``: preemption times, capacity failures);
+    - ``notice_seconds``: ``local``: the notice given before a forced preemption;
+    - ``time_scale``, ``preemption_every``, ``launch_failure``: ``sim``: simulated seconds per second,
+      mean seconds between reclaims of one offer, probability that a launch finds no capacity;
     - ``gap_steps``: steps the current copy must make past its restore point before the next event;
-    - ``timeout``: for the whole drill; ``event_timeout``: for one move or preemption.
+    - ``timeout``: for the whole drill; ``event_timeout``: for one move, preemption or checkpoint;
+    - ``unavailable_seconds``: how long a preempted (or refused) offer is kept out of the candidates;
+    - ``max_failed_recoveries``: the drill gives up after that many failed recoveries in a row.
     """
     from costopt.db.engine import make_engine, migrate
     from providers.local import LocalProvider
 
-    if provider != "local":
-        raise DrillError(f"provider {provider!r} is not supported by the drill yet (only 'local')")
+    if provider not in PROVIDERS:
+        raise DrillError(f"unknown provider {provider!r}: choose one of {', '.join(PROVIDERS)}")
+    _check(
+        moves=moves,
+        preemptions=preemptions,
+        notice_seconds=notice_seconds,
+        gap_steps=gap_steps,
+        timeout=timeout,
+        event_timeout=event_timeout,
+    )
+    if unavailable_seconds <= 0 or time_scale <= 0 or preemption_every <= 0:
+        raise DrillError(
+            "unavailable_seconds, time_scale and preemption_every must be > 0, got "
+            f"{unavailable_seconds}, {time_scale} and {preemption_every}"
+        )
+    if not 0.0 <= launch_failure < 1.0:
+        raise DrillError(f"launch_failure is a probability in [0, 1), got {launch_failure}")
     argv = parse_command(command or DEFAULT_COMMAND)
     steps_requested = steps if steps is not None else steps_in(argv)
     started = time.monotonic()
+    started_at = datetime.now(UTC)
     tmp = None
     if workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="costopt-drill-")
@@ -134,84 +555,169 @@ def drill(
     root.mkdir(parents=True, exist_ok=True)
     engine = make_engine(f"sqlite:///{root / 'drill.db'}")
     migrate(engine)
-    prov = LocalProvider(root / "instances", cwd=cwd or REPO_ROOT, grace_seconds=5.0)
-    mig = Migrator(engine, prov, checkpoint_timeout=event_timeout, verify_timeout=event_timeout)
+    local = LocalProvider(root / "instances", cwd=cwd or REPO_ROOT, grace_seconds=5.0)
+    market: SimulatedMarket | None = None
+    cloud: CloudProvider = local
+    offers: tuple[OfferKey, ...] = LOCAL_OFFERS
+    if provider == "sim":
+        market = SimulatedMarket(
+            local,
+            SIM_OFFERS,
+            seed=seed,
+            time_scale=time_scale,
+            preemption_every=preemption_every,
+            launch_failure=launch_failure,
+            max_preemptions=preemptions,
+        )
+        cloud, offers = market, SIM_OFFERS
+    unavailable = UnavailableOffers(engine, ttl=dict.fromkeys(DEFAULT_TTL, timedelta(seconds=unavailable_seconds)))
+    mig = Migrator(
+        engine, cloud, checkpoint_timeout=event_timeout, verify_timeout=event_timeout, unavailable=unavailable
+    )
+    watcher = InterruptionWatcher(
+        mig,
+        lambda job: offers,
+        unavailable=unavailable,
+        overlap=timedelta(seconds=30),
+        retry_base=0.2,
+        retry_cap=2.0,
+    )
     job_id = f"drill-{uuid.uuid4().hex[:8]}"
     uri = str(root / "checkpoints" / job_id)
     problems: list[str] = []
-    done_moves = done_preemptions = 0
-    orphans = 0
+    notes: list[str] = []
+    tally = _Tally()
+    done_moves = done_preemptions = orphans = 0
+
+    def candidates() -> list[OfferKey]:
+        return unavailable.filter(offers) or list(offers)
+
+    def pump() -> None:
+        """One pass of the interruption watcher (the service's loop)."""
+        before = market.preemptions if market is not None else 0
+        report = watcher.poll()
+        tally.add(report, excused=market is not None and market.preemptions > before)
+        if tally.failed_in_a_row >= max_failed_recoveries:
+            raise _GiveUp(
+                f"{tally.failed_in_a_row} recoveries in a row failed (last: {tally.reasons[-1]}); the job cannot "
+                "restart from its checkpoints"
+            )
+
+    def finished() -> bool:
+        j = mig.job(job_id)
+        return j.status is JobStatus.FINISHED or control.progress(uri, j.epoch).done
+
+    def wait(cond: Callable[[], bool], seconds: float) -> bool:
+        end = min(time.monotonic() + seconds, started + timeout)
+        while True:
+            pump()
+            if cond():
+                return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.05)
+
+    def ready() -> bool:
+        j = mig.job(job_id)
+        if j.status is not JobStatus.RUNNING or mig.active_migration(job_id) is not None:
+            return False
+        p = control.progress(uri, j.epoch)
+        return p.done or p.last_step >= p.restored_step + gap_steps
+
     try:
-        mig.register_job(job_id, argv, uri)
-        first = mig.start(job_id, LOCAL_OFFERS)
-        if first.state is not State.DONE:
-            problems.append(f"the job did not start: {first.reason}")
-        events = []
-        for i in range(max(moves, preemptions)):
-            if i < moves:
-                events.append("move")
-            if i < preemptions:
-                events.append("preempt")
-        for event in events if first.state is State.DONE else []:
-            job = mig.job(job_id)
-
-            def ready(job_id: str = job_id) -> bool:
-                j = mig.job(job_id)
-                p = control.progress(uri, j.epoch)
-                return p.done or p.last_step >= p.restored_step + gap_steps
-
-            if not _wait(ready, event_timeout) or control.progress(uri, job.epoch).done:
-                problems.append(f"the job finished (or stalled) before the {event} it was due")
-                break
-            if event == "move":
-                rec = mig.move(job_id, LOCAL_OFFERS)
-                if rec.state is State.DONE:
-                    done_moves += 1
-                else:
-                    problems.append(f"move {rec.id} rolled back: {rec.reason}")
-                    if mig.job(job_id).status is JobStatus.FINISHED:
-                        break
-                    if mig.job(job_id).status is JobStatus.RECOVERING:
-                        mig.recover(job_id, LOCAL_OFFERS)
-            else:
+        try:
+            mig.register_job(job_id, argv, uri)
+            first = mig.start(job_id, candidates())
+            if first.state is not State.DONE:
+                notes.append(f"the first launch failed ({first.reason}); the watcher retries it")
+            plan: list[str] = []
+            for i in range(max(moves, preemptions)):
+                if i < moves:
+                    plan.append("move")
+                if i < preemptions and market is None:
+                    plan.append("preempt")
+            move_attempts = 0
+            while plan:
+                event = plan.pop(0)
+                if not wait(ready, event_timeout) or finished():
+                    problems.append(f"the job finished (or stalled) before the {event} it was due")
+                    break
+                job = mig.job(job_id)
+                if event == "move":
+                    move_attempts += 1
+                    before = (market.preemptions, market.launch_failures) if market is not None else (0, 0)
+                    rec = mig.move(job_id, candidates())
+                    if rec.state is State.DONE:
+                        done_moves += 1
+                    elif (
+                        market is not None
+                        and (market.preemptions, market.launch_failures) != before
+                        and move_attempts < 4 * moves
+                    ):
+                        # The market's doing (a preemption, no capacity), not the script's: move again.
+                        notes.append(f"move {rec.id} was cut short by the market ({rec.reason}); moving again")
+                        plan.insert(0, "move")
+                    else:
+                        problems.append(f"move {rec.id} rolled back: {rec.reason}")
+                        if mig.job(job_id).status is JobStatus.FINISHED:
+                            break
+                    continue
                 assert job.instance_id is not None
-                prov.preempt(job.instance_id, notice_seconds)
-                prov.wait(job.instance_id, notice_seconds + 10.0)
-                if control.progress(uri, job.epoch).done:
+                local.preempt(job.instance_id, notice_seconds)
+                old_epoch = job.epoch
+
+                def recovered(old_epoch: int = old_epoch) -> bool:
+                    j = mig.job(job_id)
+                    return j.epoch > old_epoch and j.status is JobStatus.RUNNING
+
+                if wait(lambda: recovered() or finished(), notice_seconds + event_timeout) and recovered():
+                    done_preemptions += 1
+                elif finished():
                     problems.append("the job finished during the preemption notice")
                     break
-                rec = mig.recover(job_id, LOCAL_OFFERS)
-                if rec.state is State.DONE:
-                    done_preemptions += 1
                 else:
-                    problems.append(f"recovery {rec.id} rolled back: {rec.reason}")
-        # Let the job run to its end (recovering it if its copy dies on its own).
-        end = started + timeout
-        while time.monotonic() < end:
-            job = mig.job(job_id)
-            if control.progress(uri, job.epoch).done:
-                break
-            report = reconcile(engine, prov)
-            orphans += len(report.orphans_terminated)
-            if mig.job(job_id).status is JobStatus.RECOVERING:
-                problems.append("the job's copy died on its own: recovered")
-                mig.recover(job_id, LOCAL_OFFERS)
-            time.sleep(0.1)
-        else:
-            problems.append(f"the job did not finish within {timeout:g} s")
+                    problems.append(
+                        f"the watcher did not recover the job within {notice_seconds + event_timeout:g} s of the "
+                        f"preemption of {job.instance_id}" + (f" ({tally.reasons[-1]})" if tally.reasons else "")
+                    )
+            if (
+                market is not None
+                and preemptions > 0
+                and not wait(lambda: market.preemptions >= preemptions or finished(), timeout)
+            ):
+                problems.append(f"the drill timed out after {timeout:g} s waiting for {preemptions} preemptions")
+            # Let the job run to its end; the watcher recovers a copy that dies, the reconciler cleans up.
+            last_reconcile = 0.0
+            while not finished():
+                if time.monotonic() >= started + timeout:
+                    problems.append(f"the job did not finish within {timeout:g} s")
+                    break
+                pump()
+                if time.monotonic() - last_reconcile >= 1.0:
+                    orphans += len(reconcile(engine, cloud).orphans_terminated)
+                    last_reconcile = time.monotonic()
+                time.sleep(0.05)
+        except _GiveUp as exc:
+            problems.append(str(exc))
+        if market is not None:
+            market.close()
+            done_preemptions = market.preemptions
+            if market.launch_failures:
+                notes.append(f"{market.launch_failures} launch(es) found no capacity; the next offer was tried")
         job = mig.job(job_id)
-        if job.instance_id is not None:
-            prov.wait(job.instance_id, 30.0)
-        report = reconcile(engine, prov)
-        orphans += len(report.orphans_terminated)
-        alive = [i.instance_id for i in prov.list({TAG_MANAGED: "true"}) if i.state in ALIVE_STATES]
-        if alive:
+        done = finished()
+        if done and job.instance_id is not None:
+            local.wait(job.instance_id, 30.0)
+        orphans += len(reconcile(engine, cloud).orphans_terminated)
+        alive = [i.instance_id for i in local.list({TAG_MANAGED: "true"}) if i.state in ALIVE_STATES]
+        if alive and done:
             problems.append(f"instances still running after the job finished: {alive}")
             orphans += len(alive)
-            for iid in alive:
-                prov.terminate(iid)
+        problems.extend(check_copies(local, job_id, uri, started_at))
         audit = control.audit_job(uri, steps_requested)
-        problems.extend(audit.problems)
+        problems.extend(p for p in audit.problems if p not in problems)
+        if tally.failed_recoveries:
+            notes.append(f"{tally.failed_recoveries} recovery attempt(s) rolled back and were retried")
         ok = (
             audit.ok
             and audit.lost_steps == 0
@@ -220,6 +726,7 @@ def drill(
             and done_moves == moves
             and done_preemptions == preemptions
             and orphans == 0
+            and not problems
         )
         return DrillReport(
             steps_requested=steps_requested,
@@ -234,12 +741,20 @@ def drill(
             finished=audit.finished,
             seconds=round(time.monotonic() - started, 3),
             problems=tuple(problems),
+            provider=provider,
+            seed=seed,
+            notices=market.notices if market is not None else tally.notices,
+            recoveries=tally.recoveries,
+            launch_failures=market.launch_failures if market is not None else 0,
+            notes=tuple(notes),
         )
     finally:
-        for inst in prov.list({TAG_MANAGED: "true"}):
+        if market is not None:
+            market.close()
+        for inst in local.list({TAG_MANAGED: "true"}):
             if inst.state in ALIVE_STATES:
-                prov.terminate(inst.instance_id)
-        prov.close()
+                local.terminate(inst.instance_id)
+        local.close()
         engine.dispose()
         if tmp is not None:
             tmp.cleanup()

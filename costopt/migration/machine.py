@@ -78,7 +78,17 @@ from sqlalchemy.engine import Connection
 from costopt.agent import control
 from costopt.agent.contract import contract_env
 from costopt.agent.errors import StaleEpoch
-from costopt.cloud import CloudError, CloudProvider, Instance, InstanceState, LaunchSpec, NotFoundError
+from costopt.cloud import (
+    ACTIVE_STATES,
+    HELD_STATES,
+    CloudError,
+    CloudProvider,
+    Instance,
+    InstanceState,
+    LaunchSpec,
+    NotFoundError,
+    ProviderConfigError,
+)
 from costopt.db.migration_schema import migration_copies, migration_jobs, migrations
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.errors import CostoptError
@@ -95,7 +105,10 @@ TAG_MANAGED = "costopt-managed"
 TAG_JOB = "costopt-job"
 TAG_EPOCH = "costopt-epoch"
 
-ALIVE_STATES = (InstanceState.PENDING, InstanceState.RUNNING, InstanceState.STOPPING)
+ALIVE_STATES = ACTIVE_STATES
+"""A copy in these states may still run (and write): see :data:`costopt.cloud.ACTIVE_STATES`. A STOPPED
+copy is not alive (the job is recovered elsewhere) but is still terminated as a leftover or an orphan
+(:data:`costopt.cloud.HELD_STATES`): it bills for its disks."""
 
 
 class State(StrEnum):
@@ -1054,7 +1067,7 @@ class Migrator:
     ) -> list[CopyEnd]:
         gone = []
         for inst in self.provider.list({TAG_JOB: job.job_id, TAG_EPOCH: str(epoch)}):
-            if inst.instance_id != keep and inst.state in ALIVE_STATES:
+            if inst.instance_id != keep and inst.state in HELD_STATES:
                 gone.append(self._stop(job, epoch, inst.instance_id, alive_reason=reason))
         return gone
 
@@ -1078,7 +1091,7 @@ class Migrator:
         offer = mig.offers[mig.offer_index]
         try:
             inst = self.provider.launch(self._spec(job, mig, offer), mig.token)
-        except CloudError as exc:
+        except (CloudError, ProviderConfigError) as exc:  # a config error: this offer is outside the provider's area
             reason = f"launch on {offer} failed: {type(exc).__name__}: {exc}"
             log.warning("migration %d: %s", mig.id, reason)
             why = reason_for_launch_error(exc)
@@ -1262,8 +1275,8 @@ def reconcile(
     ends: list[CopyEnd] = []
     orphans: list[str] = []
     for inst in provider.list({TAG_MANAGED: "true"}):
-        if inst.state not in ALIVE_STATES:
-            continue
+        if inst.state not in HELD_STATES:
+            continue  # ended (a preempted copy is the cloud's to remove); a STOPPED one still bills
         job = jobs.get(inst.tags.get(TAG_JOB, ""))
         try:
             epoch = int(inst.tags.get(TAG_EPOCH, "-1"))

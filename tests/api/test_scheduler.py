@@ -1,18 +1,39 @@
-"""The collector schedule: one interval job per source, never overlapping, backing off on failure."""
+"""The schedule: one interval job per price source (never overlapping, backing off on failure), and the
+migration jobs (reconciler, interruption watcher) over every provider, surviving failures."""
 
 from __future__ import annotations
 
+import builtins
+import logging
+import time
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import pytest
 from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy import Engine
 
-from api.scheduler import _job, build_scheduler
+from api.scheduler import (
+    RECONCILE_JOB_ID,
+    WATCH_JOB_ID,
+    MigrationJobs,
+    _job,
+    add_migration_jobs,
+    build_scheduler,
+    new_scheduler,
+    reconcile_job,
+    watch_job,
+)
+from costopt.agent.contract import ENV_CHECKPOINT_URI, ENV_EPOCH, ENV_JOB_ID
+from costopt.cloud import CloudError, Instance, Interruption, LaunchSpec
 from costopt.errors import SourceUnavailable
+from costopt.migration.machine import JobRecord, JobStatus, Kind, Migrator, State, job_tags
 from costopt.settings import Settings
 from pricing.base import FetchResult
 from pricing.store import PriceStore
 from tests.fakes.sources import FakeSource
+from tests.migration.test_watch import OFFERS, Clock, InProcessCloud
 
 
 def test_each_source_gets_one_interval_job_that_never_overlaps_itself(engine: Engine) -> None:
@@ -49,3 +70,167 @@ def test_a_source_that_failed_long_ago_is_tried_again(engine: Engine) -> None:
     _job(store, src, timedelta(hours=1))
     assert src.calls == 1
     assert store.sources()[0].consecutive_failures == 0
+
+
+# -- migration jobs: the reconciler and the interruption watcher --------------------------------------
+
+
+class Flaky:
+    """Wraps a provider: ``interruptions`` and ``list`` raise CloudError while ``failures`` > 0."""
+
+    def __init__(self, inner: InProcessCloud, failures: int) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.failures = failures
+        self.calls = 0
+
+    def _maybe_fail(self) -> None:
+        self.calls += 1
+        if self.failures > 0:
+            self.failures -= 1
+            raise CloudError(f"{self.name} is down")
+
+    def launch(self, spec: LaunchSpec, idempotency_token: str) -> Instance:
+        return self.inner.launch(spec, idempotency_token)
+
+    def terminate(self, instance_id: str) -> None:
+        self.inner.terminate(instance_id)
+
+    def describe(self, instance_id: str) -> Instance:
+        return self.inner.describe(instance_id)
+
+    def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
+        self._maybe_fail()
+        return self.inner.list(tags)
+
+    def interruptions(self, since: datetime) -> builtins.list[Interruption]:
+        self._maybe_fail()
+        return self.inner.interruptions(since)
+
+
+def _cloud(name: str, clock: Clock) -> InProcessCloud:
+    cloud = InProcessCloud(clock, prefix=f"{name}-")  # instance ids differ between clouds
+    cloud.name = name
+    return cloud
+
+
+def _started(engine: Engine, cloud: object, job_id: str, tmp_path: Path) -> JobRecord:
+    mig = Migrator(engine, cloud, backoff_base=0.001)  # type: ignore[arg-type]
+    mig.register_job(job_id, ["train"], str(tmp_path / "ckpt" / job_id))
+    assert mig.start(job_id, OFFERS).state is State.DONE
+    return mig.job(job_id)
+
+
+def _jobs(engine: Engine, providers: list[object], **kw: object) -> MigrationJobs:
+    return MigrationJobs(engine, providers, lambda job: OFFERS, **kw)  # type: ignore[arg-type]
+
+
+def test_a_scheduler_holds_price_jobs_migration_jobs_or_both(engine: Engine) -> None:
+    store = PriceStore(engine)
+    sources = [FakeSource("aws-spot")]
+    migration = _jobs(engine, [_cloud("a", Clock())])
+    price_only = {j.id for j in build_scheduler(store, sources, Settings()).get_jobs()}
+    migration_only = {j.id for j in build_scheduler(migration=migration).get_jobs()}
+    both = {j.id for j in build_scheduler(store, sources, Settings(), migration=migration).get_jobs()}
+    assert price_only == {"collect:aws-spot"}
+    assert migration_only == {RECONCILE_JOB_ID, WATCH_JOB_ID} == {"migration:reconcile", "migration:watch"}
+    assert both == price_only | migration_only
+    with pytest.raises(ValueError, match="settings"):
+        build_scheduler(store, sources)
+
+
+def test_the_reconciler_runs_every_few_minutes_and_the_watcher_every_few_seconds_never_overlapping(
+    engine: Engine,
+) -> None:
+    sched = new_scheduler()
+    added = add_migration_jobs(sched, _jobs(engine, [_cloud("a", Clock())]))
+    jobs = {j.id: j for j in added}
+    assert jobs[RECONCILE_JOB_ID].trigger.interval == timedelta(minutes=5)
+    assert jobs[WATCH_JOB_ID].trigger.interval == timedelta(seconds=5)
+    for job in jobs.values():
+        assert isinstance(job.trigger, IntervalTrigger)
+        assert job.max_instances == 1 and job.coalesce is True
+    custom = _jobs(engine, [_cloud("a", Clock())], reconcile_interval=timedelta(minutes=2))
+    assert add_migration_jobs(new_scheduler(), custom)[0].trigger.interval == timedelta(minutes=2)
+    with pytest.raises(ValueError, match="two providers"):
+        _jobs(engine, [_cloud("a", Clock()), _cloud("a", Clock())])
+    with pytest.raises(ValueError, match="positive"):
+        _jobs(engine, [_cloud("a", Clock())], watch_interval=timedelta(0))
+
+
+def test_the_reconciler_iterates_every_provider_and_leaves_each_job_to_its_own(engine: Engine, tmp_path: Path) -> None:
+    clock = Clock()
+    a, b = _cloud("a", clock), _cloud("b", clock)
+    job_a = _started(engine, a, "job-a", tmp_path)
+    job_b = _started(engine, b, "job-b", tmp_path)
+    gone = _started(engine, a, "job-gone", tmp_path)
+    assert gone.instance_id is not None
+    del a.instances[gone.instance_id]  # vanished on cloud a
+    orphan = b.launch(LaunchSpec(OFFERS[0], env=dict(job_b_env(tmp_path)), tags=job_tags("nobody", 1)), "tok-x")
+    reports = _jobs(engine, [a, b]).reconcile()
+    assert reports["a"].marked_for_recovery == ("job-gone",)
+    assert reports["b"].orphans_terminated == (orphan.instance_id,)
+    assert reports["b"].marked_for_recovery == ()  # job-a and job-gone live on a, not "vanished" from b
+    mig = Migrator(engine, a)  # type: ignore[arg-type]
+    assert mig.job("job-a").status is JobStatus.RUNNING and mig.job("job-b").status is JobStatus.RUNNING
+    assert (job_a.instance_id, job_b.instance_id) == (mig.job("job-a").instance_id, mig.job("job-b").instance_id)
+
+
+def job_b_env(tmp_path: Path) -> dict[str, str]:
+    return {ENV_JOB_ID: "nobody", ENV_CHECKPOINT_URI: str(tmp_path / "ckpt" / "nobody"), ENV_EPOCH: "1"}
+
+
+def test_the_watcher_job_recovers_a_preempted_job(engine: Engine, tmp_path: Path) -> None:
+    a = _cloud("a", Clock(datetime.now(UTC)))
+    job = _started(engine, a, "job-a", tmp_path)
+    assert job.instance_id is not None
+    a.preempt(job.instance_id, at=datetime.now(UTC))
+    reports = _jobs(engine, [a]).watch()
+    assert [(r.job_id, r.state) for r in reports["a"].recoveries] == [("job-a", "done")]
+
+
+def test_a_failing_provider_is_logged_and_the_others_still_run(
+    engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    now = Clock(datetime.now(UTC))
+    down, up = Flaky(_cloud("down", now), failures=10), _cloud("up", now)
+    job = _started(engine, up, "job-up", tmp_path)
+    assert job.instance_id is not None
+    up.preempt(job.instance_id, at=datetime.now(UTC))
+    jobs = _jobs(engine, [down, up])
+    with caplog.at_level(logging.ERROR, logger="costopt.scheduler"):
+        watched = jobs.watch()
+        reconciled = jobs.reconcile()
+        watch_job(jobs)  # the scheduled forms never raise
+        reconcile_job(jobs)
+    assert set(watched) == {"up"} and [r.state for r in watched["up"].recoveries] == ["done"]
+    assert set(reconciled) == {"up"}
+    assert "provider down failed" in caplog.text
+
+
+def test_the_first_reconciler_pass_resumes_the_migrations_a_crash_left_active(engine: Engine, tmp_path: Path) -> None:
+    a = _cloud("a", Clock())
+    _started(engine, a, "job-a", tmp_path)
+    mig = Migrator(engine, a)  # type: ignore[arg-type]
+    left = mig.plan("job-a", OFFERS, Kind.RECOVER)  # planned, then the process died
+    jobs = _jobs(engine, [a])
+    jobs.reconcile()
+    assert mig.migration(left.id).state is State.DONE and mig.job("job-a").epoch == 2
+    again = mig.plan("job-a", OFFERS, Kind.RECOVER)
+    jobs.reconcile()  # later passes leave active migrations to whoever runs them
+    assert mig.migration(again.id).state is State.PLANNED
+
+
+def test_the_real_scheduler_keeps_running_a_job_that_raised(engine: Engine) -> None:
+    flaky = Flaky(_cloud("a", Clock(datetime.now(UTC))), failures=2)
+    jobs = _jobs(engine, [flaky], watch_interval=timedelta(seconds=0.2), reconcile_interval=timedelta(hours=1))
+    sched = build_scheduler(migration=jobs)
+    sched.start()
+    try:
+        end = time.monotonic() + 10
+        while flaky.calls < 5 and time.monotonic() < end:
+            time.sleep(0.05)
+        assert sched.running
+    finally:
+        sched.shutdown(wait=True)
+    assert flaky.calls >= 5 and flaky.failures == 0  # failed twice (logged), then ran again and again

@@ -8,7 +8,7 @@ import itertools
 import re
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -96,16 +96,6 @@ class FlakyProvider:
 
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         return self.inner.interruptions(since)
-
-
-@pytest.fixture
-def local(tmp_path: Path) -> Iterator[LocalProvider]:
-    prov = LocalProvider(tmp_path / "cloud", cwd=PROJECT_ROOT, grace_seconds=3.0)
-    yield prov
-    for inst in prov.list({}):
-        if inst.state in ALIVE_STATES:
-            prov.terminate(inst.instance_id)
-    prov.close()
 
 
 def make_migrator(engine: Engine, provider: object, **kw: object) -> Migrator:

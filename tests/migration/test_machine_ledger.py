@@ -5,26 +5,22 @@ closed at its end with the provider's times, the moves' egress and memo lines, n
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
-import pytest
 from sqlalchemy import Engine
 
 from costopt.cloud import LaunchSpec
 from costopt.ledger.model import ChargeKind
 from costopt.ledger.sql import SqlLedger
 from costopt.migration.machine import (
-    ALIVE_STATES,
     EndReason,
     JobStatus,
     State,
     interval_key,
     job_tags,
 )
-from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider
 from tests.migration.test_machine import (
     ENDLESS,
@@ -41,16 +37,6 @@ from tests.migration.test_machine import (
     ledger_snapshot,
     step_prices,
 )
-
-
-@pytest.fixture
-def local(tmp_path: Path) -> Iterator[LocalProvider]:
-    prov = LocalProvider(tmp_path / "cloud", cwd=PROJECT_ROOT, grace_seconds=3.0)
-    yield prov
-    for inst in prov.list({}):
-        if inst.state in ALIVE_STATES:
-            prov.terminate(inst.instance_id)
-    prov.close()
 
 
 def test_moves_and_a_recovery_tile_the_jobs_lifetime_one_interval_per_epoch(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -12,14 +11,13 @@ from sqlalchemy import Engine
 
 from costopt.cloud import AuthError, CapacityError, Instance, LaunchSpec, QuotaError
 from costopt.domain import Cloud, Market, OfferKey
-from costopt.migration.machine import ALIVE_STATES, State
+from costopt.migration.machine import State
 from costopt.migration.unavailable import (
     DEFAULT_TTL,
     UnavailableEntry,
     UnavailableOffers,
     reason_for_launch_error,
 )
-from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider
 from tests.migration.test_machine import (
     ENDLESS,
@@ -35,16 +33,6 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 A = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.SPOT)
 B = OfferKey(Cloud.GCP, "us-central1", "", "a2-highgpu-1g", Market.SPOT)
 C = OfferKey(Cloud.AZURE, "eastus", "", "Standard_NC6s_v3", Market.ON_DEMAND)
-
-
-@pytest.fixture
-def local(tmp_path: Path) -> Iterator[LocalProvider]:
-    prov = LocalProvider(tmp_path / "cloud", cwd=PROJECT_ROOT, grace_seconds=3.0)
-    yield prov
-    for inst in prov.list({}):
-        if inst.state in ALIVE_STATES:
-            prov.terminate(inst.instance_id)
-    prov.close()
 
 
 def test_default_ttls_are_the_documented_ones() -> None:
