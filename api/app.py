@@ -28,11 +28,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             seed_if_empty(store, settings)
         app.state.store = store
         scheduler = None
-        if settings.collectors_enabled:
+        if settings.collectors_enabled or settings.migration_jobs_enabled:
             from api.scheduler import build_scheduler
+            from api.wiring import build_migration_jobs
 
-            scheduler = build_scheduler(store, build_sources(settings), settings)
+            scheduler = build_scheduler(
+                store,
+                build_sources(settings) if settings.collectors_enabled else (),
+                settings,
+                migration=build_migration_jobs(settings, store) if settings.migration_jobs_enabled else None,
+            )
             scheduler.start()
+        app.state.scheduler = scheduler
         try:
             yield
         finally:

@@ -7,6 +7,7 @@ Nothing below api/ reads settings; this module hands each component plain values
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,8 @@ from pricing.base import PriceSource
 from pricing.store import PriceStore
 
 if TYPE_CHECKING:
+    from api.scheduler import MigrationJobs
+    from costopt.migration.unavailable import UnavailableOffers
     from costopt.planning.model import Assumptions
     from costopt.risk.hazard import HazardModel
     from costopt.throughput.catalog import ThroughputCatalog
@@ -168,3 +171,44 @@ def build_cloud_providers(settings: Settings, store: PriceStore | None = None) -
     """Every provider the service uses (``settings.provider``, then ``settings.providers``), by cloud: what
     the reconciler sweeps. The simulated cloud, when used, runs over ``store``'s prices."""
     return {Cloud(name): build_cloud_provider(settings, store, name=name) for name in settings.all_providers()}
+
+
+def build_unavailable(settings: Settings, engine: Engine) -> UnavailableOffers:
+    """The unavailable-offers cache on ``engine`` with the settings' times to live."""
+    from costopt.migration.unavailable import REASON_CAPACITY, REASON_PREEMPTED, REASON_QUOTA, UnavailableOffers
+
+    return UnavailableOffers(
+        engine,
+        ttl={
+            REASON_PREEMPTED: settings.unavailable_ttl_preempted,
+            REASON_CAPACITY: settings.unavailable_ttl_capacity,
+            REASON_QUOTA: settings.unavailable_ttl_quota,
+        },
+    )
+
+
+def build_migration_jobs(
+    settings: Settings, store: PriceStore, providers: Mapping[Cloud, CloudProvider] | None = None
+) -> MigrationJobs:
+    """The service's reconciler and interruption watcher over every configured provider (None:
+    :func:`build_cloud_providers`): migrators billed to the ledger in the store's database (priced at
+    the store's prices), recoveries on :func:`api.recovery.recovery_offers`."""
+    from api.recovery import recovery_offers_for
+    from api.scheduler import MigrationJobs
+    from costopt.ledger.prices import StorePriceView
+    from costopt.ledger.sql import SqlLedger
+    from costopt.migration.machine import Migrator
+
+    engine = store.engine
+    unavailable = build_unavailable(settings, engine)
+    ledger = SqlLedger(engine, StorePriceView(store))
+    return MigrationJobs(
+        engine,
+        providers if providers is not None else build_cloud_providers(settings, store),
+        recovery_offers_for(store, settings),
+        unavailable=unavailable,
+        make_migrator=lambda eng, prov: Migrator(eng, prov, ledger=ledger, unavailable=unavailable),
+        reconcile_interval=settings.reconcile_interval,
+        watch_interval=settings.interruption_poll_interval,
+        watch_overlap=settings.interruption_overlap,
+    )

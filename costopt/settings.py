@@ -156,6 +156,32 @@ class Settings(BaseSettings):
     seed_on_start: bool = Field(
         default=True, description="Seed an empty store from data_dir and the curated catalog at startup."
     )
+    # Migration jobs of the service (the reconciler and the interruption watcher; docs/migration.md).
+    migration_jobs_enabled: bool = Field(
+        default=False,
+        description="Run the reconciler and the interruption watcher in the service. Off by default: the "
+        "embedded simulated cloud only moves when a backtest or drill advances its clock.",
+    )
+    reconcile_interval: timedelta = Field(
+        default=timedelta(minutes=5), description="How often every provider's instances are reconciled with jobs."
+    )
+    interruption_poll_interval: timedelta = Field(
+        default=timedelta(seconds=5),
+        description="How often preemption notices are polled (the shortest notice, GCP's and Azure's, is 30 s).",
+    )
+    interruption_overlap: timedelta = Field(
+        default=timedelta(minutes=10),
+        description="How far back each poll re-reads before the previous one (events are de-duplicated).",
+    )
+    unavailable_ttl_preempted: timedelta = Field(
+        default=timedelta(hours=1), description="How long a preempted offer is kept out of plans."
+    )
+    unavailable_ttl_capacity: timedelta = Field(
+        default=timedelta(minutes=30), description="How long an offer that had no capacity is kept out of plans."
+    )
+    unavailable_ttl_quota: timedelta = Field(
+        default=timedelta(hours=6), description="How long an offer refused for quota is kept out of plans."
+    )
     # Regions polled per cloud (None = the collector's built-in default list).
     aws_regions: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: list(DEFAULT_AWS_REGIONS),

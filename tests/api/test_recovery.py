@@ -1,0 +1,102 @@
+"""Where the service recovers a job whose copy was lost, and the migration jobs it schedules."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.recovery import recovery_offers
+from api.scheduler import RECONCILE_JOB_ID, WATCH_JOB_ID
+from api.wiring import build_migration_jobs, build_store, seed_catalog
+from costopt.domain import Cloud, Market, OfferKey, PricePoint
+from costopt.migration.machine import JobRecord, JobStatus
+from costopt.migration.unavailable import REASON_CAPACITY, REASON_PREEMPTED, REASON_QUOTA
+from costopt.settings import Settings
+from pricing.store import PriceStore
+
+T0 = datetime(2026, 3, 2, 12, tzinfo=UTC)
+LOST = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.SPOT)
+
+
+def _settings(tmp_path: Path, **kw: object) -> Settings:
+    return Settings(database_url=f"sqlite:///{tmp_path / 'svc.db'}", clock="replay", seed_on_start=False, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> PriceStore:
+    settings = _settings(tmp_path)
+    st = build_store(settings)
+    seed_catalog(st, settings)
+    prices = {
+        LOST: 0.90,
+        OfferKey(Cloud.AWS, "us-east-1", "us-east-1b", "p3.2xlarge", Market.SPOT): 0.80,
+        OfferKey(Cloud.AWS, "us-west-2", "us-west-2a", "p3.2xlarge", Market.SPOT): 0.85,
+        OfferKey(Cloud.AWS, "us-east-1", "", "p3.2xlarge", Market.ON_DEMAND): 3.06,
+        OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.8xlarge", Market.SPOT): 1.00,  # 4 GPUs: not alike
+        OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p2.xlarge", Market.SPOT): 0.30,  # a K80: not alike
+        OfferKey(Cloud.AZURE, "eastus", "", "Standard_NC6s_v3", Market.SPOT): 0.50,  # another cloud
+    }
+    st.write([PricePoint(k, T0 - timedelta(hours=1), p, "test", observed_at=T0) for k, p in prices.items()])
+    return st
+
+
+def job_on(offer: OfferKey | None) -> JobRecord:
+    return JobRecord("job-1", "aws", ("python", "train.py"), {}, "/tmp/ckpt", 3, "i-1", offer, JobStatus.RECOVERING, "")
+
+
+def test_a_job_is_recovered_on_the_same_gpu_cheapest_spot_first_and_its_lost_offer_last(
+    store: PriceStore, tmp_path: Path
+) -> None:
+    got = recovery_offers(store, _settings(tmp_path), job_on(LOST))
+    assert got == [
+        OfferKey(Cloud.AWS, "us-east-1", "us-east-1b", "p3.2xlarge", Market.SPOT),
+        OfferKey(Cloud.AWS, "us-west-2", "us-west-2a", "p3.2xlarge", Market.SPOT),
+        OfferKey(Cloud.AWS, "us-east-1", "", "p3.2xlarge", Market.ON_DEMAND),
+        LOST,
+    ]
+    assert recovery_offers(store, _settings(tmp_path), job_on(LOST), limit=2) == [got[0], LOST]
+
+
+def test_an_offer_without_a_price_is_recovered_in_place_and_no_offer_gives_none(
+    store: PriceStore, tmp_path: Path
+) -> None:
+    here = OfferKey(Cloud.LOCAL, "local", "local-a", "cpu-1", Market.SPOT)
+    assert recovery_offers(store, _settings(tmp_path), job_on(here)) == [here]
+    assert recovery_offers(store, _settings(tmp_path), job_on(None)) == []
+
+
+def test_the_migration_jobs_bill_to_the_ledger_and_keep_the_settings_ttls(store: PriceStore, tmp_path: Path) -> None:
+    settings = _settings(
+        tmp_path,
+        provider="local",
+        local_provider_dir=tmp_path / "local",
+        unavailable_ttl_preempted=timedelta(minutes=7),
+        unavailable_ttl_capacity=timedelta(minutes=8),
+        unavailable_ttl_quota=timedelta(minutes=9),
+        reconcile_interval=timedelta(minutes=2),
+    )
+    jobs = build_migration_jobs(settings, store)
+    assert list(jobs.providers) == ["local"]
+    migrator = jobs.migrators["local"]
+    assert migrator.ledger is not None and migrator.unavailable is jobs.unavailable
+    assert (
+        jobs.unavailable.ttl[REASON_PREEMPTED],
+        jobs.unavailable.ttl[REASON_CAPACITY],
+        jobs.unavailable.ttl[REASON_QUOTA],
+    ) == (timedelta(minutes=7), timedelta(minutes=8), timedelta(minutes=9))
+    assert jobs.reconcile_interval == timedelta(minutes=2)
+
+
+def test_the_service_schedules_the_migration_jobs_only_when_enabled(tmp_path: Path) -> None:
+    base = {"provider": "local", "local_provider_dir": tmp_path / "local", "collectors_enabled": False}
+    with TestClient(create_app(_settings(tmp_path, migration_jobs_enabled=True, **base))) as client:
+        scheduler = client.app.state.scheduler  # type: ignore[attr-defined]
+        ids = {j.id for j in scheduler.get_jobs()}
+        assert {RECONCILE_JOB_ID, WATCH_JOB_ID} <= ids and not any(i.startswith("collect:") for i in ids)
+        assert client.get("/livez").status_code == 200
+    with TestClient(create_app(_settings(tmp_path, **base))) as client:
+        assert client.app.state.scheduler is None  # type: ignore[attr-defined]
