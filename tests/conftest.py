@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,10 @@ def _pg_available() -> bool:
         return False
 
 
-def _postgres_engine() -> Iterator[Engine]:
+@contextmanager
+def pg_schema() -> Iterator[str]:
+    """A PostgreSQL schema of its own (dropped afterwards); skips the test when PostgreSQL is not
+    reachable, fails it under CI (where PostgreSQL is part of the machine)."""
     if not _pg_available():
         if os.environ.get("CI"):
             pytest.fail(f"PostgreSQL is required under CI and not reachable at {PG_ADMIN_URL}")
@@ -45,14 +49,21 @@ def _postgres_engine() -> Iterator[Engine]:
     admin = make_engine(PG_ADMIN_URL)
     with admin.begin() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    eng = make_engine(PG_ADMIN_URL, connect_args={"options": f"-csearch_path={schema}"})
     try:
-        yield eng
+        yield schema
     finally:
-        eng.dispose()
         with admin.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
+
+
+def _postgres_engine() -> Iterator[Engine]:
+    with pg_schema() as schema:
+        eng = make_engine(PG_ADMIN_URL, connect_args={"options": f"-csearch_path={schema}"})
+        try:
+            yield eng
+        finally:
+            eng.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -15,13 +15,11 @@ import select
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
 
 from costopt.agent import control
 from costopt.db.engine import make_engine, migrate
@@ -29,7 +27,7 @@ from costopt.ledger.sql import SqlLedger
 from costopt.migration.machine import ENV_KILL_AT, State
 from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider
-from tests.conftest import PG_ADMIN_URL, _pg_available
+from tests.conftest import PG_ADMIN_URL, pg_schema
 from tests.migration.test_machine import (
     AFTER_LAST_COMMIT,
     CRASH_POINTS,
@@ -158,20 +156,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'costopt.db'}"
         return
-    if not _pg_available():
-        if os.environ.get("CI"):
-            pytest.fail(f"PostgreSQL is required under CI and not reachable at {PG_ADMIN_URL}")
-        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}")
-    schema = f"t_{uuid.uuid4().hex[:12]}"
-    admin = make_engine(PG_ADMIN_URL)
-    with admin.begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    try:
+    with pg_schema() as schema:
         yield f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema}"
-    finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
 
 
 @pytest.mark.slow
