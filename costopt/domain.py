@@ -131,6 +131,10 @@ class OfferKey:
         if not self.region or not self.instance_type:
             raise BadRecord(f"offer key needs a region and an instance type, got {self!r}")
 
+    def __str__(self) -> str:
+        """``cloud/region/zone/instance_type/market`` (zone empty for a regional offer), for messages."""
+        return f"{self.cloud.value}/{self.region}/{self.zone}/{self.instance_type}/{self.market.value}"
+
 
 MAX_SANE_USD_PER_HOUR = 1000.0
 """No GPU instance of any cloud lists above this; a larger price is a bad record."""
