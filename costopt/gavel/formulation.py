@@ -309,3 +309,117 @@ def expand(
     ra, rb = np.concatenate(rows_a), np.concatenate(rows_b)
     pairs = np.stack([np.minimum(ra, rb), np.maximum(ra, rb)], axis=1).astype(np.int64)
     return x, pairs, np.concatenate(fracs)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SlotColumns:
+    """The per-job formulation laid out in job slots (see :class:`costopt.gavel.lp.SlotModels`): slot
+    ``s`` owns columns ``s * k .. s * k + k - 1`` — one per worker type when aware (``k = J``), one with
+    the job's agnostic type mix otherwise (``k = 1``) — whether a job holds it or not, so the sparsity
+    pattern of an LP over these columns depends only on ``n_slots``.
+
+    ``slot``: each job row's slot. ``tput`` (n_slots, k): steps/s of the slot's job per unit of each
+    column, 0 where it cannot run and in empty slots (``usable`` is ``tput > 0``). ``type_mix``
+    (n_slots, k, J): time on each type per unit of a column. ``share_tput`` (jobs): steps/s of a job per
+    unit of equal-share time fraction — a constant of the job and the cluster (its equal-share
+    throughput is ``min(1, C / (n scale_factor))`` times it), so rows scaled by it do not change when
+    other jobs come and go.
+    """
+
+    n_slots: int
+    k: int
+    slot: IntArray
+    tput: FloatArray
+    type_mix: FloatArray
+    scale_factor: FloatArray
+    share_tput: FloatArray
+
+    @property
+    def n(self) -> int:
+        return self.n_slots * self.k
+
+    @property
+    def usable(self) -> npt.NDArray[np.bool_]:
+        out: npt.NDArray[np.bool_] = self.tput > 0
+        return out
+
+    def per_slot(self, values: FloatArray, fill: float = 0.0) -> FloatArray:
+        """Per-job ``values`` placed at their slots (``fill`` in empty ones)."""
+        out = np.full(self.n_slots, fill)
+        out[self.slot] = values
+        return out
+
+    def time_rows(self) -> Triplets:
+        """(n_slots x columns): a job's time, 1 per unit of each column of its slot."""
+        return Triplets(
+            np.repeat(np.arange(self.n_slots, dtype=np.int64), self.k),
+            np.arange(self.n, dtype=np.int64),
+            np.ones(self.n),
+            self.n_slots,
+            self.n,
+        )
+
+    def throughput_rows(self, scale: FloatArray) -> Triplets:
+        """(n_slots x columns): a job's throughput times ``scale`` (per job row)."""
+        vals = (self.tput * self.per_slot(scale)[:, None]).ravel()
+        return Triplets(
+            np.repeat(np.arange(self.n_slots, dtype=np.int64), self.k),
+            np.arange(self.n, dtype=np.int64),
+            vals,
+            self.n_slots,
+            self.n,
+        )
+
+    def capacity_rows(self) -> Triplets:
+        """(types x columns): GPUs of each type held per unit of each column (entries of every type a
+        column of this layout can hold, zeros included, so the pattern does not depend on the jobs)."""
+        nj = self.type_mix.shape[2]
+        gpus = self.type_mix * self.scale_factor[:, None, None]
+        if self.k == nj:  # aware: column (s, j) runs on type j
+            types = np.tile(np.arange(nj, dtype=np.int64), self.n_slots)
+            return Triplets(
+                types, np.arange(self.n, dtype=np.int64), gpus.reshape(-1, nj)[np.arange(self.n), types], nj, self.n
+            )
+        cols = np.repeat(np.arange(self.n, dtype=np.int64), nj)
+        types = np.tile(np.arange(nj, dtype=np.int64), self.n)
+        return Triplets(types, cols, gpus.reshape(-1), nj, self.n)
+
+    def throughput(self, y: FloatArray) -> FloatArray:
+        """Each job's steps/s under column values ``y``."""
+        per: FloatArray = (y.reshape(self.n_slots, self.k) * self.tput).sum(axis=1)[self.slot]
+        return per
+
+    def best_throughput(self) -> FloatArray:
+        """Each job's largest steps/s per unit of one of its columns (an upper bound on its throughput)."""
+        out: FloatArray = self.tput.max(axis=1)[self.slot]
+        return out
+
+    def fractions(self, y: FloatArray) -> FloatArray:
+        """(jobs x types) time fractions of column values ``y`` (below :data:`MIN_FRACTION`: 0)."""
+        y = np.where(y > MIN_FRACTION, y, 0.0).reshape(self.n_slots, self.k)
+        out: FloatArray = np.einsum("sk,skj->sj", y, self.type_mix)[self.slot]
+        return out
+
+
+def slot_columns(state: ClusterState, slot: IntArray, n_slots: int, *, aware: bool) -> SlotColumns:
+    """The columns of ``state``'s jobs at ``slot`` in a layout of ``n_slots`` (see :class:`SlotColumns`)."""
+    nj = state.n_types
+    run = runnable(state)
+    if aware:
+        tput_job = np.where(run, state.throughput, 0.0)
+        mix_job = np.broadcast_to(np.eye(nj), (state.n_jobs, nj, nj))
+        total = float(state.capacity.sum())
+        share = tput_job @ state.capacity / total if total > 0 else np.zeros(state.n_jobs)
+    else:
+        mix = agnostic_mix(state)
+        share = (mix * state.throughput).sum(axis=1)
+        tput_job = share[:, None]
+        mix_job = mix[:, None, :]
+    k = tput_job.shape[1]
+    tput = np.zeros((n_slots, k))
+    tput[slot] = tput_job
+    type_mix = np.zeros((n_slots, k, nj))
+    type_mix[slot] = mix_job
+    sf = np.zeros(n_slots)
+    sf[slot] = state.scale_factor
+    return SlotColumns(n_slots, k, slot, tput, type_mix, sf, share)

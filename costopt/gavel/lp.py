@@ -97,12 +97,43 @@ def assemble(parts: list[tuple[int, int, Triplets]], n_rows: int, n_cols: int) -
     )
 
 
-def _csc(a: Any, n: int) -> tuple[int, IntArray, IntArray, FloatArray]:
-    """(rows, column starts, row indices, values) of ``a`` (Triplets or anything scipy reads)."""
-    if isinstance(a, Triplets):
-        order = np.lexsort((a.rows, a.cols))
+Csc = tuple[int, IntArray, IntArray, FloatArray]
+"""(rows, column starts, row indices, values) of a matrix in compressed columns."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Layout:
+    """Where the entries of one Triplets pattern go in compressed columns (reused while it stays)."""
+
+    rows: IntArray
+    cols: IntArray
+    n_rows: int
+    n_cols: int
+    order: IntArray
+    start: IntArray
+    index: IntArray
+
+    @staticmethod
+    def of(a: Triplets, known: _Layout | None = None) -> _Layout:
+        if (
+            known is not None
+            and (known.n_rows, known.n_cols) == (a.n_rows, a.n_cols)
+            and np.array_equal(known.rows, a.rows)
+            and np.array_equal(known.cols, a.cols)
+        ):
+            return known
+        order = np.argsort(a.cols * max(a.n_rows, 1) + a.rows, kind="stable")  # by column, then row
         start = np.concatenate([[0], np.cumsum(np.bincount(a.cols, minlength=a.n_cols))]).astype(np.int64)
-        return a.n_rows, start, a.rows[order], a.vals[order]
+        return _Layout(a.rows, a.cols, a.n_rows, a.n_cols, order, start, a.rows[order])
+
+    def csc(self, a: Triplets) -> Csc:
+        return self.n_rows, self.start, self.index, a.vals[self.order]
+
+
+def _csc(a: Any) -> Csc:
+    """``a`` (Triplets or anything scipy reads) in compressed columns."""
+    if isinstance(a, Triplets):
+        return _Layout.of(a).csc(a)
     mat = sp.csc_matrix(a, dtype=np.float64)
     return mat.shape[0], mat.indptr.astype(np.int64), mat.indices.astype(np.int64), mat.data
 
@@ -153,13 +184,21 @@ class _Arrays:
     start: IntArray
     index: IntArray
     value: FloatArray
+    _entry_cols: IntArray | None = None
+
+    def entry_cols(self) -> IntArray:
+        """The column of each nonzero."""
+        if self._entry_cols is None:
+            n = self.cost.shape[0]
+            self._entry_cols = np.repeat(np.arange(n, dtype=np.int64), np.diff(self.start))
+        return self._entry_cols
 
     def same_pattern(self, other: _Arrays) -> bool:
         return (
             self.cost.shape == other.cost.shape
             and self.row_lower.shape == other.row_lower.shape
-            and np.array_equal(self.start, other.start)
-            and np.array_equal(self.index, other.index)
+            and (self.start is other.start or np.array_equal(self.start, other.start))
+            and (self.index is other.index or np.array_equal(self.index, other.index))
         )
 
     def highs_lp(self) -> Any:
@@ -189,12 +228,14 @@ def _arrays(
     col_lower: npt.ArrayLike | None,
     col_upper: npt.ArrayLike | None,
     what: str,
+    csc: Csc | None = None,
 ) -> _Arrays:
+    """The LP's arrays; ``csc``: ``a`` already in compressed columns."""
     n = cost.shape[0]
     width = a.n_cols if isinstance(a, Triplets) else a.shape[1]
     if width != n:
         raise SolverFailed(what, "bad input", f"matrix columns do not match the {n} costs")
-    m, start, index, value = _csc(a, n)
+    m, start, index, value = _csc(a) if csc is None else csc
 
     def vec(v: npt.ArrayLike | None, default: float, size: int) -> FloatArray:
         if v is None:
@@ -228,8 +269,8 @@ def _run(h: Any, what: str) -> LPSolution | None:
     raise SolverFailed(what, text, f"{h.getNumRow()} constraints, {h.getNumCol()} variables")
 
 
-def _kept() -> dict[str, tuple[Any, _Arrays]]:
-    kept: dict[str, tuple[Any, _Arrays]] | None = getattr(_local, "kept", None)
+def _kept() -> dict[str, KeptModel]:
+    kept: dict[str, KeptModel] | None = getattr(_local, "kept", None)
     if kept is None:
         kept = {}
         _local.kept = kept
@@ -237,24 +278,212 @@ def _kept() -> dict[str, tuple[Any, _Arrays]]:
 
 
 def forget_kept_models() -> None:
-    """Drop this thread's kept LPs (benchmarks measure cold solves with it)."""
+    """Drop this thread's kept LPs, those of :func:`solve_lp` and of :func:`slot_models` (benchmarks
+    measure cold solves with it)."""
     _local.kept = {}
+    _local.slot_models = {}
 
 
-def _apply_changes(h: Any, old: _Arrays, new: _Arrays) -> None:
-    """Turn the kept model ``old`` into ``new`` (same sparsity pattern) in place."""
-    n, m = new.cost.shape[0], new.row_lower.shape[0]
-    if not np.array_equal(old.cost, new.cost):
-        h.changeColsCost(n, np.arange(n, dtype=np.int32), new.cost)
-    if not (np.array_equal(old.col_lower, new.col_lower) and np.array_equal(old.col_upper, new.col_upper)):
-        h.changeColsBounds(n, np.arange(n, dtype=np.int32), new.col_lower, new.col_upper)
-    if not (np.array_equal(old.row_lower, new.row_lower) and np.array_equal(old.row_upper, new.row_upper)):
-        h.changeRowsBounds(m, np.arange(m, dtype=np.int32), new.row_lower, new.row_upper)
-    diff = np.nonzero(old.value != new.value)[0]
-    if diff.size:
-        cols = np.searchsorted(new.start, diff, side="right") - 1
-        for pos, col in zip(diff.tolist(), cols.tolist(), strict=True):
-            h.changeCoeff(int(new.index[pos]), int(col), float(new.value[pos]))
+class KeptModel:
+    """One LP kept in its own HiGHS instance between solves.
+
+    :meth:`load` replaces the whole LP. When its sparsity pattern is the kept one's, only what differs is
+    sent to HiGHS and the next solve starts from the last basis (dual simplex, usually a few pivots);
+    otherwise (or with ``cold``) the model is passed anew. Costs and coefficients of columns fixed at 0,
+    and coefficients in free rows, cannot change any solution: they are not sent, and the kept values
+    stay (an empty slot of a :class:`SlotModels` layout costs nothing). A cold solve of more than
+    :data:`IPM_ABOVE_NONZEROS` nonzeros uses the interior-point solver (``ipm_when_cold``); re-solves
+    use simplex. A warm solve that ends in numerical trouble is retried once from scratch.
+    """
+
+    def __init__(self, what: str, *, ipm_when_cold: bool = True) -> None:
+        self.what = what
+        self._ipm_when_cold = ipm_when_cold
+        self._h: Any = None
+        self._arr: _Arrays | None = None
+        self._cost: FloatArray = np.zeros(0)
+        self._warm = False
+        self._layout: _Layout | None = None
+
+    def load(
+        self,
+        c: npt.ArrayLike,
+        a: Any,
+        row_lower: npt.ArrayLike,
+        row_upper: npt.ArrayLike,
+        col_lower: npt.ArrayLike | None = None,
+        col_upper: npt.ArrayLike | None = None,
+        *,
+        maximize: bool = False,
+        cold: bool = False,
+    ) -> None:
+        """Make the model ``c @ x`` (maximized or minimized) s.t. ``row_lower <= a @ x <= row_upper`` and
+        ``col_lower <= x <= col_upper`` (default ``0 <= x``), as in :func:`solve_lp`."""
+        cost = np.asarray(c, dtype=np.float64)
+        csc = None
+        if isinstance(a, Triplets):
+            self._layout = _Layout.of(a, self._layout)
+            csc = self._layout.csc(a)
+        arr = _arrays(-cost if maximize else cost, a, row_lower, row_upper, col_lower, col_upper, self.what, csc)
+        self._load(cost, arr, cold)
+
+    def _load(self, cost: FloatArray, arr: _Arrays, cold: bool = False) -> None:
+        self._cost = cost
+        if cold or self._arr is None or not self._arr.same_pattern(arr):
+            self._pass(arr)
+        else:
+            self._arr = _apply_changes(self._h, self._arr, arr)
+
+    def _pass(self, arr: _Arrays) -> None:
+        if self._h is None:
+            self._h = _new_highs()
+        nnz = arr.value.shape[0]
+        self._h.setOptionValue("solver", "ipm" if self._ipm_when_cold and nnz > IPM_ABOVE_NONZEROS else "simplex")
+        self._h.setOptionValue("presolve", "off" if nnz < PRESOLVE_ABOVE_NONZEROS else "choose")
+        self._h.passModel(arr.highs_lp())
+        self._arr = arr
+        self._warm = False
+
+    @property
+    def dims(self) -> str:
+        return f"{self._h.getNumRow()} constraints, {self._h.getNumCol()} variables"
+
+    def set_row_bounds(self, rows: npt.ArrayLike, lower: npt.ArrayLike, upper: npt.ArrayLike) -> None:
+        """Change the bounds of ``rows`` (ascending indices) for the next solve. A row free at
+        :meth:`load` must stay free (its coefficients may not have been sent)."""
+        if self._arr is None:
+            raise ValueError(f"{self.what}: load a model first")
+        idx = np.asarray(rows, dtype=np.int64)
+        lo = np.broadcast_to(np.asarray(lower, np.float64), idx.shape)
+        up = np.broadcast_to(np.asarray(upper, np.float64), idx.shape)
+        was_free = (self._arr.row_lower[idx] == -INF) & (self._arr.row_upper[idx] == INF)
+        if np.any(was_free & ((lo > -INF) | (up < INF))):
+            raise ValueError(f"{self.what}: a row free at load cannot be bounded by set_row_bounds")
+        self._arr.row_lower[idx] = lo
+        self._arr.row_upper[idx] = up
+        self._h.changeRowsBounds(idx.shape[0], idx.astype(np.int32), np.ascontiguousarray(lo), np.ascontiguousarray(up))
+
+    def solve(self) -> LPSolution | None:
+        """The optimum (objective in the caller's sense), or None if infeasible; :class:`SolverFailed`
+        for any other outcome."""
+        if self._arr is None:
+            raise ValueError(f"{self.what}: load a model first")
+        try:
+            sol = _run(self._h, self.what)
+        except SolverFailed:
+            if not self._warm:
+                raise
+            log.debug("%s: warm re-solve failed; solving from scratch", self.what)
+            self._pass(self._arr)
+            sol = _run(self._h, self.what)
+        if not self._warm:
+            self._warm = True
+            self._h.setOptionValue("solver", "simplex")
+        return None if sol is None else LPSolution(x=sol.x, objective=float(self._cost @ sol.x))
+
+
+MIN_SLOTS = 16
+"""Fewest slots of a :class:`SlotModels` layout."""
+
+
+class SlotModels:
+    """The kept LPs of one policy laid out in job *slots*, and which job holds which slot.
+
+    An LP laid out in slots (a fixed block of columns and rows per slot, whether a job holds it or
+    not) keeps its sparsity pattern while jobs come and go, so each :class:`KeptModel` re-solves from
+    its last basis with only the changed slots sent. A job keeps its slot while it stays; new jobs take
+    the lowest free slots in the order given; when the slots are full their number doubles.
+
+    So that results depend only on the states since the last cold start, :meth:`assign` starts cold
+    (drops the models, numbers the slots anew) when its clock is not later than the last call's (a new
+    simulation, or the same state again), when no job stays, and when at most a quarter of the slots
+    would be used.
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._holder: IntArray = np.zeros(0, dtype=np.int64)  # job id per slot, -1 = empty
+        self._clock = -INF
+        self._models: dict[str, KeptModel] = {}
+
+    @property
+    def n_slots(self) -> int:
+        return int(self._holder.shape[0])
+
+    def assign(self, ids: npt.ArrayLike, clock: float) -> IntArray:
+        """The slot of each of the distinct job ``ids`` at time ``clock``; see :attr:`n_slots`."""
+        ids = np.asarray(ids, dtype=np.int64)
+        n = ids.shape[0]
+        stays = np.isin(self._holder, ids)  # per slot
+        cold = not clock > self._clock or not stays.any() or (4 * n <= self.n_slots and self.n_slots > MIN_SLOTS)
+        self._clock = clock
+        if cold:
+            self._models.clear()
+            self._holder = np.full(max(MIN_SLOTS, 1 << max(n - 1, 0).bit_length()), -1, dtype=np.int64)
+            self._holder[:n] = ids
+            return np.arange(n, dtype=np.int64)
+        size = self.n_slots
+        while size < n:
+            size *= 2
+        holder = np.full(size, -1, dtype=np.int64)
+        holder[: self.n_slots] = np.where(stays, self._holder, -1)  # the departed free their slots
+        taken = np.nonzero(holder >= 0)[0]
+        order = np.argsort(holder[taken])
+        held, at = holder[taken][order], taken[order]
+        slot = np.full(n, -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(held, ids), held.shape[0] - 1)  # some job stays: held is not empty
+        found = held[pos] == ids
+        slot[found] = at[pos[found]]
+        new = np.nonzero(~found)[0]
+        slot[new] = np.nonzero(holder < 0)[0][: new.shape[0]]
+        holder[slot[new]] = ids[new]
+        self._holder = holder
+        return slot
+
+    def model(self, stage: str) -> KeptModel:
+        """The kept model of ``stage`` (created empty on first use and after a cold start)."""
+        model = self._models.get(stage)
+        if model is None:
+            model = self._models[stage] = KeptModel(f"{self.what}: {stage}")
+        return model
+
+
+def slot_models(what: str) -> SlotModels:
+    """This thread's :class:`SlotModels` for ``what`` (at most :data:`_MAX_KEPT`, least recently used
+    dropped first; :func:`forget_kept_models` drops them all)."""
+    store: dict[str, SlotModels] | None = getattr(_local, "slot_models", None)
+    if store is None:
+        store = _local.slot_models = {}
+    models = store.pop(what, None) or SlotModels(what)
+    store[what] = models
+    while len(store) > _MAX_KEPT:
+        store.pop(next(iter(store)))
+    return models
+
+
+def _apply_changes(h: Any, old: _Arrays, new: _Arrays) -> _Arrays:
+    """Turn the kept model ``old`` into ``new`` (same sparsity pattern) in place; the arrays now kept
+    (``new``, except for the costs and coefficients that cannot matter, see :class:`KeptModel`)."""
+    live = (new.col_lower != 0) | (new.col_upper != 0)
+    cost = np.where(live, new.cost, old.cost)
+    changed = np.nonzero(cost != old.cost)[0]
+    if changed.size:
+        h.changeColsCost(changed.size, changed.astype(np.int32), cost[changed])
+    changed = np.nonzero((old.col_lower != new.col_lower) | (old.col_upper != new.col_upper))[0]
+    if changed.size:
+        h.changeColsBounds(changed.size, changed.astype(np.int32), new.col_lower[changed], new.col_upper[changed])
+    changed = np.nonzero((old.row_lower != new.row_lower) | (old.row_upper != new.row_upper))[0]
+    if changed.size:
+        h.changeRowsBounds(changed.size, changed.astype(np.int32), new.row_lower[changed], new.row_upper[changed])
+    bounded_row = (new.row_lower > -INF) | (new.row_upper < INF)
+    col = old.entry_cols()
+    value = np.where(live[col] & bounded_row[new.index], new.value, old.value)
+    changed = np.nonzero(value != old.value)[0]
+    if changed.size:
+        rows, cols, vals = new.index[changed].tolist(), col[changed].tolist(), value[changed].tolist()
+        for r, c, v in zip(rows, cols, vals, strict=True):
+            h.changeCoeff(r, c, v)
+    return _Arrays(cost, new.col_lower, new.col_upper, new.row_lower, new.row_upper, old.start, old.index, value, col)
 
 
 def solve_lp(
@@ -267,10 +496,12 @@ def solve_lp(
     *,
     maximize: bool = False,
     what: str = "LP",
+    warm: bool = True,
 ) -> LPSolution:
     """Optimize ``c @ x`` subject to ``row_lower <= a @ x <= row_upper`` and column bounds
     (default ``0 <= x``). ``±inf`` marks a free side. ``what`` names the LP in errors and keys the
-    warm start of small LPs (see :data:`WARM_START_MAX_NONZEROS`).
+    warm start of small LPs (see :data:`WARM_START_MAX_NONZEROS`); ``warm=False`` solves from scratch
+    (for a degenerate optimum that should not depend on earlier calls).
 
     Raises :class:`Infeasible` when no point satisfies the constraints and :class:`SolverFailed`
     for any other non-optimal outcome (unbounded, time limit, numerical trouble), naming ``what``.
@@ -278,26 +509,19 @@ def solve_lp(
     cost = np.asarray(c, dtype=np.float64)
     arr = _arrays(-cost if maximize else cost, a, row_lower, row_upper, col_lower, col_upper, what)
     nnz = arr.value.shape[0]
-    if nnz <= WARM_START_MAX_NONZEROS:
+    if warm and nnz <= WARM_START_MAX_NONZEROS:
         kept = _kept()
-        entry = kept.pop(what, None)
-        if entry is not None and entry[1].same_pattern(arr):
-            h = entry[0]
-            _apply_changes(h, entry[1], arr)
-        else:
-            h = entry[0] if entry is not None else _new_highs()
-            h.setOptionValue("solver", "simplex")
-            h.setOptionValue("presolve", "off" if nnz < PRESOLVE_ABOVE_NONZEROS else "choose")
-            h.passModel(arr.highs_lp())
-        kept[what] = (h, arr)
+        model = kept.pop(what, None) or KeptModel(what, ipm_when_cold=False)
+        model._load(cost, arr)
+        kept[what] = model
         while len(kept) > _MAX_KEPT:
             kept.pop(next(iter(kept)))
-        sol = _run(h, what)
-        dims = f"{h.getNumRow()} constraints, {h.getNumCol()} variables"
+        sol = model.solve()
+        dims = model.dims
     else:
         h = _highs()
         h.setOptionValue("solver", "ipm" if nnz > IPM_ABOVE_NONZEROS else "simplex")
-        h.setOptionValue("presolve", "choose")
+        h.setOptionValue("presolve", "off" if nnz < PRESOLVE_ABOVE_NONZEROS else "choose")
         h.passModel(arr.highs_lp())
         try:
             sol = _run(h, what)
@@ -307,40 +531,3 @@ def solve_lp(
     if sol is None:
         raise Infeasible(what, "Infeasible", dims)
     return LPSolution(x=sol.x, objective=float(cost @ sol.x))
-
-
-class IncrementalLP:
-    """An LP kept in its own HiGHS instance whose row bounds change between solves; each re-solve
-    starts from the previous basis (dual simplex), typically a few pivots instead of a full solve."""
-
-    def __init__(
-        self,
-        c: npt.ArrayLike,
-        a: Any,
-        row_lower: npt.ArrayLike,
-        row_upper: npt.ArrayLike,
-        *,
-        maximize: bool = False,
-        what: str = "LP",
-    ) -> None:
-        self._cost = np.asarray(c, dtype=np.float64)
-        self._what = what
-        arr = _arrays(-self._cost if maximize else self._cost, a, row_lower, row_upper, None, None, what)
-        self._h: Any = _new_highs()
-        self._h.setOptionValue("solver", "ipm" if arr.value.shape[0] > IPM_ABOVE_NONZEROS else "simplex")
-        if arr.value.shape[0] <= PRESOLVE_ABOVE_NONZEROS:
-            self._h.setOptionValue("presolve", "off")
-        self._h.passModel(arr.highs_lp())
-        self._first = True
-
-    def solve(self) -> LPSolution | None:
-        """The optimum (objective in the caller's sense), or None if infeasible."""
-        sol = _run(self._h, self._what)
-        if self._first:
-            self._first = False
-            self._h.setOptionValue("solver", "simplex")
-        return None if sol is None else LPSolution(x=sol.x, objective=float(self._cost @ sol.x))
-
-    def set_row_bounds(self, rows: npt.ArrayLike, lower: npt.ArrayLike, upper: npt.ArrayLike) -> None:
-        idx = np.asarray(rows, dtype=np.int32)
-        self._h.changeRowsBounds(len(idx), idx, np.asarray(lower, np.float64), np.asarray(upper, np.float64))

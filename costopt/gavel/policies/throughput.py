@@ -12,11 +12,15 @@ running alone on its fastest type all the time).
 * ``..._SLOs``: every job with a finite SLO must reach ``steps_remaining / (deadline - now)`` steps/s
   (deadline = arrival + SLO). When no allocation meets them all (or a deadline has passed), the LP is
   re-solved without SLO constraints and the allocation says so (``notes``, ``stats['slo_relaxed']``).
+  Its per-job LPs are laid out in job slots and kept between calls, as those of
+  :mod:`~costopt.gavel.policies.finish_time`; without SLO rows the best ratio is that of the best
+  single column, so only the second stage is solved.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,13 +29,15 @@ from costopt.gavel.errors import Infeasible, InvalidState
 from costopt.gavel.formulation import (
     Classes,
     Columns,
+    SlotColumns,
     base_constraints,
     columns_for,
     interchangeable_classes,
     singleton_classes,
+    slot_columns,
     throughput_matrix,
 )
-from costopt.gavel.lp import Triplets, assemble, solve_lp
+from costopt.gavel.lp import SlotModels, Triplets, assemble, slot_models, solve_lp
 from costopt.gavel.policies.base import PARETO_SLACK, Policy, class_allocation, empty_allocation
 from costopt.gavel.state import Allocation, ClusterState, FloatArray, IntArray
 
@@ -78,35 +84,27 @@ def slo_rates(state: ClusterState) -> tuple[IntArray, FloatArray]:
 @dataclass(frozen=True, slots=True)
 class MaxThroughputPerDollar(Policy):
     """Maximize total speed (see module) per USD/h, optionally under SLO rates; objective: the ratio
-    (speed per USD/h); ``stats``: ``cost_usd_per_h``, ``total_speed``, ``slo_relaxed``."""
+    (speed per USD/h); ``stats``: ``cost_usd_per_h``, ``total_speed``, ``slo_relaxed``.
+    ``reference``: with SLOs, fresh per-job LPs for every call (as under space sharing) instead of the
+    kept slot layout."""
 
     name: str = "max_sum_throughput_normalized_by_cost_perf"
     slos: bool = False
+    reference: bool = False
 
     def allocate(self, state: ClusterState) -> Allocation:
         if state.n_jobs == 0:
             return empty_allocation(self.name, state)
         if np.any((state.prices <= 0) & (state.capacity > 0)):
             raise InvalidState(f"{self.name} needs a price > 0 USD/h for every worker type with GPUs")
+        if self.slos and not self.reference and not state.space_sharing:
+            return self._allocate_in_slots(state)
         classes = singleton_classes(state.n_jobs) if self.slos else interchangeable_classes(state)
         cols = columns_for(state, classes, aware=True)
         if cols.n == 0:
             return empty_allocation(self.name, state)
         rows, rate = slo_rates(state) if self.slos else (np.zeros(0, np.int64), np.zeros(0))
-        notes: tuple[str, ...] = ()
-        relaxed = 0.0
-        try:
-            if np.any(~np.isfinite(rate)):
-                raise Infeasible(self.name, "deadline passed", f"{int(np.sum(~np.isfinite(rate)))} jobs past due")
-            y, ratio = self._solve(state, classes, cols, rows, rate)
-        except Infeasible as exc:
-            if rows.size == 0:
-                raise
-            log.info("%s: SLOs cannot all be met (%s); re-solving without them", self.name, exc)
-            notes = (f"SLOs infeasible ({exc}); re-solved without SLO constraints",)
-            relaxed = 1.0
-            rows, rate = np.zeros(0, np.int64), np.zeros(0)
-            y, ratio = self._solve(state, classes, cols, rows, rate)
+        y, ratio, rows, notes = self._relaxing(lambda r, q: self._solve(state, classes, cols, r, q), rows, rate)
         cost = self._cost(state, cols)
         speed = _speed(state, classes, cols)
         return class_allocation(
@@ -119,11 +117,140 @@ class MaxThroughputPerDollar(Policy):
             {
                 "cost_usd_per_h": float(cost @ y),
                 "total_speed": float(speed @ y),
-                "slo_relaxed": relaxed,
+                "slo_relaxed": float(bool(notes)),
                 "slo_jobs": float(rows.size),
             },
             notes,
         )
+
+    def _relaxing(
+        self, solve: Callable[[IntArray, FloatArray], tuple[FloatArray, float]], rows: IntArray, rate: FloatArray
+    ) -> tuple[FloatArray, float, IntArray, tuple[str, ...]]:
+        """``solve(rows, rate)`` under the SLO rates of job ``rows``, else without SLOs: (column values,
+        ratio, the rows kept, notes: empty unless the SLOs were dropped)."""
+        try:
+            if np.any(~np.isfinite(rate)):
+                raise Infeasible(self.name, "deadline passed", f"{int(np.sum(~np.isfinite(rate)))} jobs past due")
+            y, ratio = solve(rows, rate)
+            return y, ratio, rows, ()
+        except Infeasible as exc:
+            if rows.size == 0:
+                raise
+            log.info("%s: SLOs cannot all be met (%s); re-solving without them", self.name, exc)
+            none = np.zeros(0, np.int64)
+            y, ratio = solve(none, np.zeros(0))
+            return y, ratio, none, (f"SLOs infeasible ({exc}); re-solved without SLO constraints",)
+
+    def _allocate_in_slots(self, state: ClusterState) -> Allocation:
+        """The per-job formulation laid out in slots and kept between calls (see
+        :mod:`costopt.gavel.policies.finish_time`); SLO rows are scaled by each job's ``share_tput``."""
+        models = slot_models(self.name)
+        slot = models.assign(state.job_ids, state.now_s)
+        sc = slot_columns(state, slot, models.n_slots, aware=True)
+        if not sc.usable.any():
+            return empty_allocation(self.name, state)
+        best = state.throughput.max(axis=1)
+        speed = (sc.tput * sc.per_slot(np.divide(1.0, best, out=np.zeros_like(best), where=best > 0))[:, None]).ravel()
+        cost = ((sc.type_mix * sc.scale_factor[:, None, None]) @ state.prices).ravel()
+        rows, rate = slo_rates(state)
+        y, ratio, rows, notes = self._relaxing(
+            lambda r, q: self._solve_in_slots(state, models, sc, speed, cost, r, q), rows, rate
+        )
+        stats = {
+            "cost_usd_per_h": float(cost @ y),
+            "total_speed": float(speed @ y),
+            "slo_relaxed": float(bool(notes)),
+            "slo_jobs": float(rows.size),
+        }
+        return Allocation(
+            policy=self.name,
+            job_ids=state.job_ids,
+            worker_types=state.worker_types,
+            scale_factor=state.scale_factor,
+            x=sc.fractions(y),
+            objective=ratio,
+            stats=stats,
+            notes=notes,
+        )
+
+    def _solve_in_slots(
+        self,
+        state: ClusterState,
+        models: SlotModels,
+        sc: SlotColumns,
+        speed: FloatArray,
+        cost: FloatArray,
+        rows: IntArray,
+        rate: FloatArray,
+    ) -> tuple[FloatArray, float]:
+        """:meth:`_solve` over slot columns: time rows, SLO rows (``tput / share_tput`` of the job's
+        columns; free for jobs without one), capacity rows, then each stage's own rows."""
+        s, n, nj = sc.n_slots, sc.n, state.n_types
+        per_job = np.divide(1.0, sc.share_tput, out=np.ones(state.n_jobs), where=sc.share_tput > 0)
+        need = np.zeros(state.n_jobs)
+        need[rows] = rate * per_job[rows]
+        has_slo = np.zeros(state.n_jobs, dtype=bool)
+        has_slo[rows] = True
+        slo_slot = sc.per_slot(has_slo.astype(np.float64)) > 0
+        base = [(0, 0, sc.time_rows()), (s, 0, sc.throughput_rows(per_job)), (2 * s, 0, sc.capacity_rows())]
+        col_upper = np.concatenate([np.where(sc.usable, np.inf, 0.0).ravel(), [np.inf]])  # one extra column
+        every_slot = np.arange(s, dtype=np.int64)
+        m = 2 * s + nj  # rows of ``base``
+
+        def dense_row(values: FloatArray) -> Triplets:
+            return Triplets(np.zeros(n, dtype=np.int64), np.arange(n, dtype=np.int64), values, 1, n)
+
+        if rows.size == 0:
+            # No SLO rows: no mix beats the best column's ratio (a mediant never exceeds its largest
+            # term), and a little time on that column alone reaches it.
+            ratios = np.divide(speed, cost, out=np.zeros(n), where=sc.usable.ravel() & (cost > 0))
+            best = int(np.argmax(ratios))
+            ratio = float(ratios[best])
+            first_stage = np.zeros(n)
+            first_stage[best] = 1.0
+        else:
+            # Stage 1 (Charnes-Cooper): Y = t * X, t = 1 / cost(X); maximize speed(Y) s.t. cost(Y) = 1.
+            t_col = Triplets(
+                np.concatenate([every_slot, s + every_slot, 2 * s + np.arange(nj)]),
+                np.zeros(2 * s + nj, dtype=np.int64),
+                np.concatenate([-np.ones(s), -sc.per_slot(need), -state.capacity]),
+                m + 1,
+                1,
+            )
+            first = models.model("best ratio")
+            first.load(
+                np.concatenate([speed, [0.0]]),
+                assemble([*base, (m, 0, dense_row(cost)), (0, n, t_col)], m + 1, n + 1),
+                np.concatenate([np.full(s, -np.inf), np.where(slo_slot, 0.0, -np.inf), np.full(nj, -np.inf), [1.0]]),
+                np.concatenate([np.zeros(s), np.full(s, np.inf), np.zeros(nj), [1.0]]),
+                None,
+                col_upper,
+                maximize=True,
+            )
+            s1 = first.solve()
+            if s1 is None:
+                raise Infeasible(first.what, "Infeasible", first.dims)
+            ratio = s1.objective
+            t = s1.x[-1]
+            first_stage = s1.x[:n] / t if t > 0 else s1.x[:n]
+        # Stage 2: the most throughput at (nearly) that ratio; column C = cost(X), speed(X) >= ratio * C.
+        c_col = Triplets(
+            np.array([m, m + 1]), np.zeros(2, dtype=np.int64), np.array([-1.0, -ratio * (1 - PARETO_SLACK)]), m + 2, 1
+        )
+        second = models.model("throughput at best ratio")
+        second.load(
+            np.concatenate([speed, [0.0]]),
+            assemble([*base, (m, 0, dense_row(cost)), (m + 1, 0, dense_row(speed)), (0, n, c_col)], m + 2, n + 1),
+            np.concatenate(
+                [np.full(s, -np.inf), np.where(slo_slot, sc.per_slot(need), -np.inf), np.full(nj, -np.inf), [0.0, 0.0]]
+            ),
+            np.concatenate([np.ones(s), np.full(s, np.inf), state.capacity, [0.0, np.inf]]),
+            None,
+            col_upper,
+            maximize=True,
+        )
+        s2 = second.solve()
+        return np.maximum(first_stage if s2 is None else s2.x[:n], 0.0), ratio
 
     @staticmethod
     def _cost(state: ClusterState, cols: Columns) -> FloatArray:
