@@ -18,7 +18,10 @@ class Policy(ABC):
     """``allocate(state) -> Allocation``: a time fraction per (job, worker type), and per (job pair,
     worker type) under space sharing, that fits the cluster (see :class:`Allocation`).
 
-    Policies are stateless: the same state gives the same allocation. Solver failure raises
+    Policies hold no state of their own: the same state gives the same optimum (objective). The
+    per-job LP policies keep their solver models between calls (a warm start from the last basis); when
+    the optimum is not unique the allocation chosen may depend on the calls since the last cold start,
+    which a simulation makes deterministic per seed (it starts cold). Solver failure raises
     :class:`costopt.gavel.errors.SolverFailed` (or :class:`~costopt.gavel.errors.Infeasible`).
     """
 
