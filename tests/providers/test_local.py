@@ -341,7 +341,9 @@ def test_a_migration_fences_the_old_copy_so_two_copies_never_both_write(provider
     new = _launch_epoch(provider, "job-c", uri, 2, 200, step_seconds=0.005)
     wait_for(lambda: control.progress(uri, 2).progressing)
     provider.terminate(old.instance_id)
-    assert provider.exit_code(old.instance_id) == 3  # fenced out: it wrote nothing after the claim
+    # Fenced out (3), or killed by the SIGTERM while already exiting on its own (its handlers restored):
+    # either way it wrote nothing after the claim, which the checkpoint checks below verify.
+    assert provider.exit_code(old.instance_id) in (3, -signal.SIGTERM)
     assert provider.wait(new.instance_id, 60).state is InstanceState.TERMINATED
     assert provider.exit_code(new.instance_id) == 0
     result = control.audit_job(uri, 200)
