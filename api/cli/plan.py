@@ -14,7 +14,7 @@ import typer
 from api.cli.common import Exit, failures, parse_time, settings_with
 from api.cli.output import OutputFormat, emit, note
 from api.planning import plan_single
-from api.wiring import build_store, seed_if_empty
+from api.wiring import build_store, build_unavailable, seed_if_empty
 from costopt.domain import Cloud
 from costopt.planning.model import (
     Candidate,
@@ -174,7 +174,10 @@ def plan(
         if data_dir is not None:
             seed_if_empty(store, settings)
         try:
-            now, result = plan_single(store, settings, job, obj, at=when, clouds=cloud_list, top=top)
+            unavailable = build_unavailable(settings, store.engine)
+            now, result = plan_single(
+                store, settings, job, obj, at=when, clouds=cloud_list, top=top, unavailable=unavailable
+            )
         except Infeasible as exc:
             note(f"[red]infeasible[/red] ({exc.binding}): {exc}")
             raise typer.Exit(Exit.NOT_FOUND) from exc
@@ -190,3 +193,9 @@ def plan(
             f"{record['as_of']} ({record['clock']})"
         )
         note(f"[bold]why:[/bold] {result.reason}")
+        kept_out = unavailable.active(at=when)
+        if kept_out:
+            note(
+                f"{len(kept_out)} offer(s) kept out as recently unavailable: "
+                + ", ".join(f"{e.offer} ({e.reason} until {e.until:%Y-%m-%d %H:%M}Z)" for e in kept_out[:5])
+            )

@@ -35,7 +35,7 @@ from api.cli.common import Exit, failures, settings_with
 from api.cli.output import OutputFormat, emit, note
 from api.cli.plan import parse_duration_hours
 from api.planning import offers_at, planner_inputs
-from api.wiring import build_store, seed_if_empty
+from api.wiring import build_store, build_unavailable, seed_if_empty
 from costopt.domain import Cloud
 from costopt.planning.collection import (
     CollectionInfeasible,
@@ -185,7 +185,9 @@ def plan_batch(
         if data_dir is not None:
             seed_if_empty(store, settings)
         inputs = planner_inputs(settings, store)
-        now, frame = offers_at(store, settings, batch.at, batch.clouds)
+        now, frame = offers_at(
+            store, settings, batch.at, batch.clouds, unavailable=build_unavailable(settings, store.engine)
+        )
         table = OfferTable.from_frame(frame, inputs.hazards)
         try:
             plan = plan_collection(

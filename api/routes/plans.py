@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 from api.cli.plan import plan_record
 from api.deps import SettingsDep, StoreDep
 from api.planning import plan_single
+from api.wiring import build_unavailable
 from costopt.domain import Cloud
 from costopt.errors import CostoptError
 from costopt.planning.model import (
@@ -80,7 +81,10 @@ def create_plan(body: PlanRequest, store: StoreDep, settings: SettingsDep) -> di
         loc = Location(body.location.cloud, body.location.region) if body.location else None
         job = JobSpec(JobType.parse(body.job_type), body.steps, body.gpus, body.checkpoint_gb, loc)
         at = body.at.astimezone(UTC) if body.at else None
-        now, plan = plan_single(store, settings, job, objective, at=at, clouds=body.clouds, top=body.top)
+        unavailable = build_unavailable(settings, store.engine)
+        now, plan = plan_single(
+            store, settings, job, objective, at=at, clouds=body.clouds, top=body.top, unavailable=unavailable
+        )
     except Infeasible as exc:
         raise HTTPException(status_code=404, detail={"binding": exc.binding, "message": str(exc)}) from exc
     except (InvalidJob, CostoptError) as exc:

@@ -189,3 +189,22 @@ def test_a_malformed_plan_request_is_rejected_with_the_field(client: TestClient)
     assert r.status_code == 422
     assert "budget" in r.text
     assert client.post("/v1/plans", content=b"{not json").status_code == 422
+
+
+def test_an_offer_recently_preempted_is_kept_out_of_plans(client: TestClient, engine: Engine) -> None:
+    from datetime import UTC, datetime
+
+    from costopt.domain import Cloud, Market, OfferKey
+    from costopt.migration.unavailable import REASON_PREEMPTED, UnavailableOffers
+
+    body = {"job_type": "ResNet-50 (batch size 128)", "steps": 100000, "objective": "min-cost"}
+    body["at"] = "2020-03-01T06:00:00Z"
+    first = client.post("/v1/plans", json=body).json()["winner"]
+    offer = OfferKey(
+        Cloud(first["cloud"]), first["region"], first["zone"], first["instance_type"], Market(first["market"])
+    )
+    UnavailableOffers(engine).mark(offer, REASON_PREEMPTED, at=datetime(2020, 3, 1, 5, 30, tzinfo=UTC))
+    second = client.post("/v1/plans", json=body).json()
+    keys = [(a["cloud"], a["region"], a["zone"], a["instance_type"], a["market"]) for a in second["alternatives"]]
+    assert (offer.cloud.value, offer.region, offer.zone, offer.instance_type, offer.market.value) not in keys
+    assert second["winner"] != first
