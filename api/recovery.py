@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
+from api.planning import offers_at
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.migration.machine import JobRecord
 from costopt.settings import Settings
@@ -29,14 +30,9 @@ def recovery_offers(
     lost = job.offer
     if lost is None:
         return []
-    now = store.resolve_now(settings.clock)
-    frame = store.snapshot_frame(None if now.mode == "live" else now.at, cloud=[lost.cloud])
-    frame = frame[~frame["stale"].astype(bool)] if len(frame) else frame
+    _, frame = offers_at(store, settings, None, [lost.cloud])
     mine = frame[
-        (frame["cloud"] == lost.cloud.value)
-        & (frame["region"] == lost.region)
-        & (frame["zone"] == lost.zone)
-        & (frame["instance_type"] == lost.instance_type)
+        (frame["region"] == lost.region) & (frame["zone"] == lost.zone) & (frame["instance_type"] == lost.instance_type)
     ]
     if mine.empty:
         return [lost]

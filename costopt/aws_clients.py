@@ -17,9 +17,11 @@ from botocore.config import Config
 from botocore.exceptions import ClientError, NoCredentialsError, PartialCredentialsError
 
 __all__ = [
+    "AUTH_ERROR_CODES",
     "ClientFactory",
     "ServiceClientFactory",
     "aws_client_config",
+    "aws_error_code",
     "boto3_client_factory",
     "describe_aws_error",
     "service_client_factory",
@@ -71,13 +73,19 @@ def boto3_client_factory(
     return lambda region: make(service, region)
 
 
-_AUTH_ERROR_CODES = frozenset(
+AUTH_ERROR_CODES = frozenset(
     {
         "UnauthorizedOperation", "AuthFailure", "AccessDenied", "AccessDeniedException",
         "InvalidClientTokenId", "SignatureDoesNotMatch", "ExpiredToken", "ExpiredTokenException",
         "UnrecognizedClientException",
     }
 )  # fmt: skip
+"""AWS error codes of refused or missing credentials and permissions."""
+
+
+def aws_error_code(exc: ClientError) -> str:
+    """The AWS error code of ``exc`` (``""`` when the response has none)."""
+    return str(exc.response.get("Error", {}).get("Code", ""))
 
 
 def describe_aws_error(exc: BaseException) -> str:
@@ -86,7 +94,7 @@ def describe_aws_error(exc: BaseException) -> str:
         err = exc.response.get("Error", {})
         code = str(err.get("Code", "?"))
         text = f"{code}: {err.get('Message', exc)}"
-        if code in _AUTH_ERROR_CODES:
+        if code in AUTH_ERROR_CODES:
             text += " (check the AWS credentials and that their IAM policy allows this call)"
         return text
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):

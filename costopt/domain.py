@@ -7,6 +7,7 @@ a regional (not zonal) price has ``zone == ""`` (never None, so unique keys hold
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -134,6 +135,21 @@ class OfferKey:
     def __str__(self) -> str:
         """``cloud/region/zone/instance_type/market`` (zone empty for a regional offer), for messages."""
         return f"{self.cloud.value}/{self.region}/{self.zone}/{self.instance_type}/{self.market.value}"
+
+    def to_doc(self) -> dict[str, str]:
+        """The key as a JSON object of plain strings (how records on disk and in the database hold it)."""
+        return {
+            "cloud": self.cloud.value,
+            "region": self.region,
+            "zone": self.zone,
+            "instance_type": self.instance_type,
+            "market": self.market.value,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: Mapping[str, str]) -> OfferKey:
+        """The inverse of :meth:`to_doc`."""
+        return cls(Cloud(doc["cloud"]), doc["region"], doc["zone"], doc["instance_type"], Market(doc["market"]))
 
 
 MAX_SANE_USD_PER_HOUR = 1000.0

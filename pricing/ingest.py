@@ -83,6 +83,13 @@ def to_utc_ns(col: pd.Series, name: str = "valid_from") -> np.ndarray:
     return truncated
 
 
+def micros_sql(column: str, dialect: str) -> str:
+    """SQL giving a timestamp column as integer microseconds since the epoch (SQLite stores them so)."""
+    if dialect == "postgresql":
+        return f"(extract(epoch FROM {column}) * 1000000)::int8"
+    return column
+
+
 @dataclass
 class _Batch:
     keys: list[tuple[str, str, str, str, str]]  # distinct offer keys
@@ -219,10 +226,7 @@ class Ingestor:
         return [ids[i : i + step] for i in range(0, len(ids), step)]
 
     def _ts_sql(self, column: str) -> str:
-        """SQL giving a timestamp column as integer microseconds since the epoch."""
-        if self.dialect == "postgresql":
-            return f"(extract(epoch FROM {column}) * 1000000)::int8"
-        return column
+        return micros_sql(column, self.dialect)
 
     def _id_filter(self, column: str, chunk: list[int]) -> tuple[str, list[Any]]:
         if self.dialect == "postgresql":

@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 
 from costopt.db.schema import store_meta
 from costopt.db.types import db_value_to_ns
-from pricing.ingest import dt_to_ns
+from pricing.ingest import dt_to_ns, micros_sql
 
 SNAPSHOT_COLUMNS = [
     "offer_id",
@@ -138,25 +138,16 @@ class PriceMirror:
                     self._too_many_points_at = version
                     self._points = None
                     return None
-                if self.dialect == "postgresql":
-                    sql = (
-                        "SELECT offer_id, (extract(epoch FROM valid_from) * 1000000)::int8, usd_per_hour, source"
-                        " FROM price_points ORDER BY offer_id, valid_from"
-                    )
-                else:
-                    sql = (
-                        "SELECT offer_id, valid_from, usd_per_hour, source"
-                        " FROM price_points ORDER BY offer_id, valid_from"
-                    )
+                sql = (
+                    f"SELECT offer_id, {micros_sql('valid_from', self.dialect)}, usd_per_hour, source"
+                    " FROM price_points ORDER BY offer_id, valid_from"
+                )
                 rows = conn.exec_driver_sql(sql).fetchall()
             if rows:
                 oid, vfs, price, src = zip(*rows, strict=True)
             else:
                 oid, vfs, price, src = (), (), (), ()
-            if self.dialect == "postgresql":
-                vf = np.asarray(vfs, dtype=np.int64) * 1000
-            else:
-                vf = np.asarray(vfs, dtype=np.int64) * 1000
+            vf = np.asarray(vfs, dtype=np.int64) * 1000  # integer µs on both backends
             offer_id = np.asarray(oid, dtype=np.int64)
             codes, uniq = pd.factorize(np.asarray(src, dtype=object))
             starts = (

@@ -52,7 +52,14 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
-from costopt.aws_clients import ServiceClientFactory, aws_client_config, describe_aws_error, service_client_factory
+from costopt.aws_clients import (
+    AUTH_ERROR_CODES,
+    ServiceClientFactory,
+    aws_client_config,
+    aws_error_code,
+    describe_aws_error,
+    service_client_factory,
+)
 from costopt.cloud import (
     ENDED_RETENTION,
     AuthError,
@@ -65,6 +72,7 @@ from costopt.cloud import (
     NotFoundError,
     ProviderConfigError,
     QuotaError,
+    tags_match,
 )
 from costopt.domain import Cloud, Market, OfferKey, parse_utc, utc
 from costopt.errors import BadRecord
@@ -108,13 +116,7 @@ _MAX_RECEIVE_BATCHES = 20
 
 _CAPACITY_CODES = frozenset({"InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "InsufficientCapacity"})
 _QUOTA_CODES = frozenset({"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded"})
-_AUTH_CODES = frozenset(
-    {
-        "AuthFailure", "UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "InvalidClientTokenId",
-        "SignatureDoesNotMatch", "ExpiredToken", "ExpiredTokenException", "UnrecognizedClientException",
-        "OptInRequired",
-    }
-)  # fmt: skip
+_AUTH_CODES = AUTH_ERROR_CODES | {"OptInRequired"}
 _INSTANCE_NOT_FOUND = "InvalidInstanceID.NotFound"
 _INSTANCE_MALFORMED = "InvalidInstanceID.Malformed"
 _QUEUE_NOT_FOUND = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
@@ -138,14 +140,6 @@ def _utcnow() -> datetime:
 # --------------------------------------------------------------------------- clients and errors
 
 
-default_client_factory = service_client_factory
-"""``(service, region)`` boto3 clients sharing one session (services used: ``ec2``, ``sqs``, ``events``)."""
-
-
-def _error_code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
-
-
 def translate_error(exc: BaseException, action: str) -> CloudError:
     """The project's typed error for an SDK error raised while doing ``action`` (e.g. "launch g5.xlarge
     spot in us-east-1a"); the message names the AWS code and says what to do."""
@@ -153,7 +147,7 @@ def translate_error(exc: BaseException, action: str) -> CloudError:
     if isinstance(exc, NoCredentialsError | PartialCredentialsError):
         return AuthError(f"{what}. No usable credentials were found by the SDK's default chain.")
     if isinstance(exc, ClientError):
-        code = _error_code(exc)
+        code = aws_error_code(exc)
         if code in _CAPACITY_CODES:
             return CapacityError(
                 f"{what}. AWS has no capacity for this offer now: try another zone, instance type or market, "
@@ -233,7 +227,7 @@ def _tags_of(raw: Mapping[str, Any]) -> dict[str, str]:
 def _has_tags(raw: Mapping[str, Any], wanted: Mapping[str, str]) -> bool:
     """costopt's instance carrying exactly ``wanted`` (EC2 filter values are wildcards: check exactly)."""
     tags = _tags_of(raw)
-    return TOKEN_TAG in tags and all(tags.get(k) == v for k, v in wanted.items())
+    return TOKEN_TAG in tags and tags_match(tags, wanted)
 
 
 # --------------------------------------------------------------------------- states
@@ -417,7 +411,7 @@ class AwsProvider:
         self.key_name = key_name
         self.queue_wait_seconds = queue_wait_seconds
         self._clock = clock
-        self._factory = client_factory or default_client_factory(
+        self._factory = client_factory or service_client_factory(
             session=session,
             endpoint_url=endpoint_url,
             config=aws_client_config(
@@ -651,7 +645,7 @@ class AwsProvider:
             try:
                 answer = ec2.describe_instances(InstanceIds=[instance_id])
             except ClientError as exc:
-                if _error_code(exc) == _INSTANCE_NOT_FOUND:
+                if aws_error_code(exc) == _INSTANCE_NOT_FOUND:
                     continue
                 raise translate_error(exc, f"describe {instance_id} in {region}") from exc
             except BotoCoreError as exc:
@@ -716,7 +710,7 @@ class AwsProvider:
         try:
             self._client("ec2", region).terminate_instances(InstanceIds=[instance_id])
         except ClientError as exc:
-            if _error_code(exc) == _INSTANCE_NOT_FOUND:
+            if aws_error_code(exc) == _INSTANCE_NOT_FOUND:
                 log.info("terminate %s: gone meanwhile", instance_id)
                 return
             raise translate_error(exc, f"terminate {instance_id} in {region}") from exc
@@ -853,7 +847,7 @@ def setup_interruption_queue(
 
     Raises the typed errors of :func:`translate_error`.
     """
-    factory = client_factory or default_client_factory(session=session, endpoint_url=endpoint_url)
+    factory = client_factory or service_client_factory(session=session, endpoint_url=endpoint_url)
     sqs = factory("sqs", region)
     events = factory("events", region)
     step = "create the SQS queue"

@@ -44,6 +44,7 @@ import re
 import threading
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from enum import Enum
@@ -637,9 +638,9 @@ class AzureProvider:
             deleted = self._deleted.get(instance_id)
             spot = self._spot_seen.get(instance_id)
         if deleted is not None:
-            return _replace_state(deleted, InstanceState.TERMINATED)
+            return replace(deleted, state=InstanceState.TERMINATED)
         if spot is not None:
-            return _replace_state(spot, InstanceState.PREEMPTED)
+            return replace(spot, state=InstanceState.PREEMPTED)
         raise NotFoundError(f"Azure: VM {instance_id} does not exist in resource group {self.resource_group}")
 
     def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
@@ -716,17 +717,6 @@ class AzureProvider:
                 return False
             self._reported.add(key)
             return True
-
-
-def _replace_state(inst: Instance, state: InstanceState) -> Instance:
-    return Instance(
-        instance_id=inst.instance_id,
-        offer=inst.offer,
-        state=state,
-        tags=inst.tags,
-        launched_at=inst.launched_at,
-        terminated_at=inst.terminated_at,
-    )
 
 
 __all__: Sequence[str] = (

@@ -63,7 +63,7 @@ from costopt.cloud import (
     NotFoundError,
     tags_match,
 )
-from costopt.domain import Cloud, Market, OfferKey
+from costopt.domain import OfferKey
 from costopt.settings import Settings
 
 log = logging.getLogger("providers.local")
@@ -175,20 +175,6 @@ def _write_json(path: Path, doc: Any) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def _offer_doc(offer: OfferKey) -> dict[str, str]:
-    return {
-        "cloud": offer.cloud.value,
-        "region": offer.region,
-        "zone": offer.zone,
-        "instance_type": offer.instance_type,
-        "market": offer.market.value,
-    }
-
-
-def _offer_of(doc: Mapping[str, str]) -> OfferKey:
-    return OfferKey(Cloud(doc["cloud"]), doc["region"], doc["zone"], doc["instance_type"], Market(doc["market"]))
 
 
 class LocalProvider:
@@ -374,7 +360,7 @@ class LocalProvider:
                 rec = {
                     "instance_id": instance_id,
                     "token": idempotency_token,
-                    "offer": _offer_doc(spec.offer),
+                    "offer": spec.offer.to_doc(),
                     "command": list(spec.command),
                     "env": dict(spec.env),
                     "tags": dict(spec.tags),
@@ -436,7 +422,6 @@ class LocalProvider:
     def describe(self, instance_id: str) -> Instance:
         """The instance's state from its process: pending, running, stopping (terminating), terminated
         (exited or killed) or preempted (gone after a preemption notice)."""
-        rec = self._require(instance_id)
         self._enforce(instance_id)
         rec = self._require(instance_id)
         inst_dir = self._dir(instance_id)
@@ -465,7 +450,7 @@ class LocalProvider:
         launched = rec.get("spawned_at", rec.get("created_at"))
         return Instance(
             instance_id=instance_id,
-            offer=_offer_of(rec["offer"]),
+            offer=OfferKey.from_doc(rec["offer"]),
             state=state,
             tags=dict(rec.get("tags") or {}),
             launched_at=_now_dt(float(launched)) if launched is not None else None,

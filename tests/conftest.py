@@ -66,11 +66,15 @@ def _postgres_engine() -> Iterator[Engine]:
             eng.dispose()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    """A migrated, empty database on each backend (SQLite file; PostgreSQL schema of its own)."""
-    if request.param == "sqlite":
-        eng = make_engine(f"sqlite:///{tmp_path / 'costopt.db'}")
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+"""The ``params`` of a database fixture: ids ``[sqlite]``/``[postgres]``."""
+
+
+def migrated_engine(backend: str, folder: Path) -> Iterator[Engine]:
+    """A migrated, empty database on ``backend`` (a SQLite file in ``folder``; a PostgreSQL schema of
+    its own), disposed (and the schema dropped) when the generator closes."""
+    if backend == "sqlite":
+        eng = make_engine(f"sqlite:///{folder / 'costopt.db'}")
         migrate(eng)
         yield eng
         eng.dispose()
@@ -78,3 +82,9 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
         for eng in _postgres_engine():
             migrate(eng)
             yield eng
+
+
+@pytest.fixture(params=BACKENDS)
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """A migrated, empty database on each backend (SQLite file; PostgreSQL schema of its own)."""
+    yield from migrated_engine(request.param, tmp_path)

@@ -1,4 +1,4 @@
-"""Loopback networking helpers shared by test packages: closed ports, and TLS for local fakes.
+"""Loopback networking helpers shared by test packages: closed ports, HTTP(S) servers and TLS for local fakes.
 
 azure-core refuses bearer tokens over plain HTTP, so the Azure fakes serve HTTPS with a certificate of a
 throwaway trustme CA that the clients trust via ``connection_verify`` (the CA file).
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import socket
 import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import trustme
@@ -37,3 +39,32 @@ def write_ca(ca: trustme.CA, folder: Path) -> str:
     path = folder / "ca.pem"
     ca.cert_pem.write_to_path(str(path))
     return str(path)
+
+
+class LoopbackServer:
+    """A :class:`ThreadingHTTPServer` of ``handler`` on a free loopback port, serving from a daemon thread
+    from construction until :meth:`close` (or the end of a ``with`` block); HTTPS with ``tls``. ``url`` is
+    its base URL (``http(s)://127.0.0.1:<port>``)."""
+
+    def __init__(
+        self, handler: type[BaseHTTPRequestHandler], *, tls: ssl.SSLContext | None = None, poll_interval: float = 0.02
+    ) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(poll_interval,), daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
+
+    def __enter__(self) -> LoopbackServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

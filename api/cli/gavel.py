@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -137,10 +135,8 @@ def simulate(
             max_simulated_s=cap_s,
         )
     record = result.as_dict()
-    if fmt is OutputFormat.json:
-        sys.stdout.write(json.dumps(record, indent=2) + "\n")
-    else:
-        emit_object(_shown_simulation(record), fmt, title=f"{policy} on {cluster}")
+    shown = record if fmt is OutputFormat.json else _shown_simulation(record)
+    emit_object(shown, fmt, title=f"{policy} on {cluster}")
     if not result.window_complete:
         note(
             f"[yellow]only {result.jobs_completed} of {result.jobs_in_window} jobs of the window finished by "
@@ -184,15 +180,16 @@ def bench(
     with failures():
         result = bench_policy(policy, jobs, space_sharing, workload=workload, repeats=repeats, seed=seed)
     record = result.as_dict()
-    if fmt is OutputFormat.json:
-        sys.stdout.write(json.dumps(record, indent=2) + "\n")
-        return
-    shown = {
-        "policy": record["policy"],
-        "jobs": f"{record['jobs']:,}",
-        "space sharing": record["space_sharing"],
-        "solve time (median)": f"{record['solve_s'] * 1000:,.1f} ms",
-        "peak memory (process)": f"{record['peak_mem_mb']:,.0f} MB",
-        "objective": f"{record['objective']:.6g}",
-    }
+    shown = record if fmt is OutputFormat.json else _shown_bench(record)
     emit_object(shown, fmt, title="Allocation benchmark")
+
+
+def _shown_bench(r: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "policy": r["policy"],
+        "jobs": f"{r['jobs']:,}",
+        "space sharing": r["space_sharing"],
+        "solve time (median)": f"{r['solve_s'] * 1000:,.1f} ms",
+        "peak memory (process)": f"{r['peak_mem_mb']:,.0f} MB",
+        "objective": f"{r['objective']:.6g}",
+    }

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 log = logging.getLogger("costopt.agent")
 
@@ -123,28 +123,39 @@ def urllib_fetch(method: str, url: str, headers: Mapping[str, str], timeout: flo
         return int(exc.code), bytes(exc.read() or b"")
 
 
-class AwsNoticeSource:
-    """EC2 spot interruption notice from the instance metadata service (IMDSv2 with a session token,
-    falling back to IMDSv1): ``GET /latest/meta-data/spot/instance-action`` is 404 until AWS schedules
-    the interruption, then ``{"action": "terminate"|"stop"|"hibernate", "time": "...Z"}``."""
+class _MetadataSource:
+    """A notice source read from an instance metadata service with ``fetch`` (one per cloud)."""
 
-    name = "aws"
-    TOKEN_TTL = 21600
+    name: str
+    BASE_URL: str
+    INTERVAL: float
 
     def __init__(
         self,
         fetch: Fetch = urllib_fetch,
         *,
-        base_url: str = "http://169.254.169.254",
-        interval: float = 5.0,
+        base_url: str | None = None,
+        interval: float | None = None,
         timeout: float = 0.5,
     ) -> None:
         self.fetch = fetch
-        self.base_url = base_url.rstrip("/")
-        self.interval = interval
+        self.base_url = (base_url or self.BASE_URL).rstrip("/")
+        self.interval = self.INTERVAL if interval is None else interval
         self.timeout = timeout
-        self._token: str | None = None
-        self._token_expires = 0.0
+
+
+class AwsNoticeSource(_MetadataSource):
+    """EC2 spot interruption notice from the instance metadata service (IMDSv2 with a session token,
+    falling back to IMDSv1): ``GET /latest/meta-data/spot/instance-action`` is 404 until AWS schedules
+    the interruption, then ``{"action": "terminate"|"stop"|"hibernate", "time": "...Z"}``."""
+
+    name = "aws"
+    BASE_URL = "http://169.254.169.254"
+    INTERVAL = 5.0
+    TOKEN_TTL = 21600
+
+    _token: str | None = None
+    _token_expires = 0.0
 
     def _headers(self, now: float) -> dict[str, str]:
         if self._token is None or now >= self._token_expires:
@@ -181,25 +192,15 @@ class AwsNoticeSource:
         return Notice("aws", now, deadline, str(doc.get("action", "")))
 
 
-class GcpNoticeSource:
+class GcpNoticeSource(_MetadataSource):
     """GCE preemption: metadata ``instance/preempted`` reads ``TRUE`` once the spot VM is being
     preempted; the VM is stopped 30 s later, so the deadline is 30 s after the first sighting."""
 
     name = "gcp"
+    BASE_URL = "http://metadata.google.internal"
+    INTERVAL = 1.0
 
-    def __init__(
-        self,
-        fetch: Fetch = urllib_fetch,
-        *,
-        base_url: str = "http://metadata.google.internal",
-        interval: float = 1.0,
-        timeout: float = 0.5,
-    ) -> None:
-        self.fetch = fetch
-        self.base_url = base_url.rstrip("/")
-        self.interval = interval
-        self.timeout = timeout
-        self._first_seen: float | None = None
+    _first_seen: float | None = None
 
     def poll(self, now: float) -> Notice | None:
         status, body = self.fetch(
@@ -215,25 +216,17 @@ class GcpNoticeSource:
         return Notice("gcp", self._first_seen, self._first_seen + NOTICE_SECONDS["gcp"], "preempted")
 
 
-class AzureNoticeSource:
+class AzureNoticeSource(_MetadataSource):
     """Azure Scheduled Events: a ``Preempt`` (spot eviction) or ``Terminate`` event for this VM with its
     ``NotBefore`` time (RFC 1123); an empty ``NotBefore`` means now + 30 s."""
 
     name = "azure"
+    BASE_URL = "http://169.254.169.254"
+    INTERVAL = 1.0
     EVENT_TYPES = frozenset({"Preempt", "Terminate"})
 
-    def __init__(
-        self,
-        fetch: Fetch = urllib_fetch,
-        *,
-        base_url: str = "http://169.254.169.254",
-        interval: float = 1.0,
-        timeout: float = 0.5,
-    ) -> None:
-        self.fetch = fetch
-        self.base_url = base_url.rstrip("/")
-        self.interval = interval
-        self.timeout = timeout
+    def __init__(self, fetch: Fetch = urllib_fetch, **options: Any) -> None:
+        super().__init__(fetch, **options)
         self._first_seen: dict[str, float] = {}
 
     def poll(self, now: float) -> Notice | None:

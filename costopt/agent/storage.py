@@ -93,31 +93,27 @@ class LocalStorage:
         temp = final.parent / f"{TEMP_PREFIX}{tag}{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            _write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(temp, final)
         _fsync_dir(final.parent)
 
-    def list_files(self, directory: str) -> list[str]:
+    def _entries(self, directory: str) -> tuple[Path, list[str]]:
         base = self._path(directory) if directory else self.root
         try:
-            entries = sorted(os.listdir(base))
+            return base, sorted(os.listdir(base))
         except (FileNotFoundError, NotADirectoryError):
-            return []
+            return base, []
+
+    def list_files(self, directory: str) -> list[str]:
+        base, entries = self._entries(directory)
         prefix = f"{directory}/" if directory else ""
         return [prefix + e for e in entries if not e.startswith(TEMP_PREFIX) and (base / e).is_file()]
 
     def list_temps(self, directory: str) -> list[str]:
-        base = self._path(directory) if directory else self.root
-        try:
-            entries = sorted(os.listdir(base))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
+        _, entries = self._entries(directory)
         prefix = f"{directory}/" if directory else ""
         return [prefix + e for e in entries if e.startswith(TEMP_PREFIX)]
 
@@ -137,10 +133,7 @@ class LocalStorage:
         # O_APPEND: each write lands at the end even with another process appending to the same file.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
+            _write_all(fd, data)
         finally:
             os.close(fd)
 
@@ -151,6 +144,13 @@ class LocalStorage:
         lines = data.decode(errors="replace").split("\n")
         # A writer killed mid-line leaves a last line without its newline: drop it.
         return [line for line in lines[:-1] if line]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (``os.write`` may write less than asked)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _fsync_dir(path: Path) -> None:

@@ -23,6 +23,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from costopt.errors import CostoptError
+from costopt.ledger.prices import KEY_COLUMNS
 
 __all__ = [
     "KEY_COLUMNS",
@@ -39,7 +40,6 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-KEY_COLUMNS = ("cloud", "region", "zone", "instance_type", "market")
 OFFER_COLUMNS = (*KEY_COLUMNS, "accelerator", "gpu_count")
 _NS_PER_HOUR = 3_600_000_000_000
 

@@ -48,7 +48,7 @@ from costopt.domain import Cloud, Market, OfferKey, utc
 from costopt.errors import CostoptError
 from costopt.ledger.book import Ledger, MemoryLedger
 from costopt.ledger.model import ChargeKind, ChargeRecord, CostReport, IntervalRecord
-from costopt.ledger.prices import PriceView
+from costopt.ledger.prices import KEY_COLUMNS, PriceView, offer_label
 from costopt.migration.decision import Action, MigrationRule, OfferQuote, RunningJob, choose
 from costopt.planning.evaluate import OfferTable
 from costopt.planning.model import (
@@ -65,7 +65,6 @@ from costopt.planning.model import (
     MinTimeWithinBudget,
     Objective,
     Plan,
-    Weighted,
     to_cents,
 )
 from costopt.planning.single import plan_job
@@ -92,7 +91,6 @@ __all__ = [
     "Verdict",
     "WorkloadProgress",
     "WorkloadTiming",
-    "build_objective",
     "run_job",
     "run_job_backtest",
 ]
@@ -327,11 +325,6 @@ def _share(job_gpus: int, instance_gpus: float) -> Decimal:
     return share
 
 
-def _label(key: OfferKey) -> str:
-    zone = f"/{key.zone}" if key.zone else ""
-    return f"{key.cloud.value} {key.region}{zone} {key.instance_type} ({key.market.value})"
-
-
 # --- the runner ---------------------------------------------------------------------------------------
 
 
@@ -440,7 +433,12 @@ class _Runner:
     def _log(self, event: str, action: str, target: Placement | None, reason: str, explanation: str = "") -> None:
         self.decisions.append(
             DecisionLogEntry(
-                self.cloud.now(), event, action, None if target is None else _label(target.key), reason, explanation
+                self.cloud.now(),
+                event,
+                action,
+                None if target is None else offer_label(target.key),
+                reason,
+                explanation,
             )
         )
 
@@ -665,8 +663,7 @@ class _Runner:
                 next_decision += every
                 self._rebalance(run)
         stopped = cloud.now()
-        if self.current is not None:  # not done by the end: its interval stays open
-            self._record(self.current, None, None)
+        if self.current is not None:  # not done by the end: its interval stays open (recorded at launch)
             steps_done = self.cloud.progress(self.current.instance_id).steps_done
         else:
             steps_done = job.steps if self.finished_at is not None else self.durable
@@ -705,25 +702,6 @@ def run_job(cloud: SimulatedCloud, ledger: Ledger, placer: Placer, job: JobRun) 
 
 
 # --- the planner's placer (``costopt backtest job``) -------------------------------------------------
-
-
-def build_objective(
-    name: str,
-    *,
-    deadline_hours: float | None = None,
-    budget_usd: Decimal | None = None,
-    confidence: float = 0.95,
-    cost_weight: float = 0.5,
-) -> Objective:
-    """An objective by name (``min-cost``, ``min-time``, ``weighted``; a deadline turns min-cost into
-    min-cost-by-deadline, a budget turns min-time into min-time-within-budget)."""
-    if name == "min-cost":
-        return MinCost() if deadline_hours is None else MinCostByDeadline(deadline_hours, confidence)
-    if name == "min-time":
-        return MinTime() if budget_usd is None else MinTimeWithinBudget(budget_usd)
-    if name == "weighted":
-        return Weighted(cost_weight)
-    raise JobBacktestError(f"unknown objective {name!r}; choose min-cost, min-time or weighted")
 
 
 class PlannerPlacer:
@@ -796,14 +774,14 @@ class PlannerPlacer:
         return o
 
     def _plan(self, state: JobState, exclude: Collection[OfferKey]) -> Plan | None:
+        if state.remaining_steps <= 0:
+            return None
         frame = self._frame(state.now)
         if exclude and len(frame):
-            cols = [frame[c] for c in ("cloud", "region", "zone", "instance_type", "market")]
+            cols = [frame[c] for c in KEY_COLUMNS]
             keys = list(zip(*cols, strict=True))
             drop = {(k.cloud.value, k.region, k.zone, k.instance_type, k.market.value) for k in exclude}
             frame = frame[[k not in drop for k in keys]].reset_index(drop=True)
-        if state.remaining_steps <= 0:
-            return None
         job = JobSpec(
             self.job_type,
             state.remaining_steps,
@@ -875,7 +853,7 @@ class PlannerPlacer:
             best = self._placement(plan.winner)
             if best.key == state.current.key:
                 return Verdict(None, "best", "the current offer is still the planner's winner")
-            return Verdict(best, "better", f"the planner's winner is now {_label(best.key)}: {plan.reason}")
+            return Verdict(best, "better", f"the planner's winner is now {offer_label(best.key)}: {plan.reason}")
         cands = [self._placement(c) for c in plan.alternatives]
         if isinstance(self.objective, MinTime | MinTimeWithinBudget):
             cands = [c for c in cands if c.steps_per_s >= state.current.steps_per_s]
@@ -985,7 +963,7 @@ def run_job_backtest(
     steps: float,
     start: datetime,
     end: datetime,
-    objective: Objective | str = "min-cost",
+    objective: Objective | None = None,
     policy: str = "dynamic_migration_cost",
     hazards: HazardModel | None = None,
     gpus: int = 1,
@@ -1003,7 +981,8 @@ def run_job_backtest(
 ) -> JobBacktest:
     """Backtest one job (``costopt backtest job``): ``steps`` steps of ``job_type`` from ``start`` on the
     simulated cloud that ``cloud_factory`` builds on ``prices`` (seeded by ``seed``), under ``policy``
-    (:data:`JOB_POLICIES`) and ``objective``, re-planned every ``rebalance_hours``, billed into ``ledger``
+    (:data:`JOB_POLICIES`) and ``objective`` (default min-cost; ``costopt backtest job`` builds it as
+    ``costopt plan`` does), re-planned every ``rebalance_hours``, billed into ``ledger``
     (default: in memory), stopped at ``end`` if not done.
 
     The decision rule's restart and overlap are the simulated cloud's boot + restore and checkpoint times
@@ -1016,7 +995,7 @@ def run_job_backtest(
 
     start, end = utc(start), utc(end)
     jt = JobType.parse(job_type)
-    obj = build_objective(objective) if isinstance(objective, str) else objective
+    obj = objective if objective is not None else MinCost()
     hz = hazards or HazardModel()
     if not rebalance_hours > 0:
         raise JobBacktestError(f"rebalance_hours must be > 0, got {rebalance_hours}")

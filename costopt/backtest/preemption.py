@@ -28,7 +28,7 @@ import math
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
 import numpy as np
@@ -330,12 +330,12 @@ def preemption_study(
 
 
 def _paper_reductions(
-    setup: RegionSetup, model: str, steps: float, gb: float, days: Sequence[object], policies: Sequence[str]
+    setup: RegionSetup, model: str, steps: float, gb: float, days: Sequence[date], policies: Sequence[str]
 ) -> dict[str, float]:
     """The paper engine's cost reduction (baseline mean / policy mean) on the same jobs."""
     grid = setup.grid
     m = setup.cube.models.index(model)
-    starts = [grid.period_of(datetime(d.year, d.month, d.day, tzinfo=UTC)) for d in days]  # type: ignore[attr-defined]
+    starts = [grid.period_of(datetime(d.year, d.month, d.day, tzinfo=UTC)) for d in days]
     jobs = JobBatch(
         model=np.full(len(starts), m, dtype=np.int64),
         steps=np.full(len(starts), steps),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -63,15 +64,11 @@ def classes_by_key(key: FloatArray) -> Classes:
         return singleton_classes(0)
     rows = np.ascontiguousarray(key, dtype=np.float64)
     rows = rows + 0.0  # -0.0 and 0.0 must compare equal byte-wise
-    void = rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel()
-    _, rep, inverse, count = np.unique(void, return_index=True, return_inverse=True, return_counts=True)
-    of_job = inverse.reshape(-1).astype(np.int64)
-    members = np.argsort(of_job, kind="stable").astype(np.int64)
-    start = np.concatenate([[0], np.cumsum(count)]).astype(np.int64)
-    return Classes(of_job=of_job, count=count.astype(np.int64), rep=rep.astype(np.int64), members=members, start=start)
+    return _classes_by_codes(rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel())
 
 
-def _classes_by_codes(codes: IntArray) -> Classes:
+def _classes_by_codes(codes: npt.NDArray[Any]) -> Classes:
+    """Jobs with equal ``codes`` form one class; classes ordered by code."""
     _, rep, inverse, count = np.unique(codes, return_index=True, return_inverse=True, return_counts=True)
     of_job = inverse.reshape(-1).astype(np.int64)
     members = np.argsort(of_job, kind="stable").astype(np.int64)
@@ -349,26 +346,18 @@ class SlotColumns:
         out[self.slot] = values
         return out
 
+    def _slot_rows(self, vals: FloatArray) -> Triplets:
+        """(n_slots x columns): ``vals`` (one per column) in the row of the column's slot."""
+        slots = np.repeat(np.arange(self.n_slots, dtype=np.int64), self.k)
+        return Triplets(slots, np.arange(self.n, dtype=np.int64), vals, self.n_slots, self.n)
+
     def time_rows(self) -> Triplets:
         """(n_slots x columns): a job's time, 1 per unit of each column of its slot."""
-        return Triplets(
-            np.repeat(np.arange(self.n_slots, dtype=np.int64), self.k),
-            np.arange(self.n, dtype=np.int64),
-            np.ones(self.n),
-            self.n_slots,
-            self.n,
-        )
+        return self._slot_rows(np.ones(self.n))
 
     def throughput_rows(self, scale: FloatArray) -> Triplets:
         """(n_slots x columns): a job's throughput times ``scale`` (per job row)."""
-        vals = (self.tput * self.per_slot(scale)[:, None]).ravel()
-        return Triplets(
-            np.repeat(np.arange(self.n_slots, dtype=np.int64), self.k),
-            np.arange(self.n, dtype=np.int64),
-            vals,
-            self.n_slots,
-            self.n,
-        )
+        return self._slot_rows((self.tput * self.per_slot(scale)[:, None]).ravel())
 
     def capacity_rows(self) -> Triplets:
         """(types x columns): GPUs of each type held per unit of each column (entries of every type a

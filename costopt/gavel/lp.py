@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import highspy
 import numpy as np
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 FloatArray = npt.NDArray[np.float64]
 INF = float("inf")
 _local = threading.local()
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -266,15 +268,34 @@ def _run(h: Any, what: str) -> LPSolution | None:
         return None
     text = h.modelStatusToString(status)
     log.debug("%s: HiGHS status %s", what, text)
-    raise SolverFailed(what, text, f"{h.getNumRow()} constraints, {h.getNumCol()} variables")
+    raise SolverFailed(what, text, _dims(h))
 
 
-def _kept() -> dict[str, KeptModel]:
-    kept: dict[str, KeptModel] | None = getattr(_local, "kept", None)
-    if kept is None:
-        kept = {}
-        _local.kept = kept
-    return kept
+def _dims(h: Any) -> str:
+    return f"{h.getNumRow()} constraints, {h.getNumCol()} variables"
+
+
+def _pass_model(h: Any, arr: _Arrays, *, ipm: bool) -> None:
+    """Pass ``arr`` to ``h`` for a solve from scratch: interior point above :data:`IPM_ABOVE_NONZEROS`
+    nonzeros (when ``ipm``), presolve from :data:`PRESOLVE_ABOVE_NONZEROS`."""
+    nnz = arr.value.shape[0]
+    h.setOptionValue("solver", "ipm" if ipm and nnz > IPM_ABOVE_NONZEROS else "simplex")
+    h.setOptionValue("presolve", "off" if nnz < PRESOLVE_ABOVE_NONZEROS else "choose")
+    h.passModel(arr.highs_lp())
+
+
+def _recent(store_name: str, key: str, make: Callable[[], _T]) -> _T:
+    """``key``'s entry of this thread's store ``store_name`` (made if missing), now the most recently
+    used; beyond :data:`_MAX_KEPT` entries the least recently used is dropped."""
+    store: dict[str, _T] | None = getattr(_local, store_name, None)
+    if store is None:
+        store = {}
+        setattr(_local, store_name, store)
+    item = store.pop(key, None) or make()
+    store[key] = item
+    while len(store) > _MAX_KEPT:
+        store.pop(next(iter(store)))
+    return item
 
 
 def forget_kept_models() -> None:
@@ -337,16 +358,13 @@ class KeptModel:
     def _pass(self, arr: _Arrays) -> None:
         if self._h is None:
             self._h = _new_highs()
-        nnz = arr.value.shape[0]
-        self._h.setOptionValue("solver", "ipm" if self._ipm_when_cold and nnz > IPM_ABOVE_NONZEROS else "simplex")
-        self._h.setOptionValue("presolve", "off" if nnz < PRESOLVE_ABOVE_NONZEROS else "choose")
-        self._h.passModel(arr.highs_lp())
+        _pass_model(self._h, arr, ipm=self._ipm_when_cold)
         self._arr = arr
         self._warm = False
 
     @property
     def dims(self) -> str:
-        return f"{self._h.getNumRow()} constraints, {self._h.getNumCol()} variables"
+        return _dims(self._h)
 
     def set_row_bounds(self, rows: npt.ArrayLike, lower: npt.ArrayLike, upper: npt.ArrayLike) -> None:
         """Change the bounds of ``rows`` (ascending indices) for the next solve. A row free at
@@ -451,14 +469,7 @@ class SlotModels:
 def slot_models(what: str) -> SlotModels:
     """This thread's :class:`SlotModels` for ``what`` (at most :data:`_MAX_KEPT`, least recently used
     dropped first; :func:`forget_kept_models` drops them all)."""
-    store: dict[str, SlotModels] | None = getattr(_local, "slot_models", None)
-    if store is None:
-        store = _local.slot_models = {}
-    models = store.pop(what, None) or SlotModels(what)
-    store[what] = models
-    while len(store) > _MAX_KEPT:
-        store.pop(next(iter(store)))
-    return models
+    return _recent("slot_models", what, lambda: SlotModels(what))
 
 
 def _apply_changes(h: Any, old: _Arrays, new: _Arrays) -> _Arrays:
@@ -510,23 +521,17 @@ def solve_lp(
     arr = _arrays(-cost if maximize else cost, a, row_lower, row_upper, col_lower, col_upper, what)
     nnz = arr.value.shape[0]
     if warm and nnz <= WARM_START_MAX_NONZEROS:
-        kept = _kept()
-        model = kept.pop(what, None) or KeptModel(what, ipm_when_cold=False)
+        model = _recent("kept", what, lambda: KeptModel(what, ipm_when_cold=False))
         model._load(cost, arr)
-        kept[what] = model
-        while len(kept) > _MAX_KEPT:
-            kept.pop(next(iter(kept)))
         sol = model.solve()
         dims = model.dims
     else:
         h = _highs()
-        h.setOptionValue("solver", "ipm" if nnz > IPM_ABOVE_NONZEROS else "simplex")
-        h.setOptionValue("presolve", "off" if nnz < PRESOLVE_ABOVE_NONZEROS else "choose")
-        h.passModel(arr.highs_lp())
+        _pass_model(h, arr, ipm=True)
         try:
             sol = _run(h, what)
         finally:
-            dims = f"{h.getNumRow()} constraints, {h.getNumCol()} variables"
+            dims = _dims(h)
             h.clearModel()
     if sol is None:
         raise Infeasible(what, "Infeasible", dims)

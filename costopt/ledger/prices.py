@@ -29,6 +29,7 @@ import pandas as pd
 
 from costopt.domain import Cloud, InstanceType, Market, OfferKey
 from costopt.ledger.model import NoPriceInEffect, Segment, segment_micro_usd
+from costopt.planning.evaluate import OFFER_COLUMNS
 from costopt.planning.model import money
 
 __all__ = [
@@ -39,11 +40,10 @@ __all__ = [
     "PriceView",
     "StepPrices",
     "StorePriceView",
+    "offer_label",
     "price_segments",
 ]
 
-OFFER_COLUMNS = ("cloud", "region", "zone", "instance_type", "market", "accelerator", "gpu_count", "usd_per_hour")
-"""Columns of :meth:`PriceView.offers_at` (those the planner's ``OfferTable`` reads)."""
 KEY_COLUMNS = ("cloud", "region", "zone", "instance_type", "market")
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
@@ -71,8 +71,9 @@ class PriceView(PriceSteps, Protocol):
     """What the simulated cloud and the job backtest need: steps, offers in effect, GPU shapes."""
 
     def offers_at(self, at: datetime) -> pd.DataFrame:
-        """Every offer with a price in effect at ``at`` (columns :data:`OFFER_COLUMNS`; accelerator and
-        gpu_count None/NaN when the instance type is unknown)."""
+        """Every offer with a price in effect at ``at`` (columns :data:`OFFER_COLUMNS`, those the
+        planner's ``OfferTable`` reads; accelerator and gpu_count None/NaN when the instance type is
+        unknown)."""
         ...
 
     def shape(self, key: OfferKey) -> tuple[str, float] | None:
@@ -128,7 +129,7 @@ def price_segments(
     steps = list(prices.steps(key, start, end))
     if not steps or steps[0].valid_from > start:
         first = f"; its first price is from {steps[0].valid_from}" if steps else ""
-        raise NoPriceInEffect(f"no price of {_label(key)} is in effect at {start.isoformat()}{first}")
+        raise NoPriceInEffect(f"no price of {offer_label(key)} is in effect at {start.isoformat()}{first}")
     out: list[Segment] = []
     for i, step in enumerate(steps):
         s = max(step.valid_from, start)
@@ -139,7 +140,8 @@ def price_segments(
     return tuple(out)
 
 
-def _label(key: OfferKey) -> str:
+def offer_label(key: OfferKey) -> str:
+    """``aws us-east-1/us-east-1a p3.2xlarge (spot)``: an offer for messages and decision logs."""
     zone = f"/{key.zone}" if key.zone else ""
     return f"{key.cloud.value} {key.region}{zone} {key.instance_type} ({key.market.value})"
 

@@ -13,7 +13,7 @@ Prices are read (``prices.steps``) before the write transaction opens, never ins
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,6 +69,14 @@ def _interval_record(row: Row[Any]) -> IntervalRecord:
     )
 
 
+def _interval_line(row: Row[Any], segments: Mapping[int, Sequence[Segment]]) -> IntervalLine:
+    """A stored interval as a line: open, or closed with its segments (``segments``: by interval id)."""
+    rec = _interval_record(row)
+    if row.ended_at is None:
+        return IntervalLine(rec)
+    return IntervalLine(rec, tuple(segments.get(row.id, ())), int(row.amount_micro_usd))
+
+
 def _charge_record(row: Row[Any]) -> ChargeRecord:
     """A stored charge as a record; its amount is the stored one (it was valued when recorded)."""
     return ChargeRecord(
@@ -107,20 +115,8 @@ class SqlLedger:
         row = conn.execute(select(ledger_intervals).where(ledger_intervals.c.interval_key == key)).first()
         if row is None:
             return None
-        return row.id, self._line(conn, row)
-
-    def _line(self, conn: Connection, row: Row[Any]) -> IntervalLine:
-        rec = _interval_record(row)
-        if row.ended_at is None:
-            return IntervalLine(rec)
-        segs = conn.execute(
-            select(ledger_segments).where(ledger_segments.c.interval_id == row.id).order_by(ledger_segments.c.seq)
-        ).fetchall()
-        return IntervalLine(
-            rec,
-            tuple(Segment(s.starts_at, s.ends_at, s.usd_per_hour, int(s.amount_micro_usd)) for s in segs),
-            int(row.amount_micro_usd),
-        )
+        segs = self._segments(conn, [] if row.ended_at is None else [row.id])
+        return row.id, _interval_line(row, segs)
 
     def record_interval(self, record: IntervalRecord) -> IntervalLine:
         """Record (or close) an interval idempotently (module docstring); returns the stored line."""
@@ -274,14 +270,7 @@ class SqlLedger:
                 select(ledger_intervals).where(and_(True, *conds)).order_by(t.started_at, t.interval_key)
             ).fetchall()
             segs = self._segments(conn, [r.id for r in rows if r.ended_at is not None])
-        out = []
-        for r in rows:
-            rec = _interval_record(r)
-            if r.ended_at is None:
-                out.append(IntervalLine(rec))
-            else:
-                out.append(IntervalLine(rec, tuple(segs.get(r.id, ())), int(r.amount_micro_usd)))
-        return out
+        return [_interval_line(r, segs) for r in rows]
 
     @staticmethod
     def _segments(conn: Connection, ids: Sequence[int]) -> dict[int, list[Segment]]:

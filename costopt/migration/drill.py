@@ -67,6 +67,8 @@ log = logging.getLogger("costopt.migration.drill")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_COMMAND = "python examples/train.py --steps 2000 --checkpoint-every 50 --step-seconds 0.01"
 PROVIDERS = ("local", "sim")
+LOCAL_POLL_SECONDS = 0.05
+"""How often the drill's migrator looks again while waiting: its copies are processes on this machine."""
 NOTICE_REACTION_SECONDS = 1.0
 """A copy whose agent never recorded a notice is blamed only if the notice came this long ahead and it
 kept training past that (a shorter notice may simply have been too short to see)."""
@@ -572,7 +574,12 @@ def drill(
         cloud, offers = market, SIM_OFFERS
     unavailable = UnavailableOffers(engine, ttl=dict.fromkeys(DEFAULT_TTL, timedelta(seconds=unavailable_seconds)))
     mig = Migrator(
-        engine, cloud, checkpoint_timeout=event_timeout, verify_timeout=event_timeout, unavailable=unavailable
+        engine,
+        cloud,
+        checkpoint_timeout=event_timeout,
+        verify_timeout=event_timeout,
+        poll_seconds=LOCAL_POLL_SECONDS,
+        unavailable=unavailable,
     )
     watcher = InterruptionWatcher(
         mig,

@@ -90,7 +90,7 @@ from costopt.cloud import (
     ProviderConfigError,
 )
 from costopt.db.migration_schema import migration_copies, migration_jobs, migrations
-from costopt.domain import Cloud, Market, OfferKey
+from costopt.domain import OfferKey
 from costopt.errors import CostoptError
 from costopt.ledger.book import Ledger
 from costopt.ledger.model import ChargeKind, ChargeRecord, IntervalRecord, LedgerError
@@ -166,20 +166,6 @@ class EndReason(StrEnum):
 # -- records ------------------------------------------------------------------------------------------
 
 
-def offer_to_doc(offer: OfferKey) -> dict[str, str]:
-    return {
-        "cloud": offer.cloud.value,
-        "region": offer.region,
-        "zone": offer.zone,
-        "instance_type": offer.instance_type,
-        "market": offer.market.value,
-    }
-
-
-def offer_from_doc(doc: Mapping[str, str]) -> OfferKey:
-    return OfferKey(Cloud(doc["cloud"]), doc["region"], doc["zone"], doc["instance_type"], Market(doc["market"]))
-
-
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     job_id: str
@@ -203,7 +189,7 @@ class JobRecord:
             checkpoint_uri=row.checkpoint_uri,
             epoch=int(row.epoch),
             instance_id=row.instance_id,
-            offer=offer_from_doc(json.loads(row.offer)) if row.offer else None,
+            offer=OfferKey.from_doc(json.loads(row.offer)) if row.offer else None,
             status=JobStatus(row.status),
             reason=row.reason or "",
         )
@@ -245,7 +231,7 @@ class MigrationRecord:
             new_instance_id=row.new_instance_id,
             request_id=row.request_id,
             token=row.token,
-            offers=tuple(offer_from_doc(d) for d in json.loads(row.offers)),
+            offers=tuple(OfferKey.from_doc(d) for d in json.loads(row.offers)),
             offer_index=int(row.offer_index),
             attempts=int(row.attempts),
             reason=row.reason or "",
@@ -298,9 +284,9 @@ class CopyRecord:
             epoch=int(row.epoch),
             instance_id=row.instance_id,
             provider=row.provider,
-            offer=offer_from_doc(json.loads(row.offer)),
+            offer=OfferKey.from_doc(json.loads(row.offer)),
             migration_id=None if row.migration_id is None else int(row.migration_id),
-            source_offer=offer_from_doc(json.loads(row.source_offer)) if row.source_offer else None,
+            source_offer=OfferKey.from_doc(json.loads(row.source_offer)) if row.source_offer else None,
             egress_gb=row.egress_gb,
             started_at=row.started_at,
             verified_at=row.verified_at,
@@ -425,9 +411,9 @@ def _write_copy_start(conn: Connection, provider: str, start: CopyStart, now: da
             epoch=start.epoch,
             instance_id=start.instance_id,
             provider=provider,
-            offer=json.dumps(offer_to_doc(start.offer)),
+            offer=json.dumps(start.offer.to_doc()),
             migration_id=start.migration_id,
-            source_offer=json.dumps(offer_to_doc(start.source_offer)) if start.source_offer else None,
+            source_offer=json.dumps(start.source_offer.to_doc()) if start.source_offer else None,
             egress_gb=start.egress_gb,
             started_at=start.started_at,
             ledger_opened=False,
@@ -664,6 +650,18 @@ def _overlap_charge(engine: Engine, copy: CopyRecord) -> ChargeRecord | None:
 # -- the migrator -------------------------------------------------------------------------------------
 
 
+def _active_condition() -> Any:
+    """The migrations not finished yet (done or rolled back)."""
+    return migrations.c.state.notin_([s.value for s in TERMINAL])
+
+
+def _mark_preempted(unavailable: UnavailableOffers | None, end: CopyEnd) -> None:
+    """Mark the offer of a copy found preempted unavailable (when there is a cache)."""
+    if unavailable is None or end.reason is not EndReason.PREEMPTED or end.offer is None:
+        return
+    unavailable.mark(end.offer, REASON_PREEMPTED, at=end.ended_at, detail=f"{end.instance_id} preempted")
+
+
 def _gb(value: float | Decimal | None) -> Decimal | None:
     if value is None:
         return None
@@ -679,6 +677,8 @@ class Migrator:
 
     - ``checkpoint_timeout``: how long the old copy has to answer the checkpoint request;
     - ``verify_timeout``: how long the new copy has to restore and progress;
+    - ``poll_seconds``: how often a waiting step looks again (each look describes an instance at the cloud
+      and reads the latest checkpoint's record; drills and tests on this machine use 0.05 s);
     - ``backoff``: seconds before the n-th retry on another offer: ``min(cap, base * 2**n)``;
     - ``hook``: fault-injection hook (see the module doc);
     - ``ledger``: where each copy's interval and each move's charges are recorded (None: not billed;
@@ -691,7 +691,7 @@ class Migrator:
     provider: CloudProvider
     checkpoint_timeout: float = 60.0
     verify_timeout: float = 60.0
-    poll_seconds: float = 0.05
+    poll_seconds: float = 2.0
     backoff_base: float = 0.1
     backoff_cap: float = 5.0
     sleep: Callable[[float], None] = time.sleep
@@ -760,19 +760,13 @@ class Migrator:
     def active_migration(self, job_id: str) -> MigrationRecord | None:
         with self.engine.connect() as conn:
             row = conn.execute(
-                select(migrations)
-                .where(migrations.c.job_id == job_id, migrations.c.state.notin_([s.value for s in TERMINAL]))
-                .order_by(migrations.c.id)
+                select(migrations).where(migrations.c.job_id == job_id, _active_condition()).order_by(migrations.c.id)
             ).first()
         return MigrationRecord.of(row) if row is not None else None
 
     def active_migrations(self) -> list[MigrationRecord]:
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(migrations)
-                .where(migrations.c.state.notin_([s.value for s in TERMINAL]))
-                .order_by(migrations.c.id)
-            ).all()
+            rows = conn.execute(select(migrations).where(_active_condition()).order_by(migrations.c.id)).all()
         return [MigrationRecord.of(r) for r in rows]
 
     def history(self, job_id: str) -> list[MigrationRecord]:
@@ -820,11 +814,7 @@ class Migrator:
         gb = _gb(checkpoint_gb)
         ordered, note = self._order_offers(offers, kind)
         with self.engine.begin() as conn:
-            active = conn.execute(
-                select(migrations).where(
-                    migrations.c.job_id == job_id, migrations.c.state.notin_([s.value for s in TERMINAL])
-                )
-            ).first()
+            active = conn.execute(select(migrations).where(migrations.c.job_id == job_id, _active_condition())).first()
             if active is not None:
                 return MigrationRecord.of(active)
             row = conn.execute(select(migration_jobs).where(migration_jobs.c.job_id == job_id)).first()
@@ -847,7 +837,7 @@ class Migrator:
                     to_epoch=to_epoch,
                     old_instance_id=job.instance_id,
                     request_id=request_id(job_id, to_epoch),
-                    offers=json.dumps([offer_to_doc(o) for o in ordered]),
+                    offers=json.dumps([o.to_doc() for o in ordered]),
                     offer_index=0,
                     attempts=0,
                     reason=note,
@@ -961,11 +951,6 @@ class Migrator:
         inst = _describe(self.provider, instance_id)
         return inst is not None and inst.state in ALIVE_STATES
 
-    def _mark_preempted(self, end: CopyEnd) -> None:
-        if self.unavailable is None or end.reason is not EndReason.PREEMPTED or end.offer is None:
-            return
-        self.unavailable.mark(end.offer, REASON_PREEMPTED, at=end.ended_at, detail=f"{end.instance_id} preempted")
-
     def _stop(
         self,
         job: JobRecord,
@@ -991,7 +976,7 @@ class Migrator:
         else:
             reason = dead_reason or _dead_reason(inst, job.checkpoint_uri, epoch)
         end = _copy_end(inst, job.job_id, epoch, instance_id, reason, self.now())
-        self._mark_preempted(end)
+        _mark_preempted(self.unavailable, end)
         return end
 
     # planned: ask the old copy for a checkpoint (move) or make sure it is gone (recover).
@@ -1153,7 +1138,7 @@ class Migrator:
             job={
                 "epoch": mig.to_epoch,
                 "instance_id": mig.new_instance_id,
-                "offer": json.dumps(offer_to_doc(offer)),
+                "offer": json.dumps(offer.to_doc()),
             },
         )
 
@@ -1267,10 +1252,7 @@ def reconcile(
     with engine.connect() as conn:
         jobs = {r.job_id: JobRecord.of(r) for r in conn.execute(select(migration_jobs)).all()}
         active = {
-            r.job_id: MigrationRecord.of(r)
-            for r in conn.execute(
-                select(migrations).where(migrations.c.state.notin_([s.value for s in TERMINAL]))
-            ).all()
+            r.job_id: MigrationRecord.of(r) for r in conn.execute(select(migrations).where(_active_condition())).all()
         }
     ends: list[CopyEnd] = []
     orphans: list[str] = []
@@ -1345,8 +1327,7 @@ def reconcile(
     closed: list[str] = []
     if not dry_run:
         for end in ends:
-            if unavailable is not None and end.reason is EndReason.PREEMPTED and end.offer is not None:
-                unavailable.mark(end.offer, REASON_PREEMPTED, at=end.ended_at, detail=f"{end.instance_id} preempted")
+            _mark_preempted(unavailable, end)
             with engine.begin() as conn:
                 if _write_copy_end(conn, pname, end, _utcnow()):
                     closed.append(interval_key(pname, end.job_id, end.epoch, end.instance_id))

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
+from typing import Any
 
 import pandas as pd
 from sqlalchemy import ColumnElement, Engine, and_, delete, insert, select, update
@@ -101,14 +102,9 @@ def _key_clause(offer: OfferKey) -> list[ColumnElement[bool]]:
     ]
 
 
-def _offer_of(row: object) -> OfferKey:
-    return OfferKey(
-        Cloud(row.cloud),  # type: ignore[attr-defined]
-        row.region,  # type: ignore[attr-defined]
-        row.zone,  # type: ignore[attr-defined]
-        row.instance_type,  # type: ignore[attr-defined]
-        Market(row.market),  # type: ignore[attr-defined]
-    )
+def _offer_of(row: Any) -> OfferKey:
+    """The offer of a row of ``unavailable_offers``."""
+    return OfferKey(Cloud(row.cloud), row.region, row.zone, row.instance_type, Market(row.market))
 
 
 class UnavailableOffers:

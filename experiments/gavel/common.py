@@ -21,13 +21,19 @@ RESULTS = Path(__file__).resolve().parent / "results"
 Spec = dict[str, Any]
 
 
+def cap_s(window_end: int, rate: float) -> float:
+    """``max_simulated_s`` of a continuous sweep run: the expected arrival of job ``window_end`` plus
+    1000 h (a run that hits it is past the policy's saturation)."""
+    return (window_end / rate + 1000) * 3600.0
+
+
 def spec_key(spec: Spec) -> str:
     return json.dumps(spec, sort_keys=True)
 
 
 def _run(spec: Spec) -> dict[str, Any]:
     from costopt.gavel.policies import get_policy
-    from costopt.gavel.simulator import simulate, simulate_trace
+    from costopt.gavel.simulator import parse_cluster, simulate, simulate_trace
     from costopt.gavel.trace import generate_trace
     from costopt.gavel.workload import load_workload
     from costopt.throughput import GAVEL_SIMULATION_FILE
@@ -40,7 +46,7 @@ def _run(spec: Spec) -> dict[str, Any]:
         trace = generate_trace(
             workload, s["jobs"], rate_per_hour=None, seed=s["seed"], multi_gpu=s.get("multi_gpu", False)
         )
-        cap = tuple(int(c) for c in s.get("cluster", "36:36:36").split(":"))
+        cap = parse_cluster(s.get("cluster", "36:36:36"), len(workload.worker_types))
         res = simulate_trace(
             get_policy(s["policy"]),
             trace,

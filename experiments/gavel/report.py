@@ -12,6 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from common import RESULTS, ROOT, load
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 
 FIGURES = ROOT / "docs" / "figures"
@@ -33,6 +35,29 @@ def _group(rows: list[dict[str, Any]], *keys: str) -> dict[tuple[Any, ...], list
     return out
 
 
+def _header(title: str, column: str, policies: list[str]) -> list[str]:
+    """Title and header of a table with a row per ``column`` value and a column per policy."""
+    return [
+        f"### {title}",
+        "",
+        f"| {column} | " + " | ".join(LABEL.get(p, p) for p in policies) + " | agnostic / aware |",
+        "|---|" + "---|" * (len(policies) + 1),
+    ]
+
+
+def _save(fig: Figure, ax: Axes, name: str, title: str, xlabel: str, ylabel: str) -> list[str]:
+    """Label and save the figure as docs/figures/gavel_{name}.png; the markdown lines showing it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(FIGURES / f"gavel_{name}.png", dpi=120)
+    plt.close(fig)
+    return ["", f"![{title}](figures/gavel_{name}.png)", ""]
+
+
 def las(name: str, title: str) -> list[str]:
     rows = load(RESULTS / f"{name}.jsonl")
     if not rows:
@@ -41,12 +66,7 @@ def las(name: str, title: str) -> list[str]:
     policies = sorted({k[0] for k in groups})
     rates = sorted({k[1] for k in groups})
     fig, ax = plt.subplots(figsize=(6, 4))
-    lines = [
-        f"### {title}",
-        "",
-        "| jobs/h | " + " | ".join(LABEL.get(p, p) for p in policies) + " | agnostic / aware |",
-        "|---|" + "---|" * (len(policies) + 1),
-    ]
+    lines = _header(title, "jobs/h", policies)
     for p in policies:
         xs, ys, lo, hi, open_x, open_y = [], [], [], [], [], []
         for r in rates:
@@ -89,18 +109,10 @@ def las(name: str, title: str) -> list[str]:
         if "max_min_fairness" in means and "max_min_fairness_perf" in means:
             ratio = f"{means['max_min_fairness'] / means['max_min_fairness_perf']:.2f}x"
         lines.append(f"| {r:g} | " + " | ".join(cells) + f" | {ratio} |")
-    ax.set_xlabel("input job rate (jobs/hour)")
-    ax.set_ylabel("average JCT of jobs 4000-4999 (hours)")
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(ScalarFormatter())
     ax.yaxis.set_minor_formatter(ScalarFormatter())
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(FIGURES / f"gavel_{name}.png", dpi=120)
-    plt.close(fig)
-    return [*lines, "", f"![{title}](figures/gavel_{name}.png)", ""]
+    return [*lines, *_save(fig, ax, name, title, "input job rate (jobs/hour)", "average JCT of jobs 4000-4999 (hours)")]
 
 
 def makespan(name: str, title: str) -> list[str]:
@@ -111,12 +123,7 @@ def makespan(name: str, title: str) -> list[str]:
     policies = sorted({k[0] for k in groups})
     sizes = sorted({k[1] for k in groups})
     fig, ax = plt.subplots(figsize=(6, 4))
-    lines = [
-        f"### {title}",
-        "",
-        "| jobs | " + " | ".join(LABEL.get(p, p) for p in policies) + " | agnostic / aware |",
-        "|---|" + "---|" * (len(policies) + 1),
-    ]
+    lines = _header(title, "jobs", policies)
     for p in policies:
         xs = [n for n in sizes if (p, n) in groups]
         ax.plot(
@@ -129,15 +136,7 @@ def makespan(name: str, title: str) -> list[str]:
             ratio = f"{means['min_total_duration'] / means['min_total_duration_perf']:.2f}x"
         cells = [f"{means[p]:.1f} h" if p in means else "-" for p in policies]
         lines.append(f"| {n} | " + " | ".join(cells) + f" | {ratio} |")
-    ax.set_xlabel("jobs (static trace, all at t = 0)")
-    ax.set_ylabel("makespan (hours)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(FIGURES / f"gavel_{name}.png", dpi=120)
-    plt.close(fig)
-    return [*lines, "", f"![{title}](figures/gavel_{name}.png)", ""]
+    return [*lines, *_save(fig, ax, name, title, "jobs (static trace, all at t = 0)", "makespan (hours)")]
 
 
 def table(name: str, title: str, keys: tuple[str, ...], metrics: tuple[tuple[str, str, float], ...]) -> list[str]:

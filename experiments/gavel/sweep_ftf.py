@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import RESULTS, run_specs
+from common import RESULTS, cap_s, run_specs
 
 POLICIES = ("finish_time_fairness", "finish_time_fairness_perf", "max_min_fairness", "max_min_fairness_perf")
 RATES = (2.0, 3.0, 5.0)
@@ -15,7 +15,7 @@ SEEDS = (0, 1, 2)
 
 def specs() -> list[dict[str, object]]:
     return [
-        {"policy": p, "rate": r, "seed": s, "window": [1000, 1500], "max_simulated_s": (1500 / r + 1000) * 3600.0}
+        {"policy": p, "rate": r, "seed": s, "window": [1000, 1500], "max_simulated_s": cap_s(1500, r)}
         for r in RATES
         for s in SEEDS
         for p in POLICIES

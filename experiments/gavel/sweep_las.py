@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import RESULTS, run_specs
+from common import RESULTS, cap_s, run_specs
 
 POLICIES = ("max_min_fairness", "max_min_fairness_perf")
 SINGLE_RATES = (0.4, 1.0, 2.0, 3.0, 4.0, 4.5, 5.0, 5.25, 5.5, 5.75, 6.0)
@@ -28,7 +28,7 @@ def specs(multi_gpu: bool) -> list[dict[str, object]]:
             "seed": s,
             "window": [4000, 5000],
             "multi_gpu": multi_gpu,
-            "max_simulated_s": (5000 / r + 1000) * 3600.0,
+            "max_simulated_s": cap_s(5000, r),
         }
         for r in rates
         for s in SEEDS

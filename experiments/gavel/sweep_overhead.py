@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import RESULTS, run_specs
+from common import RESULTS, cap_s, run_specs
 
 POLICIES = ("max_min_fairness", "max_min_fairness_perf", "fifo_perf")
 RATES = (3.0, 5.0)
@@ -21,7 +21,7 @@ def specs() -> list[dict[str, object]]:
             "seed": 0,
             "window": [4000, 5000],
             "restart_overhead_s": o,
-            "max_simulated_s": (5000 / r + 1000) * 3600.0,
+            "max_simulated_s": cap_s(5000, r),
         }
         for r in RATES
         for o in OVERHEADS

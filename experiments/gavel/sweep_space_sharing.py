@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import RESULTS, run_specs
+from common import RESULTS, cap_s, run_specs
 
 RATES = (3.0, 5.0, 6.0)
 SEEDS = (0, 1, 2)
@@ -20,7 +20,7 @@ VARIANTS = (
 
 def specs() -> list[dict[str, object]]:
     return [
-        {**v, "rate": r, "seed": s, "window": [4000, 5000], "max_simulated_s": (5000 / r + 1000) * 3600.0}
+        {**v, "rate": r, "seed": s, "window": [4000, 5000], "max_simulated_s": cap_s(5000, r)}
         for r in RATES
         for s in SEEDS
         for v in VARIANTS

@@ -111,3 +111,7 @@ def test_policies_lists_every_registered_name() -> None:
     rows = json.loads(out)
     assert [r["policy"] for r in rows] == list(POLICY_NAMES)
     assert {r["policy"] for r in rows if r["heterogeneity_aware"]} == {n for n in POLICY_NAMES if "_perf" in n}
+    # named cases, not the rule the command itself applies
+    aware = {r["policy"]: r["heterogeneity_aware"] for r in rows}
+    assert aware["max_min_fairness_perf"] is True and aware["fifo_perf"] is True
+    assert aware["max_min_fairness"] is False and aware["min_total_duration"] is False

@@ -95,7 +95,7 @@ def test_on_the_real_data_dynamic_beats_static_multi_cloud_on_average_and_jobs_o
     # an 8-V100-day baseline job runs exactly 8 days: only those starting on 03-17 and 03-18 end after
     # the data (2020-03-24 00:00)
     baseline_8 = [c for c in result.cells if c.policy == "baseline" and c.job_days == 8.0]
-    assert all(c.outlived == 2 for c in baseline_8)
+    assert baseline_8 and all(c.outlived == 2 for c in baseline_8)
     again = paper_backtest(paper_inputs, regions=("us-east-1",))
     assert [r.cost_reduction for r in again.rows] == [r.cost_reduction for r in result.rows]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from costopt.gavel.bench import benchmark_state
 from costopt.gavel.policies import MaxMinFairness, get_policy
 from costopt.gavel.state import ClusterState
 from costopt.gavel.workload import Workload
-from tests.gavel.conftest import gavel_state
 
 
 def test_two_jobs_on_one_gpu_share_it_equally() -> None:
@@ -73,7 +73,7 @@ def test_pareto_stage_uses_the_gpu_time_max_min_is_indifferent_to() -> None:
 
 def test_pareto_stage_fills_gpus_a_lone_capped_job_leaves_idle(workload: Workload) -> None:
     # Few jobs, many GPUs: every job can run all the time; the first stage need not pick fast types.
-    st = gavel_state(workload, 6, gpus_per_type=4, seed=3)
+    st = benchmark_state(workload, 6, gpus_per_type=4, seed=3)
     first = get_policy("max_min_fairness_perf").allocate(st)
     second = get_policy("max_min_fairness_pareto_perf").allocate(st)
     t1, t2 = first.effective_throughput(st), second.effective_throughput(st)
@@ -86,7 +86,7 @@ def test_pareto_stage_fills_gpus_a_lone_capped_job_leaves_idle(workload: Workloa
 def test_merging_interchangeable_jobs_matches_the_per_job_optimum(
     workload: Workload, n: int, space_sharing: bool
 ) -> None:
-    st = gavel_state(workload, n, seed=n, space_sharing=space_sharing)
+    st = benchmark_state(workload, n, seed=n, space_sharing=space_sharing)
     merged = MaxMinFairness(merge=True).allocate(st)
     per_job = MaxMinFairness(merge=False).allocate(st)
     assert merged.stats["lp_classes"] < per_job.stats["lp_classes"]
@@ -98,7 +98,7 @@ def test_merging_interchangeable_jobs_matches_the_per_job_optimum(
 
 @pytest.mark.parametrize("space_sharing", [False, True])
 def test_merged_pareto_stage_matches_the_per_job_one(workload: Workload, space_sharing: bool) -> None:
-    st = gavel_state(workload, 40, seed=5, space_sharing=space_sharing)
+    st = benchmark_state(workload, 40, seed=5, space_sharing=space_sharing)
     merged = MaxMinFairness(pareto=True, merge=True).allocate(st)
     per_job = MaxMinFairness(pareto=True, merge=False).allocate(st)
     assert merged.objective == pytest.approx(per_job.objective, abs=1e-6)
@@ -107,7 +107,7 @@ def test_merged_pareto_stage_matches_the_per_job_one(workload: Workload, space_s
 
 
 def test_weighted_classes_are_merged_only_with_equal_weights(workload: Workload) -> None:
-    base = gavel_state(workload, 30, seed=9)
+    base = benchmark_state(workload, 30, seed=9)
     weights = np.where(np.arange(30) % 3 == 0, 2.0, 1.0)
     st = ClusterState.create(base.throughput, base.capacity, weight=weights, job_type=base.job_type)
     merged = MaxMinFairness(merge=True).allocate(st)
@@ -119,7 +119,7 @@ def test_weighted_classes_are_merged_only_with_equal_weights(workload: Workload)
 
 def test_aware_max_min_is_never_below_agnostic(workload: Workload) -> None:
     for seed in range(5):
-        st = gavel_state(workload, 30, seed=seed, gpus_per_type=5)
+        st = benchmark_state(workload, 30, seed=seed, gpus_per_type=5)
         aware = get_policy("max_min_fairness_perf").allocate(st)
         agnostic = get_policy("max_min_fairness").allocate(st)
         assert aware.objective >= agnostic.objective - 1e-9

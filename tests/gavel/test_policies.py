@@ -9,10 +9,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from costopt.gavel.bench import benchmark_state
 from costopt.gavel.policies import get_policy
 from costopt.gavel.state import ClusterState
 from costopt.gavel.workload import Workload
-from tests.gavel.conftest import gavel_state
 
 GRID = 24  # grid steps per time fraction in brute-force searches
 
@@ -199,6 +199,6 @@ def test_fifo_within_a_team_gives_its_share_to_its_oldest_job() -> None:
 
 
 def test_state_dependent_policies_handle_2048_jobs(workload: Workload) -> None:
-    st = gavel_state(workload, 2048, seed=1)
+    st = benchmark_state(workload, 2048, seed=1)
     for name in ("finish_time_fairness_perf", "fifo_perf"):
         get_policy(name).allocate(st).check(st.capacity)

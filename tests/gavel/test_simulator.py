@@ -4,18 +4,24 @@ space sharing and multi-GPU runs."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
 
 from costopt.gavel.errors import InvalidState, UnknownPolicy
 from costopt.gavel.policies import get_policy
-from costopt.gavel.simulator import parse_cluster, simulate, simulate_trace
+from costopt.gavel.simulator import SimResult, parse_cluster, simulate, simulate_trace
 from costopt.gavel.trace import generate_trace
 from costopt.gavel.workload import Workload
 
 SMALL = "4:4:4"
 HOUR = 3600.0  # long rounds keep these simulations short
+
+
+def _short(workload: Workload, policy: str, **kw: Any) -> SimResult:
+    """``simulate(policy, ...)`` on the small cluster with hour-long rounds unless ``kw`` says otherwise."""
+    return simulate(policy, **{"cluster": SMALL, "round_s": HOUR, "workload": workload, **kw})
 
 
 def _strip(d: dict[str, object]) -> dict[str, object]:
@@ -31,9 +37,9 @@ def test_cluster_spec_is_v100_p100_k80_counts() -> None:
 
 
 def test_a_short_run_is_deterministic_per_seed_and_json_able(workload: Workload) -> None:
-    a = simulate("max_min_fairness_perf", SMALL, rate=2.0, seed=3, window=(5, 25), workload=workload, round_s=HOUR)
-    b = simulate("max_min_fairness_perf", SMALL, rate=2.0, seed=3, window=(5, 25), workload=workload, round_s=HOUR)
-    c = simulate("max_min_fairness_perf", SMALL, rate=2.0, seed=4, window=(5, 25), workload=workload, round_s=HOUR)
+    a = _short(workload, "max_min_fairness_perf", rate=2.0, seed=3, window=(5, 25))
+    b = _short(workload, "max_min_fairness_perf", rate=2.0, seed=3, window=(5, 25))
+    c = _short(workload, "max_min_fairness_perf", rate=2.0, seed=4, window=(5, 25))
     assert _strip(a.as_dict()) == _strip(b.as_dict())
     assert a.avg_jct_s != c.avg_jct_s
     out = json.loads(json.dumps(a.as_dict()))
@@ -61,17 +67,8 @@ def test_the_aware_makespan_policy_beats_the_agnostic_one_on_a_static_trace(work
 
 
 def test_a_restart_overhead_slows_jobs_that_move(workload: Workload) -> None:
-    free = simulate("max_min_fairness", SMALL, rate=3.0, seed=0, window=(0, 20), workload=workload, round_s=HOUR)
-    paid = simulate(
-        "max_min_fairness",
-        SMALL,
-        rate=3.0,
-        seed=0,
-        window=(0, 20),
-        workload=workload,
-        round_s=HOUR,
-        restart_overhead_s=600.0,
-    )
+    free = _short(workload, "max_min_fairness", rate=3.0, seed=0, window=(0, 20))
+    paid = _short(workload, "max_min_fairness", rate=3.0, seed=0, window=(0, 20), restart_overhead_s=600.0)
     assert free.moves_per_job > 0
     assert paid.avg_jct_s > free.avg_jct_s
 
@@ -91,38 +88,20 @@ def test_a_restart_overhead_slows_jobs_that_move(workload: Workload) -> None:
     ],
 )
 def test_every_policy_completes_a_short_window(workload: Workload, name: str) -> None:
-    res = simulate(name, SMALL, rate=1.0, seed=5, window=(0, 10), workload=workload, slos=True, round_s=HOUR)
+    res = _short(workload, name, rate=1.0, seed=5, window=(0, 10), slos=True)
     assert res.window_complete, res
 
 
 def test_multi_gpu_and_space_sharing_runs_complete(workload: Workload) -> None:
-    mg = simulate(
-        "max_min_fairness_perf",
-        "8:8:8",
-        rate=2.0,
-        seed=1,
-        window=(0, 20),
-        multi_gpu=True,
-        workload=workload,
-        round_s=HOUR,
-    )
-    ss = simulate(
-        "max_min_fairness_perf",
-        SMALL,
-        rate=2.0,
-        seed=1,
-        window=(0, 20),
-        space_sharing=True,
-        workload=workload,
-        round_s=HOUR,
-    )
+    mg = _short(workload, "max_min_fairness_perf", cluster="8:8:8", rate=2.0, seed=1, window=(0, 20), multi_gpu=True)
+    ss = _short(workload, "max_min_fairness_perf", rate=2.0, seed=1, window=(0, 20), space_sharing=True)
     assert mg.window_complete and ss.window_complete
     assert mg.multi_gpu and ss.space_sharing
 
 
 def test_finish_time_fairness_of_a_lone_job_is_below_one(workload: Workload) -> None:
     # one job at a time: it has the whole cluster, better than a 1/N share with N >= 1
-    res = simulate("max_min_fairness_perf", SMALL, rate=0.01, seed=2, window=(0, 3), workload=workload, round_s=HOUR)
+    res = _short(workload, "max_min_fairness_perf", rate=0.01, seed=2, window=(0, 3))
     assert 0 < res.ftf_rho_max <= 1.0 + 1e-9
 
 
@@ -144,17 +123,8 @@ def test_fast_forwarding_identical_rounds_changes_nothing(workload: Workload, na
 
 
 def test_a_throttled_re_solve_never_completes_a_job_twice(workload: Workload) -> None:
-    every = simulate("max_min_fairness_perf", SMALL, rate=2.0, seed=3, window=(5, 25), workload=workload, round_s=HOUR)
-    lazy = simulate(
-        "max_min_fairness_perf",
-        SMALL,
-        rate=2.0,
-        seed=3,
-        window=(5, 25),
-        workload=workload,
-        round_s=HOUR,
-        resolve_interval_s=3 * HOUR,
-    )
+    every = _short(workload, "max_min_fairness_perf", rate=2.0, seed=3, window=(5, 25))
+    lazy = _short(workload, "max_min_fairness_perf", rate=2.0, seed=3, window=(5, 25), resolve_interval_s=3 * HOUR)
     assert lazy.window_complete and lazy.jobs_completed == 20
     assert lazy.solves < every.solves
     assert lazy.avg_jct_s == pytest.approx(every.avg_jct_s, rel=0.25)

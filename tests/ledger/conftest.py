@@ -9,36 +9,26 @@ this suite's time.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
 
-from costopt.db.engine import make_engine, migrate
-from tests.conftest import _postgres_engine
+from tests.conftest import BACKENDS, migrated_engine
+from tests.store.helpers import reset
 
-_TABLES = ("ledger_segments", "ledger_charges", "ledger_intervals", "price_points", "offers", "instance_types")
+_LEDGER_TABLES = ("ledger_segments", "ledger_charges", "ledger_intervals")
 
 
-@pytest.fixture(scope="session", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(scope="session", params=BACKENDS)
 def ledger_database(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        path: Path = tmp_path_factory.mktemp("ledger") / "costopt.db"
-        eng = make_engine(f"sqlite:///{path}")
-        migrate(eng)
-        yield eng
-        eng.dispose()
-    else:
-        for eng in _postgres_engine():
-            migrate(eng)
-            yield eng
+    yield from migrated_engine(request.param, tmp_path_factory.mktemp("ledger"))
 
 
 @pytest.fixture
 def engine(ledger_database: Engine) -> Engine:
     """A migrated database on each backend, its ledger and price tables emptied for this test."""
     with ledger_database.begin() as conn:
-        for table in _TABLES:
+        for table in _LEDGER_TABLES:
             conn.execute(text(f"DELETE FROM {table}"))
-        conn.execute(text("UPDATE store_meta SET value = value + 1 WHERE name = 'price_version'"))
+    reset(ledger_database)
     return ledger_database

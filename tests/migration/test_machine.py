@@ -99,7 +99,8 @@ class FlakyProvider:
 
 
 def make_migrator(engine: Engine, provider: object, **kw: object) -> Migrator:
-    return Migrator(engine, provider, checkpoint_timeout=20.0, verify_timeout=20.0, backoff_base=0.01, **kw)  # type: ignore[arg-type]
+    fast = {"checkpoint_timeout": 20.0, "verify_timeout": 20.0, "backoff_base": 0.01, "poll_seconds": 0.05}
+    return Migrator(engine, provider, **{**fast, **kw})  # type: ignore[arg-type]
 
 
 def alive(provider: LocalProvider) -> list[Instance]:
@@ -149,6 +150,7 @@ def billed_migrator(engine: Engine, provider: CloudProvider, ledger: SqlLedger |
         checkpoint_timeout=20.0,
         verify_timeout=20.0,
         backoff_base=0.01,
+        poll_seconds=0.05,
         ledger=ledger,
         egress=EGRESS,
         **kw,

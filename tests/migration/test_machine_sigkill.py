@@ -75,7 +75,8 @@ def child(mode, kill_at, out, err):
         prices = StepPrices(offers, [since, since], [np.array([0.9]), np.array([1.2])], {})
         engine = make_engine(url)
         m = Migrator(engine, LocalProvider(state_dir, cwd=cwd, grace_seconds=3.0), checkpoint_timeout=20.0,
-                     verify_timeout=20.0, backoff_base=0.01, ledger=SqlLedger(engine, prices))
+                     verify_timeout=20.0, backoff_base=0.01, poll_seconds=0.05,
+                     ledger=SqlLedger(engine, prices))
         recs = [m.move("job-1", offers)] if mode == "move" else m.resume("job-1")
         with open(out, "w") as f:
             f.write(",".join(r.state.value for r in recs))

@@ -375,7 +375,7 @@ ENDLESS = [sys.executable, str(PROJECT_ROOT / "examples" / "train.py"), "--steps
 def test_with_the_local_provider_a_preempted_copy_checkpoints_on_notice_and_the_watcher_recovers_it(
     engine: Engine, local: LocalProvider, tmp_path: Path
 ) -> None:
-    mig = Migrator(engine, local, checkpoint_timeout=20.0, verify_timeout=20.0)
+    mig = Migrator(engine, local, checkpoint_timeout=20.0, verify_timeout=20.0, poll_seconds=0.05)
     uri = str(tmp_path / "ckpt" / "job-1")
     mig.register_job("job-1", ENDLESS, uri)
     assert mig.start("job-1", LOCAL_OFFERS).state is State.DONE

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import copy
 import json
-import threading
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from costopt.settings import Settings
 from pricing.aws import PRICE_LIST_REGION, AwsOnDemandSource
 from pricing.aws_pages import parse_price_list_page
 from tests.aws_support import fake_session
-from tests.net_support import closed_port_url
+from tests.net_support import LoopbackServer, closed_port_url
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "aws" / "price_list_p3.json"
 NOW = datetime(2025, 1, 15, 6, 0, tzinfo=UTC)
@@ -228,20 +227,11 @@ class PriceListEndpoint:
                 self.end_headers()
                 self.wfile.write(payload)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        self.http = LoopbackServer(Handler, poll_interval=0.05)
+        self.url = self.http.url
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
+        self.http.close()
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from costopt.settings import Settings
 from pricing.aws import AWS_GPU_FAMILIES, AWS_GPU_INSTANCE_TYPES, SPOT_LOOKBACK, AwsSpotSource
 from pricing.aws_pages import ACCELERATOR_BY_FAMILY, family_of
 from tests.aws_support import fake_session
-from tests.net_support import closed_port_url
+from tests.net_support import LoopbackServer, closed_port_url
 
 NOW = datetime(2020, 3, 24, tzinfo=UTC)
 """The fetch time of these tests: just after the last recorded weekly pull (2020-03-23)."""
@@ -182,21 +182,12 @@ class ScriptedEndpoint:
                 self.end_headers()
                 self.wfile.write(payload)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        self.http = LoopbackServer(Handler, poll_interval=0.05)
+        self.url = self.http.url
 
     def close(self) -> None:
         self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
+        self.http.close()
 
 
 @pytest.fixture

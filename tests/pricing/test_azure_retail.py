@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -28,7 +27,7 @@ from pricing.azure import (
     parse_retail_page,
     retail_filter,
 )
-from tests.net_support import free_port
+from tests.net_support import LoopbackServer, free_port
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "azure"
 REAL_PREFIX = "https://prices.azure.com:443/api/retail/prices"
@@ -97,18 +96,14 @@ class FakeRetailPrices:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/retail/prices"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
+        self.http = LoopbackServer(Handler)
+        self.url = f"{self.http.url}/api/retail/prices"
 
     def __enter__(self) -> FakeRetailPrices:
-        self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.close()
 
 
 @pytest.fixture

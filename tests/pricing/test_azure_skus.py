@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import json
 import ssl
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
@@ -24,7 +23,7 @@ from azure.core.exceptions import ClientAuthenticationError
 from costopt.domain import Cloud
 from costopt.errors import SourceUnavailable
 from pricing.azure import AzureResourceSkus
-from tests.net_support import server_tls
+from tests.net_support import LoopbackServer, server_tls
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "azure"
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
@@ -105,21 +104,14 @@ class FakeArm:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        if tls is not None:
-            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
-        scheme = "https" if tls is not None else "http"
-        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
+        self.http = LoopbackServer(Handler, tls=tls)
+        self.url = self.http.url
 
     def __enter__(self) -> FakeArm:
-        self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.close()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -23,7 +23,7 @@ from google.auth.credentials import AnonymousCredentials
 from costopt.domain import Cloud, Market, OfferKey, PricePoint
 from costopt.errors import SourceUnavailable
 from pricing.gcp import COMPUTE_ENGINE_SERVICE, MACHINE_SHAPES, GcpFetchResult, GcpPriceSource
-from tests.net_support import closed_port_url
+from tests.net_support import LoopbackServer, closed_port_url
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gcp"
 FETCHED_AT = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -117,17 +117,9 @@ def fake() -> Iterator[FakeGcp]:
     pages = [_load(f"skus_page{i}.json") for i in (1, 2, 3)]
     by_token = {"": pages[0], pages[0]["nextPageToken"]: pages[1], pages[1]["nextPageToken"]: pages[2]}
     state = FakeGcp(by_token, _load("accelerator_types_aggregated.json"))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    server.daemon_threads = True
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
+    with LoopbackServer(_handler(state)) as server:
+        state.url = server.url
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
 
 
 class NoHistory:

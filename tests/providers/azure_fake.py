@@ -16,13 +16,16 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from azure.core.credentials import AccessToken
 from azure.core.exceptions import ClientAuthenticationError
+
+from providers.azure import AzureProvider
+from tests.net_support import LoopbackServer
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "azure"
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
@@ -49,6 +52,23 @@ class FakeCredential:
 class RefusingCredential:
     def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
         raise ClientAuthenticationError("DefaultAzureCredential failed to retrieve a token")
+
+
+def make_provider(arm: FakeArm, ca_file: str, **kw: Any) -> AzureProvider:
+    """An :class:`AzureProvider` on ``arm`` (trusting ``ca_file``, no retries, no polling delay) with the
+    fake's subscription, resource group, subnet, image and key; ``kw`` are further constructor arguments
+    (``credential`` defaults to :class:`FakeCredential`)."""
+    kw.setdefault("credential", FakeCredential())
+    return AzureProvider(
+        SUBSCRIPTION,
+        RG,
+        subnet_id=SUBNET,
+        image=IMAGE,
+        ssh_public_key=SSH_KEY,
+        base_url=arm.url,
+        client_kwargs={"connection_verify": ca_file, "retry_total": 0, "polling_interval": 0},
+        **kw,
+    )
 
 
 class FakeArm:
@@ -78,19 +98,14 @@ class FakeArm:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
-        self.url = f"https://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
+        self.http = LoopbackServer(Handler, tls=tls)
+        self.url = self.http.url
 
     def __enter__(self) -> FakeArm:
-        self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.close()
 
     # ---------------------------------------------------------------- scripted platform events
 

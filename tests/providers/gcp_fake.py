@@ -15,10 +15,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.net_support import LoopbackServer
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gcp"
 PROJECT = "costopt-demo"
@@ -268,14 +270,6 @@ def _handler(fake: FakeCompute) -> type[BaseHTTPRequestHandler]:
 def serve_compute() -> Iterator[FakeCompute]:
     """A :class:`FakeCompute` served on a free loopback port (its ``url``) for the duration."""
     state = FakeCompute()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
-    server.daemon_threads = True
-    state.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
-    thread.start()
-    try:
+    with LoopbackServer(_handler(state)) as server:
+        state.url = server.url
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)

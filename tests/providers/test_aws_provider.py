@@ -11,12 +11,11 @@ import json
 import logging
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +52,7 @@ from providers.aws import (
     user_data_script,
 )
 from tests.aws_support import MOTO_ACCOUNT, REGION, fake_session
+from tests.net_support import LoopbackServer
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "aws"
 
@@ -767,20 +767,11 @@ class ThrottlingProxy:
                 self.end_headers()
                 self.wfile.write(payload)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        self.http = LoopbackServer(Handler, poll_interval=0.05)
+        self.url = self.http.url
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(5)
+        self.http.close()
 
 
 @pytest.fixture

@@ -7,10 +7,9 @@ import base64
 import copy
 import json
 import shlex
-import threading
 import time
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from providers.azure import (
     read_ssh_public_key,
     vm_name,
 )
+from tests.net_support import LoopbackServer
 from tests.providers.azure_fake import (
     IMAGE,
     NOW,
@@ -51,22 +51,12 @@ from tests.providers.azure_fake import (
     FakeCredential,
     RefusingCredential,
     load,
+    make_provider,
 )
 
 
 def provider(arm: FakeArm, ca_file: str, **kw: Any) -> AzureProvider:
-    kw.setdefault("credential", FakeCredential())
-    return AzureProvider(
-        SUBSCRIPTION,
-        RG,
-        subnet_id=SUBNET,
-        image=IMAGE,
-        ssh_public_key=SSH_KEY,
-        base_url=arm.url,
-        client_kwargs={"connection_verify": ca_file, "retry_total": 0, "polling_interval": 0},
-        clock=lambda: NOW,
-        **kw,
-    )
+    return make_provider(arm, ca_file, clock=lambda: NOW, **kw)
 
 
 def spec(market: Market = Market.SPOT, zone: str = "1", tags: dict[str, str] | None = None) -> LaunchSpec:
@@ -384,14 +374,8 @@ def test_imds_fetcher_sends_the_metadata_header_and_feeds_the_parser():
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Imds)
-    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/metadata/scheduledevents?api-version=2020-07-01"
+    with LoopbackServer(Imds) as server:
+        url = f"{server.url}/metadata/scheduledevents?api-version=2020-07-01"
         [notice] = parse_scheduled_events(imds_scheduled_events(url)(), noticed_at=NOW)
-    finally:
-        server.shutdown()
-        server.server_close()
     assert seen == ["true"]
     assert notice.deadline == datetime(2026, 11, 29, 10, 0, 30, tzinfo=UTC)

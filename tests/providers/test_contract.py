@@ -41,7 +41,7 @@ from providers.gcp import GcpProvider, instance_name, sanitize_label
 from providers.local import LocalProvider
 from providers.sim import SimCloud, SimConfig
 from tests.aws_support import REGION, fake_session
-from tests.providers.azure_fake import IMAGE, RG, SSH_KEY, SUBNET, SUBSCRIPTION, FakeArm, FakeCredential
+from tests.providers.azure_fake import FakeArm, make_provider
 from tests.providers.gcp_fake import PROJECT, ZONE, FakeCompute
 
 TAG_JOB = "costopt-job"
@@ -201,16 +201,7 @@ def _gcp(fake: FakeCompute) -> Harness:
 
 def _azure(arm: FakeArm, ca_file: str) -> Harness:
     def make() -> AzureProvider:
-        return AzureProvider(
-            SUBSCRIPTION,
-            RG,
-            subnet_id=SUBNET,
-            image=IMAGE,
-            ssh_public_key=SSH_KEY,
-            credential=FakeCredential(),
-            base_url=arm.url,
-            client_kwargs={"connection_verify": ca_file, "retry_total": 0, "polling_interval": 0},
-        )
+        return make_provider(arm, ca_file)
 
     def stop(instance_id: str) -> None:
         arm.vms[instance_id]["_power"] = "PowerState/deallocated"

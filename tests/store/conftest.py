@@ -9,29 +9,19 @@ most of this suite's time budget.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
 
-from costopt.db.engine import make_engine, migrate
+from costopt.db.engine import make_engine
 from pricing.store import PriceStore
-from tests.conftest import _postgres_engine
+from tests.conftest import BACKENDS, migrated_engine
 from tests.store.helpers import reset
 
 
-@pytest.fixture(scope="session", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(scope="session", params=BACKENDS)
 def store_database(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    if request.param == "sqlite":
-        path: Path = tmp_path_factory.mktemp("store") / "costopt.db"
-        eng = make_engine(f"sqlite:///{path}")
-        migrate(eng)
-        yield eng
-        eng.dispose()
-    else:
-        for eng in _postgres_engine():
-            migrate(eng)
-            yield eng
+    yield from migrated_engine(request.param, tmp_path_factory.mktemp("store"))
 
 
 @pytest.fixture

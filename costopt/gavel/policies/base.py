@@ -32,16 +32,30 @@ class Policy(ABC):
         """The policy's allocation for ``state``."""
 
 
-def empty_allocation(name: str, state: ClusterState, notes: tuple[str, ...] = ()) -> Allocation:
-    """All-zero allocation (no job runs): for an empty state or jobs that can run nowhere."""
+def job_allocation(
+    name: str,
+    state: ClusterState,
+    x: FloatArray,
+    objective: float = 0.0,
+    stats: Mapping[str, float] | None = None,
+    notes: tuple[str, ...] = (),
+) -> Allocation:
+    """The allocation of per-job fractions ``x`` (jobs x types) for ``state``'s jobs, without pairs."""
     return Allocation(
         policy=name,
         job_ids=state.job_ids,
         worker_types=state.worker_types,
         scale_factor=state.scale_factor,
-        x=np.zeros((state.n_jobs, state.n_types)),
+        x=x,
+        objective=float(objective),
+        stats=dict(stats or {}),
         notes=notes,
     )
+
+
+def empty_allocation(name: str, state: ClusterState, notes: tuple[str, ...] = ()) -> Allocation:
+    """All-zero allocation (no job runs): for an empty state or jobs that can run nowhere."""
+    return job_allocation(name, state, np.zeros((state.n_jobs, state.n_types)), notes=notes)
 
 
 def class_allocation(

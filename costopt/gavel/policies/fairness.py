@@ -31,7 +31,14 @@ from costopt.gavel.formulation import (
     throughput_matrix,
 )
 from costopt.gavel.lp import Triplets, assemble, solve_lp
-from costopt.gavel.policies.base import PARETO_SLACK, Policy, class_allocation, empty_allocation, space_sharing_note
+from costopt.gavel.policies.base import (
+    PARETO_SLACK,
+    Policy,
+    class_allocation,
+    empty_allocation,
+    job_allocation,
+    space_sharing_note,
+)
 from costopt.gavel.policies.fifo import fifo_within_budgets
 from costopt.gavel.state import Allocation, ClusterState, FloatArray
 
@@ -80,22 +87,32 @@ def solve_max_min(
     inv_norm[fair] = 1.0 / norm[fair]
     tn = throughput_matrix(cols, classes.n).scaled_rows(inv_norm).take_rows(fair)  # normalized, fair x columns
     need = (classes.count * weight)[fair].astype(np.float64)  # class total level per unit of t
-    nb, v = a_base.n_rows, cols.n
-    a = assemble([(0, 0, a_base), (nb, 0, -tn), (nb, v, Triplets.column(need))], nb + fair.size, v + 1)
+    level, y = max_level_lp(a_base, b_base, tn, need, f"{what}: max-min level")
+    if pareto:
+        y = max_total_lp(a_base, b_base, tn, need * level * (1.0 - PARETO_SLACK), f"{what}: Pareto stage")
+    return MaxMinSolution(y, level, float(tn.col_sums() @ y))
+
+
+def max_level_lp(
+    a_base: Triplets, b_base: FloatArray, tn: Triplets, need: FloatArray, what: str
+) -> tuple[float, FloatArray]:
+    """Maximize ``t`` s.t. ``a_base @ y <= b_base`` and ``tn @ y >= t * need`` (per row of ``tn``):
+    (``t``, ``y``)."""
+    nb, v = a_base.n_rows, a_base.n_cols
+    a = assemble([(0, 0, a_base), (nb, 0, -tn), (nb, v, Triplets.column(need))], nb + tn.n_rows, v + 1)
     c = np.zeros(v + 1)
     c[-1] = 1.0
-    rhs = np.concatenate([b_base, np.zeros(fair.size)])
-    sol = solve_lp(c, a, -np.inf, rhs, maximize=True, what=f"{what}: max-min level")
-    level = float(sol.x[-1])
-    y = np.maximum(sol.x[:-1], 0.0)
-    obj = tn.col_sums()
-    if not pareto:
-        return MaxMinSolution(y, level, float(obj @ y))
-    a2 = assemble([(0, 0, a_base), (nb, 0, -tn)], nb + fair.size, v)
-    rhs2 = np.concatenate([b_base, -need * level * (1.0 - PARETO_SLACK)])
-    sol2 = solve_lp(obj, a2, -np.inf, rhs2, maximize=True, what=f"{what}: Pareto stage")
-    y2 = np.maximum(sol2.x, 0.0)
-    return MaxMinSolution(y2, level, float(obj @ y2))
+    sol = solve_lp(c, a, -np.inf, np.concatenate([b_base, np.zeros(tn.n_rows)]), maximize=True, what=what)
+    return float(sol.x[-1]), np.maximum(sol.x[:-1], 0.0)
+
+
+def max_total_lp(a_base: Triplets, b_base: FloatArray, tn: Triplets, lower: FloatArray, what: str) -> FloatArray:
+    """The Pareto stage: maximize the sum of ``tn @ y`` s.t. ``a_base @ y <= b_base`` and
+    ``tn @ y >= lower``; :class:`~costopt.gavel.errors.Infeasible` if solver tolerance makes it fail."""
+    nb, v = a_base.n_rows, a_base.n_cols
+    a = assemble([(0, 0, a_base), (nb, 0, -tn)], nb + tn.n_rows, v)
+    sol = solve_lp(tn.col_sums(), a, -np.inf, np.concatenate([b_base, -lower]), maximize=True, what=what)
+    return np.maximum(sol.x, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,13 +193,4 @@ class Hierarchical(Policy):
         np.add.at(budgets, state.team, fair.type_fractions() * state.scale_factor[:, None])
         x = fifo_within_budgets(state, budgets)
         notes = ("space sharing ignored within FIFO teams",) if state.space_sharing else ()
-        return Allocation(
-            policy=self.name,
-            job_ids=state.job_ids,
-            worker_types=state.worker_types,
-            scale_factor=state.scale_factor,
-            x=x,
-            objective=fair.objective,
-            stats=fair.stats,
-            notes=notes,
-        )
+        return job_allocation(self.name, state, x, fair.objective, fair.stats, notes)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costopt.gavel.formulation import runnable
-from costopt.gavel.policies.base import Policy, empty_allocation
+from costopt.gavel.policies.base import Policy, empty_allocation, job_allocation
 from costopt.gavel.state import Allocation, ClusterState, FloatArray
 
 _EPS = 1e-12
@@ -73,16 +73,7 @@ class Fifo(Policy):
                 break
         x = np.zeros((state.n_jobs, state.n_types))
         x[rows, cols] = 1.0
-        running = len(rows)
-        return Allocation(
-            policy=self.name,
-            job_ids=state.job_ids,
-            worker_types=state.worker_types,
-            scale_factor=state.scale_factor,
-            x=x,
-            objective=float(running),
-            notes=notes,
-        )
+        return job_allocation(self.name, state, x, float(len(rows)), notes=notes)
 
 
 def fifo_within_budgets(state: ClusterState, budgets: FloatArray) -> FloatArray:

@@ -48,8 +48,15 @@ from costopt.gavel.formulation import (
     throughput_matrix,
 )
 from costopt.gavel.lp import KeptModel, Triplets, assemble, slot_models, solve_lp
-from costopt.gavel.policies.base import PARETO_SLACK, Policy, class_allocation, empty_allocation, space_sharing_note
-from costopt.gavel.policies.fairness import normalizer
+from costopt.gavel.policies.base import (
+    PARETO_SLACK,
+    Policy,
+    class_allocation,
+    empty_allocation,
+    job_allocation,
+    space_sharing_note,
+)
+from costopt.gavel.policies.fairness import max_level_lp, max_total_lp, normalizer
 from costopt.gavel.state import Allocation, ClusterState, FloatArray, IntArray
 
 log = logging.getLogger(__name__)
@@ -205,21 +212,6 @@ def _agnostic_columns(state: ClusterState) -> tuple[SlotColumns, FloatArray]:
     return sc, sc.type_mix[:, 0, :] * state.scale_factor[:, None].astype(np.float64)
 
 
-def _allocation(
-    name: str, state: ClusterState, x: FloatArray, objective: float, stats: dict[str, float], notes: tuple[str, ...]
-) -> Allocation:
-    return Allocation(
-        policy=name,
-        job_ids=state.job_ids,
-        worker_types=state.worker_types,
-        scale_factor=state.scale_factor,
-        x=x,
-        objective=float(objective),
-        stats=stats,
-        notes=notes,
-    )
-
-
 def _best_alone(cols: Columns, n: int) -> FloatArray:
     """Per class of singleton classes: the largest steps/s it gets per unit of one of its columns."""
     out = np.zeros(n)
@@ -227,30 +219,6 @@ def _best_alone(cols: Columns, n: int) -> FloatArray:
     pair = cols.b >= 0
     np.maximum.at(out, cols.b[pair], cols.tput_b[pair])
     return out
-
-
-def _target_lp(
-    a_base: Triplets, b_base: FloatArray, tn: Triplets, need: FloatArray, what: str
-) -> tuple[float, FloatArray]:
-    """Maximize lambda s.t. base rows and ``tn @ y >= lambda * need`` (rows of ``tn``)."""
-    nb, v = a_base.n_rows, a_base.n_cols
-    a = assemble([(0, 0, a_base), (nb, 0, -tn), (nb, v, Triplets.column(need))], nb + tn.n_rows, v + 1)
-    c = np.zeros(v + 1)
-    c[-1] = 1.0
-    sol = solve_lp(c, a, -np.inf, np.concatenate([b_base, np.zeros(tn.n_rows)]), maximize=True, what=what)
-    return float(sol.x[-1]), np.maximum(sol.x[:-1], 0.0)
-
-
-def _pareto(a_base: Triplets, b_base: FloatArray, tn: Triplets, need: FloatArray, what: str) -> FloatArray | None:
-    """Maximize total normalized throughput s.t. ``tn @ y >= need``; None if tolerance makes it fail."""
-    nb, v = a_base.n_rows, a_base.n_cols
-    a = assemble([(0, 0, a_base), (nb, 0, -tn)], nb + tn.n_rows, v)
-    try:
-        sol = solve_lp(tn.col_sums(), a, -np.inf, np.concatenate([b_base, -need]), maximize=True, what=what)
-    except Infeasible:
-        log.debug("%s: Pareto stage infeasible at solver tolerance; keeping the first stage", what)
-        return None
-    return np.maximum(sol.x, 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +326,7 @@ class FinishTimeFairness(Policy):
         lo = float(((e_act + r_act / sc.best_throughput()[act]) / d_act).max())
         hi, lo, solves = _min_max_rho(solve, lo, self.name)
         stats = {"max_rho": hi, "lower_bound_rho": lo, "lp_solves": float(solves)}
-        return _allocation(self.name, state, sc.fractions(best), hi, stats, notes)
+        return job_allocation(self.name, state, sc.fractions(best), hi, stats, notes)
 
     def _allocate_agnostic(self, state: ClusterState, notes: tuple[str, ...]) -> Allocation:
         sc, gpus = _agnostic_columns(state)
@@ -389,7 +357,7 @@ class FinishTimeFairness(Policy):
         with np.errstate(divide="ignore"):
             hi = min(hi, float(((e_act + np.where(tau > 0, r_act / tau, np.inf)) / d_act).max()))
         stats = {"max_rho": hi, "lower_bound_rho": min(lo, hi), "lp_solves": 1.0}
-        return _allocation(self.name, state, sc.fractions(y), hi, stats, notes)
+        return job_allocation(self.name, state, sc.fractions(y), hi, stats, notes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,7 +425,7 @@ class MinTotalDuration(Policy):
             else:
                 y = y2
         makespan = float("inf") if stuck.any() else scale / lam
-        return _allocation(self.name, state, sc.fractions(y), makespan, {"makespan_s": makespan}, notes)
+        return job_allocation(self.name, state, sc.fractions(y), makespan, {"makespan_s": makespan}, notes)
 
     @staticmethod
     def _makespan_lp(model: KeptModel, lp: _SlotLP, need: FloatArray) -> tuple[float, FloatArray]:
@@ -494,14 +462,16 @@ class MinTotalDuration(Policy):
         tn = throughput_matrix(cols, classes.n).take_rows(act).scaled_rows(1.0 / norm[act])
         q = rem[act] / norm[act]  # seconds of equal-share time each job needs
         scale = float(q.max())
-        lam, y = _target_lp(a_base, b_base, tn, q / scale, f"{self.name}: makespan")
+        lam, y = max_level_lp(a_base, b_base, tn, q / scale, f"{self.name}: makespan")
         if lam <= 0:
             raise Infeasible(self.name, "zero rate", "no allocation lets every job progress")
         makespan = scale / lam
         if self.pareto:  # a fresh solve beats re-solving the first stage's basis with a new objective
-            y2 = _pareto(a_base, b_base, tn, (q / scale) * lam * (1 - PARETO_SLACK), f"{self.name}: Pareto stage")
-            if y2 is not None:
-                y = y2
+            what = f"{self.name}: Pareto stage"
+            try:
+                y = max_total_lp(a_base, b_base, tn, (q / scale) * lam * (1 - PARETO_SLACK), what)
+            except Infeasible:
+                log.debug("%s: Pareto stage infeasible at solver tolerance; keeping the first stage", what)
         if len(act) < state.n_jobs and np.any((rem > 0) & (norm <= 0)):
             makespan = float("inf")
         return class_allocation(self.name, state, classes, cols, y, makespan, {"makespan_s": makespan}, notes)

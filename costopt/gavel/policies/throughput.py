@@ -38,7 +38,7 @@ from costopt.gavel.formulation import (
     throughput_matrix,
 )
 from costopt.gavel.lp import SlotModels, Triplets, assemble, slot_models, solve_lp
-from costopt.gavel.policies.base import PARETO_SLACK, Policy, class_allocation, empty_allocation
+from costopt.gavel.policies.base import PARETO_SLACK, Policy, class_allocation, empty_allocation, job_allocation
 from costopt.gavel.state import Allocation, ClusterState, FloatArray, IntArray
 
 log = logging.getLogger(__name__)
@@ -162,16 +162,7 @@ class MaxThroughputPerDollar(Policy):
             "slo_relaxed": float(bool(notes)),
             "slo_jobs": float(rows.size),
         }
-        return Allocation(
-            policy=self.name,
-            job_ids=state.job_ids,
-            worker_types=state.worker_types,
-            scale_factor=state.scale_factor,
-            x=sc.fractions(y),
-            objective=ratio,
-            stats=stats,
-            notes=notes,
-        )
+        return job_allocation(self.name, state, sc.fractions(y), ratio, stats, notes)
 
     def _solve_in_slots(
         self,
