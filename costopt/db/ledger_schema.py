@@ -1,8 +1,6 @@
-"""The ledger's tables (migration ``0003``), declared on the one ``metadata`` of :mod:`costopt.db.schema`.
+"""The ledger's tables (migration ``0003``), declared on the one ``metadata`` of :mod:`costopt.db.metadata`.
 
-``costopt/db/schema.py`` imports this module at its end, so Alembic and ``compare_metadata`` see these
-tables. The import here only needs ``metadata``, which schema.py defines before that import runs, so
-either module may be imported first.
+``costopt/db/schema.py`` imports this module, so Alembic and ``compare_metadata`` see these tables.
 
 Money is stored as **integer micro-dollars** (``BigInteger``, 1 = USD 0.000001): exact on both backends
 (SQLite has no decimal type: SQLAlchemy's ``Numeric`` would store floats there) and summable in SQL.
@@ -36,7 +34,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-from costopt.db.schema import metadata
+from costopt.db.metadata import metadata
 from costopt.db.types import ExactDecimal, UtcDateTime
 
 __all__ = ["ExactDecimal", "ledger_charges", "ledger_intervals", "ledger_segments"]  # ExactDecimal: from types

@@ -1,7 +1,6 @@
-"""The migrator's tables (migrations ``0004``, ``0005``), on the one ``metadata`` of :mod:`costopt.db.schema`.
+"""The migrator's tables (migrations ``0004``, ``0005``), on the one ``metadata`` of :mod:`costopt.db.metadata`.
 
-``costopt/db/schema.py`` should import this module at its end (like ``ledger_schema``), so Alembic and
-``compare_metadata`` see these tables.
+``costopt/db/schema.py`` imports this module, so Alembic and ``compare_metadata`` see these tables.
 
 - ``migration_jobs``: one row per job the migrator runs: its command, checkpoint URI, current fencing
   epoch, current instance and offer, and a status (``running``, ``migrating``, ``recovering``,
@@ -22,7 +21,7 @@ from __future__ import annotations
 
 from sqlalchemy import Boolean, Column, Index, Integer, String, Table, Text
 
-from costopt.db.schema import metadata
+from costopt.db.metadata import metadata
 from costopt.db.types import ExactDecimal, UtcDateTime
 
 migration_jobs = Table(

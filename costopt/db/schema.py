@@ -14,23 +14,20 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
-    MetaData,
     String,
     Table,
     Text,
     UniqueConstraint,
 )
 
+# The other tables live in their own modules on the same metadata; importing them here (they import
+# only costopt.db.metadata) makes ``schema.metadata`` the whole schema for Alembic and compare_metadata.
+import costopt.db.jobs_schema
+import costopt.db.ledger_schema
+import costopt.db.migration_schema
+import costopt.db.unavailable_schema  # noqa: F401
+from costopt.db.metadata import metadata
 from costopt.db.types import UtcDateTime
-
-metadata = MetaData(
-    naming_convention={
-        "ix": "ix_%(column_0_label)s",
-        "uq": "uq_%(table_name)s_%(column_0_name)s",
-        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-        "pk": "pk_%(table_name)s",
-    }
-)
 
 offers = Table(
     "offers",
@@ -116,7 +113,3 @@ throughput_measurements = Table(
     Index("ix_throughput_measurements_job_type", "job_type"),
 )
 """Throughputs users registered or running jobs reported (steps/s); folded over the file's values."""
-
-import costopt.db.ledger_schema  # noqa: E402  (the ledger tables, on this metadata)
-import costopt.db.migration_schema  # noqa: E402  (the migrator tables, on this metadata)
-import costopt.db.unavailable_schema  # noqa: E402, F401  (the unavailable-offers cache, on this metadata)

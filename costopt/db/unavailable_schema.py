@@ -1,5 +1,5 @@
 """The unavailable-offers cache (migration ``0005``), declared on the one ``metadata`` of
-:mod:`costopt.db.schema` (which imports this module at its end, like ``ledger_schema``).
+:mod:`costopt.db.metadata` (:mod:`costopt.db.schema` imports this module).
 
 - ``unavailable_offers``: one row per offer kept out of plans for now: the offer's key (primary key,
   ``zone == ""`` for a regional offer), the reason (``preempted``, ``capacity``, ``quota``, ...),
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from sqlalchemy import Column, Index, String, Table, Text
 
-from costopt.db.schema import metadata
+from costopt.db.metadata import metadata
 from costopt.db.types import UtcDateTime
 
 __all__ = ["unavailable_offers"]
