@@ -11,8 +11,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, inspect
 
+import costopt.db.schema  # noqa: F401  (every table, on the metadata)
 from costopt.db.engine import current_revision, head_revision, is_migrated, make_engine, migrate
-from costopt.db.schema import metadata
+from costopt.db.metadata import metadata
 from costopt.errors import StoreError
 from pricing.store import PriceStore
 from tests.store.helpers import h, price_of, pt

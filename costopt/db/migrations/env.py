@@ -5,7 +5,8 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from costopt.db.schema import metadata
+import costopt.db.schema  # noqa: F401  (every table, on the metadata)
+from costopt.db.metadata import metadata
 
 config = context.config
 
