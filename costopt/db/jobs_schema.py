@@ -15,7 +15,8 @@ module.
   planner's expectation at submission (JSON, money as decimal strings); ``offer`` the current
   placement (JSON :class:`~costopt.domain.OfferKey`) with ``usd_per_hour`` in effect when it was
   placed; ``steps_done`` the last progress the agent reported. ``(team_id, idempotency_key)`` is
-  unique: a retried POST finds the first job. ``version`` grows with every state change
+  unique: a retried POST finds the first job. ``cancel_requested_at``: a cancel the engine
+  has not finished yet (checkpoint, terminate, then ``cancelled``). ``version`` grows with every state change
   (compare-and-set writers).
 - ``job_events``: every state change, move, preemption, recovery and failure of a job, in order
   (``id``), with its reason, and the cost it caused when known (``cost_usd``, Decimal USD).
@@ -78,6 +79,7 @@ jobs = Table(
     Column("updated_at", UtcDateTime(), nullable=False),
     Column("started_at", UtcDateTime(), nullable=True),  # first copy launched
     Column("finished_at", UtcDateTime(), nullable=True),  # succeeded, failed or cancelled
+    Column("cancel_requested_at", UtcDateTime(), nullable=True),  # the engine checkpoints and terminates
     UniqueConstraint("team_id", "idempotency_key", name="uq_jobs_team_idempotency"),
     Index("ix_jobs_team_created", "team_id", "created_at", "id"),
     Index("ix_jobs_state", "state"),

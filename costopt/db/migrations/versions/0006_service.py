@@ -64,6 +64,7 @@ def upgrade() -> None:
         sa.Column("updated_at", _UTC(timezone=True), nullable=False),
         sa.Column("started_at", _UTC(timezone=True), nullable=True),
         sa.Column("finished_at", _UTC(timezone=True), nullable=True),
+        sa.Column("cancel_requested_at", _UTC(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_jobs")),
         sa.UniqueConstraint("team_id", "idempotency_key", name="uq_jobs_team_idempotency"),
     )
