@@ -6,7 +6,6 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
 import typer
 
 from api.cli.common import Exit, failures, settings_with
@@ -39,6 +38,8 @@ def parse_seconds(text: str, option: str) -> float:
     if m:
         seconds = float(m.group(1)) * _UNIT_S[(m.group(2) or "").lower()]
     else:
+        import pandas as pd
+
         try:
             seconds = pd.Timedelta(text).total_seconds()
         except (ValueError, TypeError):
@@ -48,11 +49,15 @@ def parse_seconds(text: str, option: str) -> float:
     return seconds
 
 
-def _check_policy(policy: str) -> None:
-    from costopt.gavel.policies import POLICY_NAMES
+def _check_policy(policy: str) -> str:
+    """The canonical name of ``policy`` (any case); a usage error listing the known names otherwise."""
+    from costopt.gavel.errors import UnknownPolicy
+    from costopt.gavel.policies import POLICIES
 
-    if policy not in POLICY_NAMES:
-        raise typer.BadParameter(f"unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}", param_hint="--policy")
+    try:
+        return POLICIES.canonical(policy)
+    except UnknownPolicy as exc:
+        raise typer.BadParameter(str(exc), param_hint="--policy") from exc
 
 
 def _workload(data: Path | None) -> Workload:
@@ -107,7 +112,7 @@ def simulate(
     from costopt.gavel.simulator import parse_cluster
     from costopt.gavel.simulator import simulate as run_simulation
 
-    _check_policy(policy)
+    policy = _check_policy(policy)
     lo_hi = parse_window(window)
     overhead_s = parse_seconds(restart_overhead, "--restart-overhead")
     round_s = parse_seconds(round_length, "--round")
@@ -175,7 +180,7 @@ def bench(
     """Time one allocation on Gavel's benchmark state: solve seconds (median) and the process's peak memory."""
     from costopt.gavel.bench import bench_policy
 
-    _check_policy(policy)
+    policy = _check_policy(policy)
     workload = _workload(data)
     with failures():
         result = bench_policy(policy, jobs, space_sharing, workload=workload, repeats=repeats, seed=seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from costopt.errors import CostoptError
+from costopt.registry import UnknownName
 
 
 class GavelError(CostoptError):
@@ -13,8 +14,8 @@ class InvalidState(GavelError, ValueError):
     """A cluster state, trace or argument that breaks its contract (shapes, negative values, NaN...)."""
 
 
-class UnknownPolicy(GavelError, ValueError):
-    """A policy name that is not in the registry; the message lists the known names."""
+class UnknownPolicy(GavelError, UnknownName):
+    """A policy name that is not in the registry; the message lists the known names and close matches."""
 
 
 class SolverFailed(GavelError):

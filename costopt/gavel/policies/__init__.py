@@ -16,8 +16,12 @@ from costopt.gavel.policies.fairness import Hierarchical, MaxMinFairness
 from costopt.gavel.policies.fifo import Fifo
 from costopt.gavel.policies.finish_time import FinishTimeFairness, MinTotalDuration
 from costopt.gavel.policies.throughput import MaxSumThroughput, MaxThroughputPerDollar
+from costopt.registry import Registry
 
-_REGISTRY: dict[str, Callable[[], Policy]] = {
+POLICIES: Registry[Callable[[], Policy]] = Registry("policy", error=UnknownPolicy)
+"""Every policy by name (case-insensitive); each entry makes a fresh policy."""
+
+_FACTORIES: dict[str, Callable[[], Policy]] = {
     "max_min_fairness": lambda: MaxMinFairness(name="max_min_fairness", aware=False),
     "max_min_fairness_perf": lambda: MaxMinFairness(name="max_min_fairness_perf", aware=True),
     "max_min_fairness_pareto_perf": lambda: MaxMinFairness(
@@ -39,20 +43,20 @@ _REGISTRY: dict[str, Callable[[], Policy]] = {
     "hierarchical_fairness_perf": lambda: Hierarchical(name="hierarchical_fairness_perf", within="fairness"),
     "hierarchical_fifo_perf": lambda: Hierarchical(name="hierarchical_fifo_perf", within="fifo"),
 }
+for _name, _factory in _FACTORIES.items():
+    POLICIES.register(_name, _factory)
 
-POLICY_NAMES: tuple[str, ...] = tuple(_REGISTRY)
+POLICY_NAMES: tuple[str, ...] = POLICIES.names()
 
 
 def get_policy(name: str) -> Policy:
-    """The policy registered under ``name``; :class:`UnknownPolicy` lists the known names otherwise."""
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise UnknownPolicy(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}") from None
-    return factory()
+    """A new policy registered under ``name`` (any case); :class:`UnknownPolicy` lists the known names
+    and the close matches otherwise."""
+    return POLICIES.get(name)()
 
 
 __all__ = [
+    "POLICIES",
     "POLICY_NAMES",
     "Fifo",
     "FinishTimeFairness",
