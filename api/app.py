@@ -29,8 +29,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.store = store
         scheduler = None
         if settings.collectors_enabled or settings.migration_jobs_enabled:
-            from api.scheduler import build_scheduler
-            from api.wiring import build_migration_jobs
+            from api.scheduler import build_migration_jobs, build_scheduler
 
             scheduler = build_scheduler(
                 store,

@@ -15,7 +15,8 @@ runs collapse into one). A failing provider is logged and skipped, the other pro
 an exception never stops the scheduler (APScheduler logs it and runs the job again at its next time).
 The two migration jobs take one lock, so a reconciler pass never sees a recovery half done.
 
-:func:`build_scheduler` builds a scheduler with price jobs, migration jobs or both.
+:func:`build_scheduler` builds a scheduler with price jobs, migration jobs or both;
+:func:`build_migration_jobs` builds the service's migration jobs from the settings.
 """
 
 from __future__ import annotations
@@ -289,6 +290,32 @@ def add_migration_jobs(scheduler: BackgroundScheduler, jobs: MigrationJobs) -> l
             )
         )
     return out
+
+
+def build_migration_jobs(
+    settings: Settings, store: PriceStore, providers: Mapping[Cloud, CloudProvider] | None = None
+) -> MigrationJobs:
+    """The service's reconciler and interruption watcher over every configured provider (None:
+    :func:`api.wiring.build_cloud_providers`): migrators billed to the ledger in the store's database
+    (priced at the store's prices), recoveries on :func:`api.recovery.recovery_offers`."""
+    from api.recovery import recovery_offers_for
+    from api.wiring import build_cloud_providers, build_unavailable
+    from costopt.ledger.prices import StorePriceView
+    from costopt.ledger.sql import SqlLedger
+
+    engine = store.engine
+    unavailable = build_unavailable(settings, engine)
+    ledger = SqlLedger(engine, StorePriceView(store))
+    return MigrationJobs(
+        engine,
+        providers if providers is not None else build_cloud_providers(settings, store),
+        recovery_offers_for(store, settings),
+        unavailable=unavailable,
+        make_migrator=lambda eng, prov: Migrator(eng, prov, ledger=ledger, unavailable=unavailable),
+        reconcile_interval=settings.reconcile_interval,
+        watch_interval=settings.interruption_poll_interval,
+        watch_overlap=settings.interruption_overlap,
+    )
 
 
 def build_scheduler(

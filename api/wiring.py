@@ -1,13 +1,14 @@
 """The composition root: builds the store, the price sources, the seed and the cloud providers from the
 settings.
 
-Nothing below api/ reads settings; this module hands each component plain values.
+Nothing below api/ reads settings; this module hands each component plain values. It imports nothing
+else from api/ (the rest of api/ builds on it): what composes api/'s own services lives beside them
+(the migration jobs: :func:`api.scheduler.build_migration_jobs`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,6 @@ from pricing.base import PriceSource
 from pricing.store import PriceStore
 
 if TYPE_CHECKING:
-    from api.scheduler import MigrationJobs
     from costopt.migration.unavailable import UnavailableOffers
     from costopt.planning.model import Assumptions
     from costopt.risk.hazard import HazardModel
@@ -154,11 +154,12 @@ def build_assumptions(settings: Settings) -> Assumptions:
 def build_cloud_provider(
     settings: Settings, store: PriceStore | None = None, *, name: str | None = None
 ) -> CloudProvider:
-    """The cloud provider ``name`` (None: ``settings.provider``) from the settings; the simulated cloud
-    runs over ``store``'s prices (None: :func:`build_store`) and the availability logs' hazards."""
-    from providers.factory import build_provider
+    """The cloud provider ``name`` (None: ``settings.provider``; any case) from the settings; the simulated
+    cloud runs over ``store``'s prices (None: :func:`build_store`) and the availability logs' hazards.
+    An unknown name raises :class:`providers.factory.UnknownProvider` listing the known ones."""
+    from providers.factory import PROVIDERS, build_provider
 
-    chosen = name or settings.provider
+    chosen = PROVIDERS.canonical(name or settings.provider)
     if chosen != "sim":
         return build_provider(settings, name=chosen)
     from costopt.ledger.prices import StorePriceView
@@ -184,31 +185,4 @@ def build_unavailable(settings: Settings, engine: Engine) -> UnavailableOffers:
             REASON_CAPACITY: settings.unavailable_ttl_capacity,
             REASON_QUOTA: settings.unavailable_ttl_quota,
         },
-    )
-
-
-def build_migration_jobs(
-    settings: Settings, store: PriceStore, providers: Mapping[Cloud, CloudProvider] | None = None
-) -> MigrationJobs:
-    """The service's reconciler and interruption watcher over every configured provider (None:
-    :func:`build_cloud_providers`): migrators billed to the ledger in the store's database (priced at
-    the store's prices), recoveries on :func:`api.recovery.recovery_offers`."""
-    from api.recovery import recovery_offers_for
-    from api.scheduler import MigrationJobs
-    from costopt.ledger.prices import StorePriceView
-    from costopt.ledger.sql import SqlLedger
-    from costopt.migration.machine import Migrator
-
-    engine = store.engine
-    unavailable = build_unavailable(settings, engine)
-    ledger = SqlLedger(engine, StorePriceView(store))
-    return MigrationJobs(
-        engine,
-        providers if providers is not None else build_cloud_providers(settings, store),
-        recovery_offers_for(store, settings),
-        unavailable=unavailable,
-        make_migrator=lambda eng, prov: Migrator(eng, prov, ledger=ledger, unavailable=unavailable),
-        reconcile_interval=settings.reconcile_interval,
-        watch_interval=settings.interruption_poll_interval,
-        watch_overlap=settings.interruption_overlap,
     )

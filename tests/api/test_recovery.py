@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.recovery import recovery_offers
-from api.scheduler import RECONCILE_JOB_ID, WATCH_JOB_ID
-from api.wiring import build_migration_jobs, build_store, seed_catalog
+from api.scheduler import RECONCILE_JOB_ID, WATCH_JOB_ID, build_migration_jobs
+from api.wiring import build_store, seed_catalog
 from costopt.domain import Cloud, Market, OfferKey, PricePoint
 from costopt.migration.machine import JobRecord, JobStatus
 from costopt.migration.unavailable import REASON_CAPACITY, REASON_PREEMPTED, REASON_QUOTA
