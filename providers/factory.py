@@ -1,7 +1,9 @@
 """Cloud providers built from :class:`costopt.settings.Settings` (the providers' composition helper).
 
-- :func:`build_provider` builds one provider: ``name`` (default ``settings.provider``) is ``sim``,
-  ``local``, ``aws``, ``gcp`` or ``azure``; each is made by its class's ``from_settings``, so the real SDK
+- :data:`PROVIDERS` is the registry of provider factories by name (``sim``, ``local``, ``aws``, ``gcp``,
+  ``azure``); an unknown name raises :class:`UnknownProvider` listing the known ones.
+- :func:`build_provider` builds one provider: ``name`` (default ``settings.provider``) is looked up in
+  :data:`PROVIDERS`; each is made by its class's ``from_settings``, so the real SDK
   clients honour the endpoint overrides (``aws_endpoint_url``, ``gcp_compute_endpoint``,
   ``azure_arm_endpoint``).
 - :func:`build_providers` builds every provider the service uses (``settings.all_providers()``:
@@ -18,16 +20,84 @@ price store: ``api.wiring.build_cloud_provider`` passes the store's view; here t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from costopt.cloud import CloudProvider, ProviderConfigError
 from costopt.domain import Cloud
 from costopt.ledger.prices import PriceView
+from costopt.registry import Registry, UnknownName
 from costopt.risk.hazard import HazardModel
 from costopt.settings import PROVIDER_NAMES, Settings
 
-__all__ = ["PROVIDER_NAMES", "build_provider", "build_providers"]
+__all__ = ["PROVIDERS", "PROVIDER_NAMES", "ProviderFactory", "UnknownProvider", "build_provider", "build_providers"]
+
+
+ProviderFactory = Callable[[Settings, PriceView | None, HazardModel | None, dict[str, Any]], CloudProvider]
+"""Builds a provider from ``(settings, prices, hazards, overrides)``; see :func:`build_provider`."""
+
+
+class UnknownProvider(ProviderConfigError, UnknownName):
+    """A provider name that is not registered; the message lists the known names."""
+
+
+PROVIDERS: Registry[ProviderFactory] = Registry(
+    "provider",
+    error=UnknownProvider,
+    hint="set COSTOPT_PROVIDER (and COSTOPT_PROVIDERS) to names among them",
+)
+"""Every cloud provider by name (case-insensitive). Its names are :data:`costopt.settings.PROVIDER_NAMES`
+(the settings' ``ProviderName``), which the core cannot take from here: a test keeps them equal."""
+
+
+@PROVIDERS.register("sim")
+def _sim(
+    settings: Settings, prices: PriceView | None, hazards: HazardModel | None, extra: dict[str, Any]
+) -> CloudProvider:
+    from providers.sim import SimCloud
+
+    if prices is None:
+        raise ProviderConfigError(
+            "the simulated cloud needs prices: build it with api.wiring.build_cloud_provider (the price "
+            "store's view), or pass prices=...; or choose another provider with COSTOPT_PROVIDER"
+        )
+    return SimCloud.from_settings(settings, prices=prices, hazards=hazards, **extra)
+
+
+@PROVIDERS.register("local")
+def _local(
+    settings: Settings, prices: PriceView | None, hazards: HazardModel | None, extra: dict[str, Any]
+) -> CloudProvider:
+    from providers.local import LocalProvider
+
+    return LocalProvider.from_settings(settings, **extra)
+
+
+@PROVIDERS.register("aws")
+def _aws(
+    settings: Settings, prices: PriceView | None, hazards: HazardModel | None, extra: dict[str, Any]
+) -> CloudProvider:
+    from providers.aws import AwsProvider
+
+    return AwsProvider.from_settings(settings, **extra)
+
+
+@PROVIDERS.register("gcp")
+def _gcp(
+    settings: Settings, prices: PriceView | None, hazards: HazardModel | None, extra: dict[str, Any]
+) -> CloudProvider:
+    from providers.gcp import GcpProvider
+
+    return GcpProvider.from_settings(settings, **extra)
+
+
+@PROVIDERS.register("azure")
+def _azure(
+    settings: Settings, prices: PriceView | None, hazards: HazardModel | None, extra: dict[str, Any]
+) -> CloudProvider:
+    from providers.azure import AzureProvider
+
+    return AzureProvider.from_settings(settings, **extra)
 
 
 def build_provider(
@@ -38,45 +108,17 @@ def build_provider(
     hazards: HazardModel | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> CloudProvider:
-    """The provider ``name`` (None: ``settings.provider``) built from ``settings``.
+    """The provider ``name`` (None: ``settings.provider``; any case) built from ``settings``.
 
     ``prices``/``hazards`` are the simulated cloud's (``sim`` needs ``prices``). ``overrides`` are
     constructor arguments passed to the provider's ``from_settings`` (e.g. ``credentials`` for GCP,
     ``credential`` for Azure, ``session`` for AWS, ``cwd`` for local), winning over the settings.
 
-    Raises :class:`ProviderConfigError` for an unknown name or settings the provider cannot run without.
+    Raises :class:`UnknownProvider` (a :class:`ProviderConfigError`) for an unknown name, listing the
+    known ones, and :class:`ProviderConfigError` for settings the provider cannot run without.
     """
-    chosen = name or settings.provider
-    extra = dict(overrides or {})
-    if chosen == "sim":
-        from providers.sim import SimCloud
-
-        if prices is None:
-            raise ProviderConfigError(
-                "the simulated cloud needs prices: build it with api.wiring.build_cloud_provider (the price "
-                "store's view), or pass prices=...; or choose another provider with COSTOPT_PROVIDER"
-            )
-        return SimCloud.from_settings(settings, prices=prices, hazards=hazards, **extra)
-    if chosen == "local":
-        from providers.local import LocalProvider
-
-        return LocalProvider.from_settings(settings, **extra)
-    if chosen == "aws":
-        from providers.aws import AwsProvider
-
-        return AwsProvider.from_settings(settings, **extra)
-    if chosen == "gcp":
-        from providers.gcp import GcpProvider
-
-        return GcpProvider.from_settings(settings, **extra)
-    if chosen == "azure":
-        from providers.azure import AzureProvider
-
-        return AzureProvider.from_settings(settings, **extra)
-    raise ProviderConfigError(
-        f"unknown provider {chosen!r}: set COSTOPT_PROVIDER (and COSTOPT_PROVIDERS) to names among "
-        f"{', '.join(PROVIDER_NAMES)}"
-    )
+    factory = PROVIDERS.get(name or settings.provider)
+    return factory(settings, prices, hazards, dict(overrides or {}))
 
 
 def build_providers(
