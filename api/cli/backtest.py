@@ -12,7 +12,6 @@ import typer
 
 from api.cli.common import failures, settings_with
 from api.cli.output import OutputFormat, emit, note
-from api.wiring import build_store
 
 app = typer.Typer(help="Backtests on recorded prices.", no_args_is_help=True)
 
@@ -30,6 +29,7 @@ def paper(
 ) -> None:
     """The dynamic-pricing paper's table: cost reduction of each policy over the static p3.2xlarge
     spot baseline, per model, region and job length (mean over 30 start days)."""
+    from api.wiring import build_store
     from costopt.backtest.paper import (
         PAPER_JOB_DAYS,
         PAPER_REGIONS,
@@ -94,7 +94,7 @@ def job(
     the decision rule and the ledger: what it would have cost, with every billed interval."""
     from api.cli.common import parse_time
     from api.cli.plan import build_objective
-    from api.wiring import build_catalog, build_hazards
+    from api.wiring import build_catalog, build_hazards, build_store
     from costopt.backtest.job import run_job_backtest
     from costopt.backtest.paper import paper_price_files
     from costopt.ledger.prices import StepPrices

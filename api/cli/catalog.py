@@ -8,7 +8,6 @@ import typer
 
 from api.cli.common import Exit, failures, settings_with
 from api.cli.output import OutputFormat, emit
-from api.wiring import build_store, seed_catalog
 from costopt.domain import Cloud, normalize_accelerator
 
 app = typer.Typer(help="GPU instance types: accelerator, GPU count, vCPUs, memory.", no_args_is_help=True)
@@ -21,6 +20,8 @@ def list_(
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
 ) -> None:
     """Instance types the project knows (curated seed, refreshed by the clouds' APIs)."""
+    from api.wiring import build_store, seed_catalog
+
     settings = settings_with()
     with failures():
         store = build_store(settings)

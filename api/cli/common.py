@@ -8,14 +8,16 @@ from contextlib import contextmanager
 from datetime import datetime
 from enum import IntEnum
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import typer
 
 from api.cli.output import note
 from costopt.domain import parse_utc
 from costopt.errors import BadRecord, CostoptError
-from costopt.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from costopt.settings import Settings
 
 T = TypeVar("T")
 
@@ -32,6 +34,8 @@ class Exit(IntEnum):
 
 def settings_with(data_dir: Path | None = None, database_url: str | None = None) -> Settings:
     """The settings, with command-line overrides applied."""
+    from costopt.settings import get_settings  # pydantic-settings: loaded by commands, not by --help
+
     base = get_settings()
     updates: dict[str, object] = {}
     if data_dir is not None:

@@ -6,37 +6,25 @@ import json
 import sys
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
 import typer
 
 from api.cli.common import Exit, failures, parse_time, settings_with
 from api.cli.output import OutputFormat, emit, note
-from api.planning import plan_single
-from api.wiring import build_store, build_unavailable, seed_if_empty
 from costopt.domain import Cloud
-from costopt.planning.model import (
-    Candidate,
-    Infeasible,
-    JobSpec,
-    Location,
-    MinCost,
-    MinCostByDeadline,
-    MinTime,
-    MinTimeWithinBudget,
-    Objective,
-    Plan,
-    Weighted,
-    to_cents,
-)
-from costopt.throughput.model import JobType
+
+if TYPE_CHECKING:
+    # numpy-backed core types: imported where used so that `costopt --help` stays light.
+    from costopt.planning.model import Candidate, Objective, Plan
 
 OBJECTIVES = ("min-cost", "min-time", "min-cost-deadline", "min-time-budget", "weighted")
 
 
 def parse_duration_hours(text: str, option: str) -> float:
     """'48h', '2d', '90min', '1.5h' or ISO 8601 'PT48H' -> hours."""
+    import pandas as pd
+
     try:
         td = pd.Timedelta(text)
     except (ValueError, TypeError) as exc:
@@ -62,6 +50,8 @@ def build_objective(
 ) -> Objective:
     """The objective named on the command line; a deadline or budget turns min-cost / min-time into
     their constrained forms."""
+    from costopt.planning.model import MinCost, MinCostByDeadline, MinTime, MinTimeWithinBudget, Weighted
+
     if name not in OBJECTIVES:
         raise typer.BadParameter(f"choose one of {', '.join(OBJECTIVES)}", param_hint="--objective")
     if name in ("min-cost", "min-cost-deadline") and deadline is not None:
@@ -81,6 +71,8 @@ def build_objective(
 
 def candidate_record(c: Candidate) -> dict[str, Any]:
     """A candidate as plain JSON values (floats; money rounded to the cent)."""
+    from costopt.planning.model import to_cents
+
     return {
         "cloud": c.cloud,
         "region": c.region,
@@ -154,6 +146,11 @@ def plan(
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
 ) -> None:
     """The cheapest or fastest placement of one job over every offer in effect, with alternatives."""
+    from api.planning import plan_single
+    from api.wiring import build_store, build_unavailable, seed_if_empty
+    from costopt.planning.model import Infeasible, JobSpec, Location
+    from costopt.throughput.model import JobType
+
     settings = settings_with(data_dir)
     when = parse_time(at, "--at")
     obj = build_objective(objective, deadline, budget, confidence or settings.deadline_confidence, cost_weight)

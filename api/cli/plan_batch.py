@@ -25,7 +25,7 @@ import sys
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 import yaml
@@ -34,23 +34,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from api.cli.common import Exit, failures, settings_with
 from api.cli.output import OutputFormat, emit, note
 from api.cli.plan import parse_duration_hours
-from api.planning import offers_at, planner_inputs
-from api.wiring import build_store, build_unavailable, seed_if_empty
 from costopt.domain import Cloud
-from costopt.planning.collection import (
-    CollectionInfeasible,
-    CollectionPlan,
-    CollectionSpec,
-    JobGroup,
-    MinMakespanWithinBudget,
-    MinTotalCost,
-    Quota,
-    SweepMinCost,
-    plan_collection,
-)
-from costopt.planning.evaluate import OfferTable
-from costopt.planning.model import JobSpec, to_cents
-from costopt.throughput.model import JobType
+
+if TYPE_CHECKING:
+    # pandas/scipy-backed core: imported where used so that `costopt --help` stays light.
+    from costopt.planning.collection import (
+        CollectionPlan,
+        CollectionSpec,
+        MinMakespanWithinBudget,
+        MinTotalCost,
+        SweepMinCost,
+    )
 
 
 class _Objective(BaseModel):
@@ -106,6 +100,17 @@ def load_batch(path: Path) -> BatchFile:
 
 
 def build_spec(batch: BatchFile) -> CollectionSpec:
+    from costopt.planning.collection import (
+        CollectionSpec,
+        JobGroup,
+        MinMakespanWithinBudget,
+        MinTotalCost,
+        Quota,
+        SweepMinCost,
+    )
+    from costopt.planning.model import JobSpec
+    from costopt.throughput.model import JobType
+
     o = batch.objective
     objective: SweepMinCost | MinTotalCost | MinMakespanWithinBudget
     if o.kind == "sweep-min-cost":
@@ -128,6 +133,8 @@ def build_spec(batch: BatchFile) -> CollectionSpec:
 
 def plan_record(plan: CollectionPlan) -> dict[str, Any]:
     """The plan as plain JSON values (money rounded to the cent)."""
+    from costopt.planning.model import to_cents
+
     return {
         "status": plan.status,
         "total_expected_cost_usd": float(to_cents(plan.total_expected_cost_usd)),
@@ -173,8 +180,11 @@ def plan_batch(
 ) -> None:
     """Plan a collection of jobs together: a sweep by a shared deadline at minimum cost, or the
     shortest makespan within a budget, under GPU quotas per cloud/region."""
-    from costopt.planning.collection import SolverOptions
+    from api.planning import offers_at, planner_inputs
+    from api.wiring import build_store, build_unavailable, seed_if_empty
+    from costopt.planning.collection import CollectionInfeasible, SolverOptions, plan_collection
     from costopt.planning.collection_solve import new_highs
+    from costopt.planning.evaluate import OfferTable
 
     batch = load_batch(file)
     spec = build_spec(batch)

@@ -8,12 +8,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from api.cli.common import Exit, failures, parse_time, settings_with
 from api.cli.output import OutputFormat, emit, note
-from api.queries import latest_prices, offer_record
-from api.wiring import build_sources, build_store, seed_if_empty
 from costopt.domain import Cloud, Market
 
 app = typer.Typer(
@@ -53,6 +50,9 @@ def latest(
     fmt: FormatOpt = OutputFormat.table,
 ) -> None:
     """Offers in effect now (or at --at), cheapest first, in USD per instance-hour."""
+    from api.queries import latest_prices, offer_record
+    from api.wiring import build_store, seed_if_empty
+
     when = parse_time(at, "--at")
     settings = settings_with(data_dir)
     with failures():
@@ -94,6 +94,8 @@ def history(
     fmt: FormatOpt = OutputFormat.table,
 ) -> None:
     """Price changes over a time range (each price holds until the next row of the same offer)."""
+    from api.wiring import build_store, seed_if_empty
+
     end_t = parse_time(end, "--to") or datetime.now(UTC)
     start_t = parse_time(start, "--from") or end_t - timedelta(days=30)
     if start_t > end_t:
@@ -141,6 +143,8 @@ def history(
 @app.command("sources")
 def sources(fmt: FormatOpt = OutputFormat.table) -> None:
     """Health of each price source: last success, staleness, errors."""
+    from api.wiring import build_store
+
     settings = settings_with()
     with failures():
         store = build_store(settings)
@@ -185,6 +189,9 @@ def import_(
 
     All-or-nothing per file: a malformed file or one with a bad record stores nothing and makes the
     command exit 1 (3 when other files were imported)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from api.wiring import build_store
     from pricing.replay import ImportReport, import_paths
 
     settings = settings_with()
@@ -252,6 +259,8 @@ def import_(
 @app.command("seed")
 def seed(data_dir: DataDirOpt = None) -> None:
     """Seed the instance catalog, and an empty store from the real data and the curated list prices."""
+    from api.wiring import build_store, seed_if_empty
+
     settings = settings_with(data_dir)
     with failures():
         store = build_store(settings)
@@ -266,6 +275,7 @@ def collect(
     fmt: FormatOpt = OutputFormat.table,
 ) -> None:
     """Run the live collectors (once, or on their schedule until interrupted)."""
+    from api.wiring import build_sources, build_store
     from pricing.collect import collect_once
 
     settings = settings_with()

@@ -9,11 +9,7 @@ import typer
 
 from api.cli.common import Exit, failures, settings_with
 from api.cli.output import OutputFormat, emit, note
-from api.planning import reset
-from api.wiring import build_catalog, build_store
 from costopt.domain import normalize_accelerator
-from costopt.throughput.model import JobType
-from costopt.throughput.registry import Measurement, MeasurementRegistry
 
 app = typer.Typer(help="Training throughput (steps/s) per job type and GPU.", no_args_is_help=True)
 
@@ -27,6 +23,9 @@ def list_(
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
 ) -> None:
     """Every known cell: measured (file), user (registered or reported), or estimated."""
+    from api.wiring import build_catalog, build_store
+    from costopt.throughput.model import JobType
+
     settings = settings_with()
     with failures():
         store = build_store(settings)
@@ -83,6 +82,11 @@ def register(
     source: Annotated[str, typer.Option(help="Who measured it.")] = "user",
 ) -> None:
     """Register a measurement (a new job type, or one more measurement of a known cell)."""
+    from api.planning import reset
+    from api.wiring import build_store
+    from costopt.throughput.model import JobType
+    from costopt.throughput.registry import Measurement, MeasurementRegistry
+
     settings = settings_with()
     with failures():
         store = build_store(settings)
