@@ -297,6 +297,24 @@ class Settings(BaseSettings):
     http_timeout_s: float = 30.0
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    # The CLI as a client of the service (costopt jobs ..., costopt admin ...).
+    api_url: str = Field(
+        default="http://127.0.0.1:8000", description="Where the CLI's job and admin commands reach the service."
+    )
+    api_key: str | None = Field(
+        default=None,
+        description="The API key the CLI sends (Authorization: Bearer). `make run` prints the first admin key once; "
+        "`costopt admin create-team NAME` prints a team key.",
+    )
+
+    api_max_body_bytes: int = Field(
+        default=64 * 1024, ge=1024, description="Largest request body the REST API accepts (bytes); larger -> 413."
+    )
+    checkpoint_root: str = Field(
+        default="file:///tmp/costopt-checkpoints",
+        description="Where a managed job's checkpoints go when its submission names no checkpoint_uri: "
+        "<checkpoint_root>/<job id>.",
+    )
 
     def resolved_throughput_file(self) -> Path | None:
         """The throughput file to load (None: no file configured and no data folder)."""

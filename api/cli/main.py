@@ -6,10 +6,12 @@ from typing import Annotated
 
 import typer
 
+from api.cli import admin as admin_cmd
 from api.cli import backtest as backtest_cmd
 from api.cli import catalog as catalog_cmd
 from api.cli import drill as drill_cmd
 from api.cli import gavel as gavel_cmd
+from api.cli import jobs as jobs_cmd
 from api.cli import plan as plan_cmd
 from api.cli import plan_batch as plan_batch_cmd
 from api.cli import prices as prices_cmd
@@ -28,6 +30,8 @@ app.add_typer(catalog_cmd.app, name="catalog")
 app.add_typer(throughput_cmd.app, name="throughput")
 app.add_typer(backtest_cmd.app, name="backtest")
 app.add_typer(gavel_cmd.app, name="gavel")
+app.add_typer(jobs_cmd.app, name="jobs")
+app.add_typer(admin_cmd.app, name="admin")
 app.command("plan")(plan_cmd.plan)
 app.command("plan-batch")(plan_batch_cmd.plan_batch)
 app.command("drill")(drill_cmd.drill)

@@ -1,0 +1,102 @@
+"""A small client of costopt's REST API (httpx), used by the CLI's ``jobs`` and ``admin`` commands.
+
+Errors come back as :class:`ApiError` with the HTTP status and the service's message (the one JSON
+error shape: ``{"error": {"code", "message", "details"}}``); a service that cannot be reached is an
+:class:`ApiUnreachable` naming the URL and how to start it. Keys are sent as ``Authorization: Bearer``
+and never printed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from costopt.errors import CostoptError
+
+
+class ApiError(CostoptError):
+    """The service answered with an error: ``status`` (HTTP), ``code`` and ``message`` (what to fix)."""
+
+    def __init__(self, status: int, code: str, message: str, details: Any = None) -> None:
+        super().__init__(f"{message} (HTTP {status}, {code})")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+
+
+class ApiUnreachable(CostoptError):
+    """No answer from the service at the configured URL."""
+
+
+def _error_of(resp: httpx.Response) -> ApiError:
+    code, message, details = "http_error", resp.reason_phrase or f"HTTP {resp.status_code}", None
+    try:
+        doc = resp.json()
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict):
+        err = doc.get("error")
+        if isinstance(err, dict):
+            code = str(err.get("code", code))
+            message = str(err.get("message", message))
+            details = err.get("details")
+        elif "detail" in doc:  # FastAPI's default shape, should a route still use it
+            message = str(doc["detail"])
+    if resp.status_code == 401:
+        message += "; set COSTOPT_API_KEY to a key (make run prints the admin key once)"
+    return ApiError(resp.status_code, code, message, details)
+
+
+@dataclass(slots=True)
+class ApiClient:
+    """``base_url`` (e.g. http://127.0.0.1:8000) and an optional API key; ``transport`` for tests
+    (e.g. ``httpx.ASGITransport`` or a ``TestClient``'s)."""
+
+    base_url: str
+    api_key: str | None = None
+    timeout_s: float = 30.0
+    transport: httpx.BaseTransport | None = None
+    _client: httpx.Client | None = field(default=None, init=False, repr=False)
+
+    def _http(self) -> httpx.Client:
+        if self._client is None:
+            headers = {"Accept": "application/json"}
+            if self.api_key:
+                headers["Authorization"] = f"Bearer {self.api_key}"
+            self._client = httpx.Client(
+                base_url=self.base_url.rstrip("/"), headers=headers, timeout=self.timeout_s, transport=self.transport
+            )
+        return self._client
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Any:
+        """The decoded JSON answer (None for 204); raises :class:`ApiError` / :class:`ApiUnreachable`."""
+        clean = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            resp = self._http().request(method, path, json=json, params=clean, headers=dict(headers or {}))
+        except httpx.TransportError as exc:
+            raise ApiUnreachable(
+                f"cannot reach the costopt service at {self.base_url} ({type(exc).__name__}): start it with "
+                "`make run` or set COSTOPT_API_URL"
+            ) from exc
+        if resp.status_code >= 400:
+            raise _error_of(resp)
+        if resp.status_code == 204 or not resp.content:
+            return None
+        return resp.json()
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
