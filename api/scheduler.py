@@ -34,7 +34,6 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy import Engine, select
 
-from api.wiring import source_intervals
 from costopt.cloud import CloudProvider, Instance, InstanceState, Interruption, LaunchSpec
 from costopt.db.migration_schema import migration_jobs
 from costopt.domain import Cloud, Market, OfferKey
@@ -44,6 +43,7 @@ from costopt.migration.watch import InterruptionWatcher, OffersFor, WatchReport
 from costopt.settings import Settings
 from pricing.base import PriceSource
 from pricing.collect import backoff_delay, run_source
+from pricing.sources import source_intervals
 from pricing.store import PriceStore
 
 log = logging.getLogger("costopt.scheduler")

@@ -9,6 +9,7 @@ else from api/ (the rest of api/ builds on it): what composes api/'s own service
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,40 +39,19 @@ def build_store(settings: Settings, *, migrate_schema: bool = True) -> PriceStor
     return PriceStore(engine, stale_after=settings.stale_after)
 
 
-def build_sources(settings: Settings, names: list[str] | None = None) -> list[PriceSource]:
-    """The live collectors, in a fixed order (``names`` None: all of them)."""
-    from pricing.aws import AwsInstanceTypeSource, AwsOnDemandSource, AwsSpotSource
-    from pricing.azure import AzureResourceSkus, AzureRetailPriceSource, AzureSkuSource
-    from pricing.gcp import GcpPriceSource
+def build_sources(settings: Settings, names: Sequence[str] | None = None) -> list[PriceSource]:
+    """The live collectors ``names`` (None: every configured one), from the registry
+    :data:`pricing.sources.SOURCES`; see :func:`pricing.sources.build_sources` for the errors."""
+    from pricing.sources import build_sources as build_registered
 
-    all_sources: list[PriceSource] = [
-        AwsSpotSource.from_settings(settings),
-        AwsOnDemandSource.from_settings(settings),
-        GcpPriceSource.from_settings(settings),
-        AzureRetailPriceSource.from_settings(settings),
-        AwsInstanceTypeSource.from_settings(settings),
-    ]
-    if settings.azure_subscription_id:
-        all_sources.append(AzureSkuSource(AzureResourceSkus(settings.azure_subscription_id), settings.azure_regions))
-    if names is None:
-        return all_sources
-    by_name = {s.name: s for s in all_sources}
-    unknown = [n for n in names if n not in by_name]
-    if unknown:
-        raise ValueError(f"unknown price source(s) {unknown}; choose from {sorted(by_name)}")
-    return [by_name[n] for n in names]
+    return build_registered(settings, names)
 
 
 def source_intervals(settings: Settings) -> dict[str, float]:
-    """Collection interval of each source, in seconds."""
-    return {
-        "aws-spot": settings.aws_spot_interval.total_seconds(),
-        "aws-on-demand": settings.aws_on_demand_interval.total_seconds(),
-        "gcp": settings.gcp_interval.total_seconds(),
-        "azure": settings.azure_interval.total_seconds(),
-        "aws-catalog": settings.catalog_interval.total_seconds(),
-        "azure-skus": settings.catalog_interval.total_seconds(),
-    }
+    """Collection interval of each registered source, in seconds (:func:`pricing.sources.source_intervals`)."""
+    from pricing.sources import source_intervals as registered_intervals
+
+    return registered_intervals(settings)
 
 
 def seed_paths(settings: Settings) -> list[Path]:
