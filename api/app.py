@@ -7,9 +7,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from prometheus_client import make_asgi_app
 
-from api.routes import health, plans, prices
+from api.routes import health, metrics, plans, prices
 from api.wiring import build_sources, build_store, seed_if_empty
 from costopt.settings import Settings, get_settings
 
@@ -58,5 +57,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(prices.router)
     app.include_router(plans.router)
-    app.mount("/metrics", make_asgi_app())
+    app.include_router(metrics.router)
     return app

@@ -148,7 +148,7 @@ def test_sources_lists_recorded_collection_runs(client: TestClient) -> None:
 
 
 def test_metrics_are_exposed_for_prometheus(client: TestClient) -> None:
-    r = client.get("/metrics/")
+    r = client.get("/metrics", follow_redirects=False)
     assert r.status_code == 200 and "python_info" in r.text
 
 

@@ -1,0 +1,109 @@
+"""The service's Prometheus metrics: where they are declared, registered and rendered.
+
+- :data:`REGISTRY` holds every metric of the process: the client library's process, platform and GC
+  collectors, and the project's own metrics, declared below at module level on ``registry=REGISTRY``
+  (add new ones here, e.g. job counters, so every exporter sees them and a name is declared once).
+- :func:`render` is what ``GET /metrics`` answers: :data:`REGISTRY`, then the price sources' health
+  read from the store at scrape time (``costopt_price_source_*``, one series per source that ever ran)
+  and ``costopt_store_up`` (1 when the store answered; 0, and no source series, when it did not: the
+  scrape itself still succeeds, like other exporters' ``*_up``).
+
+Units follow Prometheus conventions: seconds, Unix timestamps in seconds (UTC), counts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Gauge,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from pricing.store import PriceStore
+
+log = logging.getLogger("costopt.metrics")
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+"""The Prometheus text exposition format (version 0.0.4)."""
+
+REGISTRY = CollectorRegistry()
+"""Every metric of the service process (not the client library's global default registry)."""
+
+for _default in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+    # The same collectors prometheus_client puts on its default registry (process_*, python_info, python_gc_*).
+    REGISTRY.register(_default)
+
+PRICE_COLLECTORS_ENABLED = Gauge(
+    "costopt_price_collectors_enabled",
+    "1 when the price collectors of a cloud are scheduled in this process, 0 when they are off "
+    "(no credentials found at start, or COSTOPT_COLLECTORS_ENABLED=false).",
+    ["cloud"],
+    registry=REGISTRY,
+)
+
+
+class PriceSourceCollector(Collector):
+    """The health of every price source recorded in ``store`` (``source_status``), read at each scrape."""
+
+    def __init__(self, store: PriceStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("costopt_store_up", "1 when the price store's database answered this scrape, else 0.")
+        try:
+            statuses = self.store.sources()
+        except Exception as exc:  # any driver error: the scrape reports it instead of failing
+            log.warning("metrics: the price store could not be read: %s", exc)
+            up.add_metric([], 0.0)
+            yield up
+            return
+        up.add_metric([], 1.0)
+        yield up
+        success = GaugeMetricFamily(
+            "costopt_price_source_last_success_timestamp_seconds",
+            "When the source last fetched successfully (Unix time, UTC); absent if it never did.",
+            labels=["source"],
+        )
+        attempt = GaugeMetricFamily(
+            "costopt_price_source_last_attempt_timestamp_seconds",
+            "When the source was last run (Unix time, UTC).",
+            labels=["source"],
+        )
+        failures = GaugeMetricFamily(
+            "costopt_price_source_consecutive_failures", "Failed runs in a row (0 after a success).", labels=["source"]
+        )
+        stale = GaugeMetricFamily(
+            "costopt_price_source_stale",
+            "1 when the source's last success is older than COSTOPT_STALE_AFTER (its prices leave live plans).",
+            labels=["source"],
+        )
+        for s in statuses:
+            if s.last_success_at is not None:
+                success.add_metric([s.name], s.last_success_at.timestamp())
+            if s.last_attempt_at is not None:
+                attempt.add_metric([s.name], s.last_attempt_at.timestamp())
+            failures.add_metric([s.name], float(s.consecutive_failures))
+            stale.add_metric([s.name], 1.0 if s.stale else 0.0)
+        yield from (success, attempt, failures, stale)
+
+
+def render(store: PriceStore | None = None) -> bytes:
+    """The body of ``GET /metrics`` (text format, :data:`CONTENT_TYPE`): :data:`REGISTRY` and, when
+    ``store`` is given, ``costopt_store_up`` and its sources' health. Never raises for a store error."""
+    body = generate_latest(REGISTRY)
+    if store is not None:
+        per_scrape = CollectorRegistry(auto_describe=False)
+        per_scrape.register(PriceSourceCollector(store))
+        body += generate_latest(per_scrape)
+    return body
