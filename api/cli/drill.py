@@ -75,8 +75,8 @@ def drill(
     """Exit 0 when the script's checkpointing is sound: exactly the steps asked for, none lost beyond
     the last checkpoint, none counted twice, every notice honoured, no orphaned copy. Exit 1 otherwise,
     2 on bad arguments."""
+    from api.drill import drill as run_drill
     from costopt.migration.drill import DrillError
-    from costopt.migration.drill import drill as run_drill
 
     with failures(), _quiet():
         try:

@@ -1,19 +1,19 @@
 """The engine of ``costopt drill``: run a user's training script through moves and preemptions.
 
-:func:`drill` registers the script as a job and runs it for real, as processes on this machine (only
-running the script can tell whether its checkpointing is sound), on one of two clouds:
+:func:`run_drill` registers the script as a job and runs it for real, as processes on this machine (only
+running the script can tell whether its checkpointing is sound), on a :class:`ProcessCloud` (a cloud
+whose instances are local processes it can preempt), either directly or behind a
+:class:`SimulatedMarket`:
 
-- ``local`` (:class:`providers.local.LocalProvider`): forced events, each once the current copy is
-  progressing, alternating migrations (:meth:`Migrator.move`: checkpoint request, launch of a new
-  epoch, fencing, verification, termination of the old copy) and preemptions
-  (:meth:`LocalProvider.preempt`: a notice, then a kill at its deadline);
-- ``sim`` (:class:`SimulatedMarket`): the simulated cloud's market (:class:`providers.sim.SimCloud`)
-  decides, on a compressed clock (``time_scale`` simulated seconds per second), *when* each copy is
-  preempted (seeded Poisson reclaims per offer, mean ``preemption_every`` seconds; at any moment:
-  booting, restoring, mid-checkpoint, mid-migration), the notice each cloud gives first (AWS 2 min,
-  GCP and Azure 30 s, scaled down likewise), and which launches fail for lack of capacity (seeded,
-  probability ``launch_failure``: the migrator must go on to the next offer). Forced moves happen
-  as with ``local``, until ``preemptions`` copies have been preempted.
+- without a market: forced events, each once the current copy is progressing, alternating migrations
+  (:meth:`Migrator.move`: checkpoint request, launch of a new epoch, fencing, verification,
+  termination of the old copy) and preemptions (:meth:`ProcessCloud.preempt`: a notice, then a kill at
+  its deadline);
+- with a :class:`SimulatedMarket`: a simulated cloud's market decides, on a compressed clock
+  (``time_scale`` simulated seconds per second), *when* each copy is preempted (at any moment:
+  booting, restoring, mid-checkpoint, mid-migration), the notice each cloud gives first, and which
+  launches fail for lack of capacity (the migrator must go on to the next offer). Forced moves happen
+  as without a market, until ``preemptions`` copies have been preempted.
 
 In both, every recovery after a preemption goes through the :class:`~.watch.InterruptionWatcher` (the
 loop the service runs): the drill never calls ``recover`` itself. It waits for the job to finish,
@@ -22,8 +22,10 @@ reconciles (orphans are counted and terminated), and audits the progress logs
 It also checks that every copy given a notice checkpointed and stopped before it was taken, and that
 every copy ran with the epoch it was launched with (``COSTOPT_EPOCH``: the fencing).
 
-The CLI (``costopt drill --command ... --moves 5 --preemptions 5 [--provider local|sim] [--seed N]
-[--format json]``) prints :meth:`DrillReport.to_dict`.
+This module works on protocols only; :mod:`api.drill` builds the clouds (``providers.local``'s
+``LocalProvider``, ``providers.sim``'s ``SimCloud`` under the market), the database and the working
+directory, and is what the CLI (``costopt drill --command ... --moves 5 --preemptions 5
+[--provider local|sim] [--seed N] [--format json]``) calls; it prints :meth:`DrillReport.to_dict`.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ import builtins
 import logging
 import shlex
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -40,7 +41,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+from sqlalchemy import Engine
 
 from costopt.agent import control
 from costopt.cloud import CapacityError, CloudProvider, Instance, Interruption, LaunchSpec
@@ -58,13 +61,8 @@ from costopt.migration.machine import (
 from costopt.migration.unavailable import DEFAULT_TTL, UnavailableOffers
 from costopt.migration.watch import InterruptionWatcher, WatchReport
 
-if TYPE_CHECKING:
-    from providers.local import LocalProvider
-    from providers.sim import SimCloud
-
 log = logging.getLogger("costopt.migration.drill")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_COMMAND = "python examples/train.py --steps 2000 --checkpoint-every 50 --step-seconds 0.01"
 PROVIDERS = ("local", "sim")
 LOCAL_POLL_SECONDS = 0.05
@@ -89,6 +87,50 @@ SIM_OFFERS = (
 
 class DrillError(ValueError):
     """The drill cannot run as asked (unknown provider, empty command, a parameter out of range)."""
+
+
+class ProcessStatus(Protocol):
+    """What the drill reads of an instance's process."""
+
+    @property
+    def pid(self) -> int | None:
+        """The job's process id (None: not started, or not known)."""
+        ...
+
+
+class ProcessCloud(CloudProvider, Protocol):
+    """A cloud whose instances are processes on this machine (``providers.local.LocalProvider``): what
+    the drill needs beyond :class:`~costopt.cloud.CloudProvider`."""
+
+    def preempt(self, instance_id: str, notice_seconds: float = 30.0) -> Interruption | None:
+        """Post a preemption notice, then kill the job ``notice_seconds`` (wall seconds) later
+        (``<= 0``: at once, without notice). None when the instance is not running."""
+        ...
+
+    def status(self, instance_id: str) -> ProcessStatus:
+        """The instance's process."""
+        ...
+
+    def wait(self, instance_id: str, timeout: float) -> Instance:
+        """Wait until the instance is no longer pending or running, at most ``timeout`` seconds."""
+        ...
+
+
+class MarketClock(Protocol):
+    """The simulated cloud's clock as the market drives it (``providers.sim.SimClock``)."""
+
+    @property
+    def start(self) -> datetime:
+        """When the clock started (tz-aware UTC)."""
+        ...
+
+    def now(self) -> datetime:
+        """The simulated now (tz-aware UTC)."""
+        ...
+
+    def advance_to(self, at: datetime) -> datetime:
+        """Move the clock forward to ``at``."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,20 +201,30 @@ class MarketEvent:
     lead: float
 
 
+def check_market(time_scale: float, preemption_every: float, launch_failure: float) -> None:
+    """Raise :class:`DrillError` unless ``time_scale`` (simulated seconds per second) and
+    ``preemption_every`` (mean wall seconds between reclaims of one offer) are > 0 and
+    ``launch_failure`` is a probability in [0, 1)."""
+    if time_scale <= 0 or preemption_every <= 0:
+        raise DrillError(f"time_scale and preemption_every must be > 0, got {time_scale} and {preemption_every}")
+    if not 0.0 <= launch_failure < 1.0:
+        raise DrillError(f"launch_failure is a probability in [0, 1), got {launch_failure}")
+
+
 class SimulatedMarket:
     """A :class:`~costopt.cloud.CloudProvider` whose instances are real processes (``local``) and whose
-    market is the simulated cloud's (:class:`providers.sim.SimCloud`) on a compressed clock.
+    market is a simulated cloud's (``sim``, e.g. ``providers.sim.SimCloud``) on a compressed clock
+    (``clock``, the one ``sim`` runs on). :func:`api.drill.build_market` builds one.
 
-    - Time: simulated time = start + (wall time since start) x ``time_scale``.
-    - Launch: the simulated cloud launches first and may refuse for lack of capacity (seeded, per
-      offer, probability ``launch_failure``: :class:`~costopt.cloud.CapacityError`); then the local
-      provider starts the process with the same idempotency token.
-    - Preemption: each spot offer has a seeded Poisson process of reclaims (mean ``preemption_every``
-      wall seconds); a copy is taken at its offer's first reclaim after its launch, after a notice of
-      its cloud's lead time (scaled by ``time_scale``; shorter when the reclaim comes sooner after the
-      launch). A background thread applies them to the processes (:meth:`LocalProvider.preempt`) when
-      they come due, whatever the copy is doing. After ``max_preemptions`` applied preemptions the
-      market spares every copy.
+    - Time: simulated time = ``clock.start`` + (wall time since ``clock.start``) x ``time_scale``: the
+      clock must start at the wall time the market is made.
+    - Launch: the simulated cloud launches first and may refuse for lack of capacity
+      (:class:`~costopt.cloud.CapacityError`); then the local provider starts the process with the same
+      idempotency token.
+    - Preemption: a copy is taken when its simulated instance is: the simulated cloud's notice (its
+      lead scaled down by ``time_scale``) is applied to the process (:meth:`ProcessCloud.preempt`) by a
+      background thread when it comes due, whatever the copy is doing. After ``max_preemptions`` applied
+      preemptions the market spares every copy.
     - ``describe``, ``list``, ``interruptions`` are the processes' (what the job really went through);
       ``terminate`` stops the process and the simulated instance.
     """
@@ -181,47 +233,24 @@ class SimulatedMarket:
 
     def __init__(
         self,
-        local: LocalProvider,
-        offers: Sequence[OfferKey] = SIM_OFFERS,
+        local: ProcessCloud,
+        sim: CloudProvider,
+        clock: MarketClock,
         *,
-        seed: int = 0,
         time_scale: float = 60.0,
-        preemption_every: float = 2.0,
-        launch_failure: float = 0.2,
         max_preemptions: int | None = None,
-        notice_lead: Mapping[Cloud, timedelta] | None = None,
         tick_seconds: float = 0.02,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        import numpy as np
-
-        from costopt.ledger.prices import StepPrices
-        from costopt.risk.hazard import HazardModel
-        from providers.sim import DEFAULT_NOTICE_LEAD, SimClock, SimCloud, SimConfig
-
-        if time_scale <= 0 or preemption_every <= 0:
-            raise DrillError(f"time_scale and preemption_every must be > 0, got {time_scale} and {preemption_every}")
-        if not 0.0 <= launch_failure < 1.0:
-            raise DrillError(f"launch_failure is a probability in [0, 1), got {launch_failure}")
+        if time_scale <= 0:
+            raise DrillError(f"time_scale must be > 0, got {time_scale}")
         self.local = local
-        self.offers = tuple(offers)
+        self.sim = sim
+        self.clock = clock
         self.time_scale = float(time_scale)
         self.max_preemptions = max_preemptions
         self.wall = wall
-        self._wall0 = wall()
-        self.clock = SimClock(datetime.fromtimestamp(self._wall0, UTC))
-        n = len(self.offers)
-        prices = StepPrices(
-            list(self.offers), [np.zeros(1, dtype=np.int64)] * n, [np.ones(1, dtype=np.float64)] * n, {}
-        )
-        rate = 3600.0 / (preemption_every * self.time_scale)  # reclaims per simulated offer-hour
-        config = SimConfig(
-            notice_lead=dict(notice_lead if notice_lead is not None else DEFAULT_NOTICE_LEAD),
-            default_launch_failure=launch_failure,
-        )
-        self.sim: SimCloud = SimCloud(
-            prices, HazardModel(defaults=dict.fromkeys(Cloud, rate)), clock=self.clock, seed=seed, config=config
-        )
+        self._wall0 = clock.start.timestamp()
         self._lock = threading.RLock()
         self._local_of: dict[str, str] = {}  # simulated id -> local id
         self._sim_of: dict[str, str] = {}  # local id -> simulated id
@@ -321,6 +350,9 @@ class SimulatedMarket:
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         return self.local.interruptions(since)
 
+    def output(self, instance_id: str, *, tail: int | None = None) -> str:
+        return self.local.output(instance_id, tail=tail)
+
     def close(self) -> None:
         """Stop the market's thread (the local provider is closed by its owner)."""
         self._stop.set()
@@ -397,7 +429,7 @@ def _owners(instances: Sequence[Instance], pids: Mapping[str, int | None], runs:
     return owners
 
 
-def check_copies(local: LocalProvider, job_id: str, uri: str, since: datetime) -> list[str]:
+def check_copies(local: ProcessCloud, job_id: str, uri: str, since: datetime) -> list[str]:
     """What the copies of ``job_id`` did wrong (empty: nothing):
 
     - a copy launched with epoch E whose agent ran with another epoch (the script does not take its
@@ -484,117 +516,97 @@ class _GiveUp(Exception):
     """The job cannot go on (its recoveries keep failing): stop the drill and report."""
 
 
-def _check(**limits: float) -> None:
-    for name, value in limits.items():
-        if value < 0:
-            raise DrillError(f"{name} must be >= 0, got {value}")
+@dataclass(frozen=True, slots=True)
+class DrillOptions:
+    """What a drill asks of the job (validated: :class:`DrillError` names what to fix).
 
-
-def drill(
-    command: str | Sequence[str] | None = None,
-    moves: int = 5,
-    preemptions: int = 5,
-    provider: str = "local",
-    *,
-    steps: int | None = None,
-    workdir: str | Path | None = None,
-    cwd: str | Path | None = None,
-    seed: int = 0,
-    notice_seconds: float = 3.0,
-    time_scale: float = 60.0,
-    preemption_every: float = 2.0,
-    launch_failure: float = 0.2,
-    gap_steps: int = 5,
-    timeout: float = 600.0,
-    event_timeout: float = 60.0,
-    unavailable_seconds: float = 2.0,
-    max_failed_recoveries: int = 5,
-) -> DrillReport:
-    """Run ``command`` (default: the example script) through ``moves`` forced migrations and
-    ``preemptions`` preemptions on ``provider`` (module docstring), then audit it.
-
-    - ``steps``: the steps the script asks for (default: its ``--steps``);
-    - ``workdir``: where the database, checkpoints and instances live (default: a temporary directory);
-    - ``cwd``: the script's working directory (default: the repository root);
-    - ``seed``: the simulated market's seed (``sim``: preemption times, capacity failures);
-    - ``notice_seconds``: ``local``: the notice given before a forced preemption;
-    - ``time_scale``, ``preemption_every``, ``launch_failure``: ``sim``: simulated seconds per second,
-      mean seconds between reclaims of one offer, probability that a launch finds no capacity;
+    - ``moves``, ``preemptions``: forced migrations, and preemptions (forced without a market; the
+      market's with one);
+    - ``steps``: the steps the script asks for (None: unknown; the audit then checks none are lost or
+      repeated, not their number);
+    - ``notice_seconds``: without a market, the notice given before a forced preemption;
     - ``gap_steps``: steps the current copy must make past its restore point before the next event;
-    - ``timeout``: for the whole drill; ``event_timeout``: for one move, preemption or checkpoint;
+    - ``timeout``: for the whole drill; ``event_timeout``: for one move, preemption or checkpoint
+      (seconds);
     - ``unavailable_seconds``: how long a preempted (or refused) offer is kept out of the candidates;
-    - ``max_failed_recoveries``: the drill gives up after that many failed recoveries in a row.
+    - ``max_failed_recoveries``: the drill gives up after that many failed recoveries in a row;
+    - ``seed``: the market's seed, reported as is.
     """
-    from costopt.db.engine import make_engine, migrate
-    from providers.local import LocalProvider
 
-    if provider not in PROVIDERS:
-        raise DrillError(f"unknown provider {provider!r}: choose one of {', '.join(PROVIDERS)}")
-    _check(
-        moves=moves,
-        preemptions=preemptions,
-        notice_seconds=notice_seconds,
-        gap_steps=gap_steps,
-        timeout=timeout,
-        event_timeout=event_timeout,
-    )
-    if unavailable_seconds <= 0 or time_scale <= 0 or preemption_every <= 0:
-        raise DrillError(
-            "unavailable_seconds, time_scale and preemption_every must be > 0, got "
-            f"{unavailable_seconds}, {time_scale} and {preemption_every}"
-        )
-    if not 0.0 <= launch_failure < 1.0:
-        raise DrillError(f"launch_failure is a probability in [0, 1), got {launch_failure}")
-    argv = parse_command(command or DEFAULT_COMMAND)
-    steps_requested = steps if steps is not None else steps_in(argv)
+    moves: int = 5
+    preemptions: int = 5
+    steps: int | None = None
+    notice_seconds: float = 3.0
+    gap_steps: int = 5
+    timeout: float = 600.0
+    event_timeout: float = 60.0
+    unavailable_seconds: float = 2.0
+    max_failed_recoveries: int = 5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("moves", "preemptions", "notice_seconds", "gap_steps", "timeout", "event_timeout"):
+            value = getattr(self, name)
+            if value < 0:
+                raise DrillError(f"{name} must be >= 0, got {value}")
+        if self.unavailable_seconds <= 0:
+            raise DrillError(f"unavailable_seconds must be > 0, got {self.unavailable_seconds}")
+
+
+def run_drill(
+    argv: Sequence[str],
+    local: ProcessCloud,
+    engine: Engine,
+    checkpoints: Path,
+    options: DrillOptions,
+    *,
+    market: SimulatedMarket | None = None,
+    offers: Sequence[OfferKey] = LOCAL_OFFERS,
+) -> DrillReport:
+    """Run the command ``argv`` (see :func:`parse_command`) as a job through ``options.moves`` forced
+    migrations and ``options.preemptions`` preemptions (module docstring), then audit it.
+
+    - ``local``: the processes' cloud; the migrator launches on it, or on ``market`` when given (whose
+      processes are ``local``'s);
+    - ``engine``: a migrated database of the migrator's tables (the drill's own: its job is registered
+      there);
+    - ``checkpoints``: the folder the job's checkpoint URI goes under;
+    - ``offers``: the candidate offers of every launch (those of ``market``'s clouds with one).
+
+    On return no instance of the drill is left running; closing ``market``, ``local`` and ``engine`` is
+    the caller's.
+    """
+    o = options
+    moves, preemptions = o.moves, o.preemptions
+    steps_requested = o.steps
     started = time.monotonic()
     started_at = datetime.now(UTC)
-    tmp = None
-    if workdir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="costopt-drill-")
-        workdir = tmp.name
-    root = Path(workdir)
-    root.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(f"sqlite:///{root / 'drill.db'}")
-    migrate(engine)
-    local = LocalProvider(root / "instances", cwd=cwd or REPO_ROOT, grace_seconds=5.0)
-    market: SimulatedMarket | None = None
-    cloud: CloudProvider = local
-    offers: tuple[OfferKey, ...] = LOCAL_OFFERS
-    if provider == "sim":
-        market = SimulatedMarket(
-            local,
-            SIM_OFFERS,
-            seed=seed,
-            time_scale=time_scale,
-            preemption_every=preemption_every,
-            launch_failure=launch_failure,
-            max_preemptions=preemptions,
-        )
-        cloud, offers = market, SIM_OFFERS
-    unavailable = UnavailableOffers(engine, ttl=dict.fromkeys(DEFAULT_TTL, timedelta(seconds=unavailable_seconds)))
+    cloud: CloudProvider = market if market is not None else local
+    offers = tuple(offers)
+    unavailable = UnavailableOffers(engine, ttl=dict.fromkeys(DEFAULT_TTL, timedelta(seconds=o.unavailable_seconds)))
     mig = Migrator(
         engine,
         cloud,
-        checkpoint_timeout=event_timeout,
-        verify_timeout=event_timeout,
+        checkpoint_timeout=o.event_timeout,
+        verify_timeout=o.event_timeout,
         poll_seconds=LOCAL_POLL_SECONDS,
         unavailable=unavailable,
     )
     watcher = InterruptionWatcher(
         mig,
-        lambda job: offers,
+        lambda job: list(offers),
         unavailable=unavailable,
         overlap=timedelta(seconds=30),
         retry_base=0.2,
         retry_cap=2.0,
     )
     job_id = f"drill-{uuid.uuid4().hex[:8]}"
-    uri = str(root / "checkpoints" / job_id)
+    uri = str(checkpoints / job_id)
     problems: list[str] = []
     notes: list[str] = []
     tally = _Tally()
     done_moves = done_preemptions = orphans = 0
+    timeout, event_timeout, notice_seconds = o.timeout, o.event_timeout, o.notice_seconds
 
     def candidates() -> list[OfferKey]:
         return unavailable.filter(offers) or list(offers)
@@ -604,7 +616,7 @@ def drill(
         before = market.preemptions if market is not None else 0
         report = watcher.poll()
         tally.add(report, excused=market is not None and market.preemptions > before)
-        if tally.failed_in_a_row >= max_failed_recoveries:
+        if tally.failed_in_a_row >= o.max_failed_recoveries:
             raise _GiveUp(
                 f"{tally.failed_in_a_row} recoveries in a row failed (last: {tally.reasons[-1]}); the job cannot "
                 "restart from its checkpoints"
@@ -629,7 +641,7 @@ def drill(
         if j.status is not JobStatus.RUNNING or mig.active_migration(job_id) is not None:
             return False
         p = control.progress(uri, j.epoch)
-        return p.done or p.last_step >= p.restored_step + gap_steps
+        return p.done or p.last_step >= p.restored_step + o.gap_steps
 
     try:
         try:
@@ -748,8 +760,8 @@ def drill(
             finished=audit.finished,
             seconds=round(time.monotonic() - started, 3),
             problems=tuple(problems),
-            provider=provider,
-            seed=seed,
+            provider=cloud.name,
+            seed=o.seed,
             notices=market.notices if market is not None else tally.notices,
             recoveries=tally.recoveries,
             launch_failures=market.launch_failures if market is not None else 0,
@@ -761,7 +773,3 @@ def drill(
         for inst in local.list({TAG_MANAGED: "true"}):
             if inst.state in ALIVE_STATES:
                 local.terminate(inst.instance_id)
-        local.close()
-        engine.dispose()
-        if tmp is not None:
-            tmp.cleanup()

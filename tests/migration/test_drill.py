@@ -15,13 +15,13 @@ import pytest
 from typer.testing import CliRunner
 
 from api.cli.main import app
+from api.drill import build_market, drill
 from costopt.cloud import CapacityError, InstanceState, LaunchSpec
 from costopt.migration.drill import (
     SIM_OFFERS,
     DrillError,
     DrillReport,
     SimulatedMarket,
-    drill,
     parse_command,
     steps_in,
 )
@@ -207,7 +207,7 @@ def _outcomes(market: SimulatedMarket, n: int, tag: str) -> list[bool]:
 
 
 def test_the_market_refuses_launches_for_capacity_as_its_seed_decides(local: LocalProvider) -> None:
-    markets = [SimulatedMarket(local, seed=seed, launch_failure=0.5, preemption_every=1e6) for seed in (3, 3, 4)]
+    markets = [build_market(local, seed=seed, launch_failure=0.5, preemption_every=1e6) for seed in (3, 3, 4)]
     try:
         a, b, c = (_outcomes(m, 12, f"s{i}") for i, m in enumerate(markets))
     finally:
@@ -221,9 +221,7 @@ def test_the_market_preempts_a_copy_after_its_clouds_notice_scaled_and_spares_co
     local: LocalProvider,
 ) -> None:
     since = datetime.now(UTC)
-    market = SimulatedMarket(
-        local, seed=0, time_scale=60.0, preemption_every=0.3, launch_failure=0.0, max_preemptions=1
-    )
+    market = build_market(local, seed=0, time_scale=60.0, preemption_every=0.3, launch_failure=0.0, max_preemptions=1)
     try:
         first = market.launch(LaunchSpec(SIM_OFFERS[0], SLEEPER, tags={"n": "1"}), "t-1")  # AWS: 2 min -> 2 s
         end = time.monotonic() + 10
