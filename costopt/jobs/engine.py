@@ -1,0 +1,979 @@
+"""The job engine: takes a managed job from ``queued`` to ``succeeded``, ``failed`` or ``cancelled``.
+
+:class:`JobEngine` drives the jobs of :class:`~costopt.jobs.records.JobRepository` through the pieces the
+core already has, and keeps no state of its own that a crash could lose:
+
+- the :class:`~costopt.migration.machine.Migrator` of the job's provider launches every copy (the first
+  one is its recovery from epoch 0), moves and recovers it, bills each copy to the ledger and keeps the
+  facts in ``migration_jobs`` / ``migrations`` / ``migration_copies``;
+- the :class:`~costopt.migration.watch.InterruptionWatcher` (the service's ``migration:watch`` job)
+  recovers copies taken by the cloud; the engine only follows (state ``recovering``, events);
+- :mod:`costopt.agent.control` tells the steps done, whether the job finished, and serves checkpoint
+  requests;
+- ``job_events`` (through the repository) records what the engine saw, keyed by migration id, so a
+  restarted engine never records a preemption or a move twice.
+
+One :meth:`JobEngine.tick` is one idempotent pass over the active jobs (docs/jobs.md has the table):
+
+- ``queued``: rank placements (:class:`~costopt.jobs.placement.Placements`), register the job with its
+  provider's migrator, ``launching``, start it on the ranked offers (in a worker);
+- ``launching``: the start done -> ``running`` (offer, whole-instance price); launched nowhere -> a
+  ``launch_failed`` event, retried after a backoff up to ``launch_attempts`` times, then ``failed``
+  with each refusal's reason; the copy exited with a non-zero code -> ``failed`` (not retried);
+- ``running``: progress -> ``steps_done``; the agent's ``done`` with exactly ``steps_total`` steps ->
+  ``succeeded`` (copy terminated, the migrator's job finished, its interval closed); a migration in
+  flight -> ``migrating`` / ``recovering`` with a ``preemption`` (or ``copy_lost``) event; a copy that
+  ended without a preemption: a non-zero exit code -> ``failed`` with the code and the tail of its
+  output; exit 0 (or :data:`RESUMABLE_EXIT_CODES`, or unknown) without the steps done -> recovered from
+  the last checkpoint, at most ``launch_attempts`` times;
+- ``recovering`` / ``migrating``: the new copy runs -> ``running`` with a ``recovery`` event; a recovery
+  that cannot launch anywhere is retried by the watcher with its backoff, and after ``launch_attempts``
+  rolled-back recoveries in a row the job is ``failed``;
+- ``cancel_requested_at`` set: a checkpoint request, waited for across ticks up to ``cancel_timeout``,
+  then the copy is terminated and the job ``cancelled`` (its record and bill stay).
+
+Long steps (a start or a recovery waits for boots and the first progress) run in a worker thread owned
+by the engine, at most one per job; a later tick records their outcome from the migrator's rows. The
+first tick of an engine resumes the migrations of its jobs a crash left in flight
+(:meth:`Migrator.resume`). ``workers=0`` runs them inline (offline tests over the simulated cloud).
+
+Times are tz-aware UTC from ``clock`` (the simulated clock over the simulated cloud); money is Decimal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import update
+
+from costopt.agent import control
+from costopt.agent.storage import is_local_uri
+from costopt.cloud import ACTIVE_STATES as ALIVE_STATES
+from costopt.cloud import CloudError, Instance, InstanceState, NotFoundError
+from costopt.db.migration_schema import migration_jobs
+from costopt.domain import OfferKey
+from costopt.errors import CostoptError
+from costopt.jobs.costs import CopyKeys, job_charges, migration_cost
+from costopt.jobs.model import ACTIVE_STATES, JobState
+from costopt.jobs.placement import Placement, Placements
+from costopt.jobs.records import ConcurrentUpdate, IllegalTransition, JobEvent, JobRecord, JobRepository
+from costopt.jobs.view import JobView, job_view
+from costopt.ledger.book import Ledger
+from costopt.ledger.model import LedgerError
+from costopt.migration.machine import (
+    CopyRecord,
+    JobStatus,
+    Kind,
+    MigrationError,
+    MigrationRecord,
+    Migrator,
+    State,
+)
+from costopt.migration.machine import JobRecord as MigratorJob
+
+log = logging.getLogger("costopt.jobs.engine")
+
+__all__ = [
+    "ENV_JOB_STEPS",
+    "ENV_JOB_TYPE",
+    "ENV_STEPS_PER_SECOND",
+    "RESUMABLE_EXIT_CODES",
+    "EngineError",
+    "JobEngine",
+    "MoveRefused",
+    "TickReport",
+    "job_env",
+]
+
+ENV_JOB_TYPE = "COSTOPT_JOB_TYPE"
+"""The job's catalog type (e.g. ``ResNet-50 (batch size 128)``), for jobs given by type."""
+ENV_JOB_STEPS = "COSTOPT_JOB_STEPS"
+"""The steps the job must do in total (an integer)."""
+ENV_STEPS_PER_SECOND = "COSTOPT_STEPS_PER_SECOND"
+"""For jobs given by throughput: a JSON object accelerator -> steps/s (the submission's ``throughput``)."""
+
+RESUMABLE_EXIT_CODES: frozenset[int] = frozenset({0, 75})
+"""Exit codes after which a copy that did not finish is recovered from its last checkpoint: 0, and 75
+(EX_TEMPFAIL: the agent stopped after a checkpoint, e.g. on SIGTERM or a notice). Any other code fails
+the job (a failing command is never retried for ever)."""
+
+CANCEL_PREFIX = "cancel"
+_FINISHED_BY_ENGINE = "engine:"
+
+
+class EngineError(CostoptError):
+    """The engine cannot act on a job (unknown provider, a job in the wrong state)."""
+
+
+class MoveRefused(EngineError):
+    """A move asked of a job that is not running (or already busy): re-read it and decide again."""
+
+
+def job_env(job: JobRecord) -> dict[str, str]:
+    """The environment the job's copies get beyond the agent contract: its type or throughput and steps."""
+    env = {ENV_JOB_STEPS: str(int(job.steps_total))}
+    job_type = job.spec.get("job_type")
+    if job_type:
+        env[ENV_JOB_TYPE] = str(job_type)
+    throughput = job.spec.get("throughput")
+    if throughput:
+        env[ENV_STEPS_PER_SECOND] = json.dumps({str(k): float(v) for k, v in dict(throughput).items()}, sort_keys=True)
+    return env
+
+
+@dataclass(frozen=True, slots=True)
+class TickReport:
+    """One :meth:`JobEngine.tick`: jobs looked at, jobs whose state changed (``id: from -> to``), jobs with a
+    worker still busy, and errors (a failing job never stops the others). ``skipped``: another tick of
+    this engine was running (nothing was done)."""
+
+    at: datetime
+    jobs: int = 0
+    changed: tuple[str, ...] = ()
+    busy: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+    skipped: bool = False
+
+
+@dataclass(slots=True)
+class _Pass:
+    changed: list[str] = field(default_factory=list)
+    busy: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def _offer_doc(offer: OfferKey | None) -> dict[str, str] | None:
+    return offer.to_doc() if offer is not None else None
+
+
+def _usd(value: float | Decimal | None) -> Decimal | None:
+    if value is None:
+        return None
+    return value if isinstance(value, Decimal) else Decimal(repr(float(value)))
+
+
+class JobEngine:
+    """Drives managed jobs (module docstring).
+
+    - ``repo``: the jobs; ``migrators``: one per provider name (``job.provider``), billed to the ledger;
+    - ``placements``: ranked offers for a job (D1's planner-backed implementation in the service);
+    - ``clock``: now, tz-aware UTC; ``checkpoint_root``: where a job without ``spec.checkpoint_uri`` keeps
+      its checkpoints (``<root>/<job id>``; a local path or a URI);
+    - ``launch_attempts``: how many failed launches (and rolled-back recoveries in a row, and copies ended
+      without finishing) a job gets before it is ``failed``; ``retry_base``/``retry_cap`` (seconds):
+      the backoff before the n-th relaunch, ``min(cap, base * 2**(n-1))``;
+    - ``cancel_timeout`` (seconds): how long a cancelled job's checkpoint is waited for;
+    - ``workers``: worker threads for starts and recoveries (0: run them inline, in the tick);
+    - ``output_tail``: lines of a failed copy's output kept in its ``failed`` event.
+    """
+
+    def __init__(
+        self,
+        repo: JobRepository,
+        migrators: Mapping[str, Migrator],
+        placements: Placements,
+        clock: Callable[[], datetime],
+        checkpoint_root: str | Path,
+        *,
+        launch_attempts: int = 3,
+        retry_base: float = 5.0,
+        retry_cap: float = 300.0,
+        cancel_timeout: float = 300.0,
+        workers: int = 4,
+        output_tail: int = 50,
+        rank_top: int = 10,
+    ) -> None:
+        if launch_attempts < 1:
+            raise ValueError(f"launch_attempts must be >= 1, got {launch_attempts}")
+        if workers < 0 or cancel_timeout < 0 or retry_base < 0 or retry_cap < 0:
+            raise ValueError("workers, cancel_timeout, retry_base and retry_cap must be >= 0")
+        if not str(checkpoint_root):
+            raise ValueError("checkpoint_root must not be empty")
+        self.repo = repo
+        self.migrators = dict(migrators)
+        self.placements = placements
+        self.clock = clock
+        self.checkpoint_root = str(checkpoint_root)
+        self.launch_attempts = launch_attempts
+        self.retry_base = retry_base
+        self.retry_cap = retry_cap
+        self.cancel_timeout = cancel_timeout
+        self.output_tail = output_tail
+        self.rank_top = rank_top
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="costopt-engine") if workers else None
+        self._work: dict[str, Future[Any]] = {}
+        self._orphaned: set[str] = set()  # jobs whose worker died: their migration is resumed
+        self._ranked: dict[str, dict[OfferKey, Placement]] = {}
+        self._history_mark: dict[str, int] = {}  # the last finished migration whose events are recorded
+        self._tick_lock = threading.Lock()
+        self._work_lock = threading.Lock()
+        self._started = False
+
+    # -- public ----------------------------------------------------------------------------------------
+
+    @property
+    def ledger(self) -> Ledger | None:
+        """The ledger the migrators bill to (the first one that has a ledger), for :func:`job_cost`."""
+        for m in self.migrators.values():
+            if m.ledger is not None:
+                return m.ledger
+        return None
+
+    def now(self) -> datetime:
+        now = self.clock()
+        if now.tzinfo is None:
+            raise ValueError(f"the engine's clock returned a naive datetime {now!r}: it must be tz-aware UTC")
+        return now.astimezone(UTC)
+
+    def checkpoint_uri(self, job: JobRecord) -> str:
+        """The job's checkpoint location: ``spec.checkpoint_uri``, else ``<checkpoint_root>/<job id>``."""
+        given = job.spec.get("checkpoint_uri")
+        if given:
+            return str(given)
+        root = self.checkpoint_root
+        if is_local_uri(root) and "://" not in root:
+            return str(Path(root) / job.id)
+        return f"{root.rstrip('/')}/{job.id}"
+
+    def migrator_of(self, job: JobRecord) -> Migrator:
+        migrator = self.migrators.get(job.provider)
+        if migrator is None:
+            raise EngineError(
+                f"job {job.id} runs on provider {job.provider!r}, which the engine has no migrator for; "
+                f"configured: {sorted(self.migrators)}"
+            )
+        return migrator
+
+    def busy(self, job_id: str) -> bool:
+        """True while a worker of this engine runs a migration (or a move) of the job."""
+        with self._work_lock:
+            fut = self._work.get(job_id)
+            return fut is not None and not fut.done()
+
+    def tick(self) -> TickReport:
+        """One idempotent pass over the active jobs (module docstring). Safe to run again after a crash at
+        any point; a second concurrent call on the same engine returns at once (``skipped``). Several
+        engines on one database must not tick at once (the service holds the ``engine`` lease)."""
+        at = self.now()
+        if not self._tick_lock.acquire(blocking=False):
+            return TickReport(at=at, skipped=True)
+        try:
+            out = _Pass()
+            first = not self._started
+            jobs = self.repo.in_states(ACTIVE_STATES)
+            for job in jobs:
+                try:
+                    self._step(job, out, first=first)
+                except (CostoptError, CloudError, OSError, ValueError) as exc:
+                    msg = f"{job.id}: {type(exc).__name__}: {exc}"
+                    log.exception("engine: job %s", job.id)
+                    out.errors.append(msg)
+            self._started = True
+            return TickReport(at, len(jobs), tuple(out.changed), tuple(out.busy), tuple(out.errors))
+        finally:
+            self._tick_lock.release()
+
+    def view(self, job: JobRecord | str, at: datetime | None = None) -> JobView:
+        """:func:`costopt.jobs.view.job_view` of a job (a record or an id) at ``at`` (default: now)."""
+        record = self.repo.get(job) if isinstance(job, str) else job
+        return job_view(
+            record, self.repo.events(record.id), ledger=self.ledger, placements=self.placements, at=at or self.now()
+        )
+
+    def close(self, *, wait: bool = True) -> None:
+        """Stop the worker threads (``wait``: let running migrations finish first)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=wait, cancel_futures=not wait)
+
+    def move(
+        self, job_id: str, placements: Sequence[Placement], *, reason: str, expected_saving_usd: Decimal
+    ) -> JobRecord:
+        """Move a running job to the first of ``placements`` that launches (blocking: checkpoint, new copy,
+        verification, old copy terminated), recording a ``move`` event with ``reason``, the saving the
+        caller expected and the move's real cost from the ledger (egress + overlap + restart).
+
+        Returns the job: ``running`` on the new offer, or on its old copy when the move rolled back (a
+        ``move_rolled_back`` event with the reason), or ``recovering`` when the old copy could not go on.
+        Raises :class:`MoveRefused` when the job is not ``running`` or a migration of it is in flight.
+        """
+        if not placements:
+            raise ValueError("a move needs at least one placement")
+        job = self.repo.get(job_id)
+        if job.state is not JobState.RUNNING or job.cancel_requested_at is not None:
+            raise MoveRefused(f"job {job_id} is {job.state.value}, not running: it cannot be moved now")
+        migrator = self.migrator_of(job)
+        done: Future[Any] = Future()
+        with self._work_lock:
+            fut = self._work.get(job_id)
+            if fut is not None and not fut.done():
+                raise MoveRefused(f"job {job_id} has a migration in flight: move it later")
+            self._work[job_id] = done
+        try:
+            self._ranked[job_id] = {p.offer: p for p in placements}
+            gb = job.spec.get("checkpoint_gb", 1)
+            if migrator.active_migration(job_id) is not None:
+                raise MoveRefused(f"job {job_id} has a migration in flight: move it later")
+            try:
+                planned = migrator.plan(job_id, [p.offer for p in placements], Kind.MOVE, checkpoint_gb=gb)
+            except MigrationError as exc:
+                raise MoveRefused(f"job {job_id} cannot be moved now: {exc}") from exc
+            if planned.kind is not Kind.MOVE:
+                raise MoveRefused(f"job {job_id} is being recovered (migration {planned.id}): move it later")
+            self._to(
+                job,
+                JobState.MIGRATING,
+                f"moving: {reason}",
+                detail={
+                    "migration_id": planned.id,
+                    "candidates": [p.offer.to_doc() for p in placements],
+                    "expected_saving_usd": str(expected_saving_usd),
+                },
+            )
+            mig = migrator.run(planned.id)
+            self._record_move(self.repo.get(job_id), migrator, mig, reason=reason, expected=expected_saving_usd)
+            self._after_migration(self.repo.get(job_id), migrator)
+            return self.repo.get(job_id)
+        finally:
+            done.set_result(None)
+
+    # -- one job ---------------------------------------------------------------------------------------
+
+    def _step(self, job: JobRecord, out: _Pass, *, first: bool) -> None:
+        with self._work_lock:
+            fut = self._work.get(job.id)
+            if fut is not None and fut.done():
+                del self._work[job.id]
+                exc = fut.exception()
+                if exc is not None:
+                    self._orphaned.add(job.id)
+                    log.error("engine: the worker of job %s failed: %s: %s", job.id, type(exc).__name__, exc)
+                    self.repo.add_event(job.id, "engine_error", f"{type(exc).__name__}: {exc}"[:2000], at=self.now())
+        before = job.state
+        if self.busy(job.id):
+            self._follow_progress(job, self.migrator_of(job))
+            out.busy.append(job.id)
+            return
+        migrator = self.migrator_of(job)
+        if job.state is JobState.QUEUED:
+            self._queued(job, migrator)
+        else:
+            self._active(job, migrator, first=first)
+        after = self.repo.get(job.id).state
+        if after is not before:
+            out.changed.append(f"{job.id}: {before.value} -> {after.value}")
+
+    # queued: rank, register, launching, start.
+    def _queued(self, job: JobRecord, migrator: Migrator) -> None:
+        if job.cancel_requested_at is not None:
+            self._to(job, JobState.CANCELLED, "cancelled before launch")
+            return
+        self._launch(job, migrator)
+
+    def _launch(self, job: JobRecord, migrator: Migrator) -> None:
+        """Rank placements and start the job on them (from ``queued``, or again from ``launching``)."""
+        failures = self._events(job.id, "launch_failed")
+        if failures and self.now() < failures[-1].at + self._backoff(len(failures)):
+            return
+        at = self.now()
+        try:
+            ranked = list(
+                self.placements.rank(job, remaining_steps=job.steps_total - job.steps_done, at=at, top=self.rank_top)
+            )
+        except (CostoptError, ValueError, LookupError) as exc:
+            self._launch_failed(job, migrator, f"placements failed: {type(exc).__name__}: {exc}", None)
+            return
+        if not ranked:
+            self._launch_failed(job, migrator, "no offer can run the job now under its constraints", None)
+            return
+        uri = self.checkpoint_uri(job)
+        migrator.register_job(job.id, list(job.spec.get("command") or ()), uri, env=job_env(job))
+        self._ranked[job.id] = {p.offer: p for p in ranked}
+        offers = [p.offer for p in ranked]
+        if job.state is JobState.QUEUED:
+            job = self._to(
+                job,
+                JobState.LAUNCHING,
+                f"launching on {len(offers)} offer(s), best {offers[0]}",
+                detail={"candidates": [o.to_doc() for o in offers], "checkpoint_uri": uri},
+            )
+        self._submit(job.id, lambda: migrator.start(job.id, offers))
+
+    def _launch_failed(self, job: JobRecord, migrator: Migrator, reason: str, mig: MigrationRecord | None) -> None:
+        detail: dict[str, Any] = {"migration_id": mig.id} if mig is not None else {}
+        n = len(self._events(job.id, "launch_failed")) + 1
+        detail["attempt"] = n
+        self.repo.add_event(job.id, "launch_failed", reason, detail=detail, at=self.now())
+        log.warning("engine: job %s: launch attempt %d failed: %s", job.id, n, reason)
+        if n >= self.launch_attempts:
+            reasons = [e.reason for e in self._events(job.id, "launch_failed")]
+            why = f"launched nowhere after {n} attempt(s): " + " | ".join(reasons)
+            self._fail(job, migrator, why[:4000], detail={"refusals": reasons})
+
+    # launching, running, migrating, recovering.
+    def _active(self, job: JobRecord, migrator: Migrator, *, first: bool) -> None:
+        mj = self._migrator_job(migrator, job.id)
+        if mj is None:  # crashed between the transition and the registration
+            if job.state is JobState.LAUNCHING:
+                if job.cancel_requested_at is not None:
+                    self._to(job, JobState.CANCELLED, "cancelled before launch")
+                else:
+                    self._launch(job, migrator)
+                return
+            raise EngineError(f"job {job.id} is {job.state.value} but its migrator does not know it")
+        self._record_history(job, migrator)
+        job = self.repo.get(job.id)
+        if job.state.terminal:
+            return
+        prog = self._follow_progress(job, migrator, mj)
+        active = migrator.active_migration(job.id)
+        if active is not None:
+            if first or job.id in self._orphaned:
+                self._orphaned.discard(job.id)
+                log.warning("engine: resuming migration %d of job %s", active.id, job.id)
+                self._submit(job.id, lambda: migrator.resume(job.id))
+            want = JobState.MIGRATING if active.kind is Kind.MOVE else JobState.RECOVERING
+            if active.kind is Kind.RECOVER and active.from_epoch == 0:
+                want = JobState.LAUNCHING
+            if job.state is not want and not (job.state is JobState.LAUNCHING and want is JobState.RECOVERING):
+                self._to(job, want, f"{active.kind.value} {active.id} in flight")
+            return
+        if mj.status is JobStatus.FINISHED:
+            self._finished_by_migrator(job, migrator, mj, prog)
+            return
+        if prog is not None and prog.done:
+            self._done(job, migrator, mj, prog)
+            return
+        if job.cancel_requested_at is not None:
+            self._cancel(job, migrator, mj)
+            return
+        if mj.status is JobStatus.PENDING:  # registered, never started (a crash before the start)
+            self._launch(job, migrator)
+            return
+        if mj.status is JobStatus.RECOVERING:
+            self._recovering(job, migrator, mj)
+            return
+        if mj.status is JobStatus.RUNNING:
+            self._running(job, migrator, mj)
+
+    def _running(self, job: JobRecord, migrator: Migrator, mj: MigratorJob) -> None:
+        assert mj.instance_id is not None
+        inst = self._describe(migrator, mj.instance_id)
+        if inst is not None and inst.state in ALIVE_STATES:
+            if job.state is not JobState.RUNNING or job.offer != mj.offer:
+                self._to_running(job, migrator, mj)
+            return
+        if inst is not None and inst.state is InstanceState.PREEMPTED:
+            if job.state is not JobState.RECOVERING:
+                self._to(
+                    job,
+                    JobState.RECOVERING,
+                    f"copy {mj.instance_id} preempted; the interruption watcher recovers it",
+                    detail={"instance_id": mj.instance_id, "offer": _offer_doc(mj.offer)},
+                )
+            return
+        # Ended without a preemption, the job not done.
+        code = self._exit_code(migrator, mj.instance_id, inst)
+        if code is not None and code not in RESUMABLE_EXIT_CODES:
+            self._fail_exit(job, migrator, mj.instance_id, code)
+            return
+        lost = self._events(job.id, "copy_lost")
+        if len(lost) >= self.launch_attempts:
+            self._fail(job, migrator, f"the job's copies ended {len(lost)} time(s) without finishing it")
+            return
+        offers = self._recovery_offers(job, mj)
+        mig = migrator.plan(job.id, offers, Kind.RECOVER)
+        self._record_history(job, migrator)
+        self._to(
+            self.repo.get(job.id),
+            JobState.RECOVERING,
+            f"copy {mj.instance_id} ended (exit code {code if code is not None else 'unknown'}) before the job "
+            "finished: recovering from the last checkpoint",
+            detail={"migration_id": mig.id, "exit_code": code},
+        )
+        self._submit(job.id, lambda: migrator.run(mig.id))
+
+    def _recovering(self, job: JobRecord, migrator: Migrator, mj: MigratorJob) -> None:
+        """The migrator's job needs a new copy (a rolled-back start or recovery, or the reconciler's mark)."""
+        history = migrator.history(job.id)
+        last = history[-1] if history else None
+        if job.state is JobState.LAUNCHING:
+            # The start rolled back: its launch failed everywhere, or its copy did not progress.
+            if (
+                last is not None
+                and last.state is State.ROLLED_BACK
+                and not self._recorded(job.id, "launch_failed", last.id)
+            ):
+                if self._failed_copy(job, migrator, last.new_instance_id):
+                    return
+                self._launch_failed(job, migrator, last.reason, last)
+                if self.repo.get(job.id).state.terminal:
+                    return
+            self._launch(self.repo.get(job.id), migrator)
+            return
+        if job.state is not JobState.RECOVERING:
+            job = self._to(job, JobState.RECOVERING, mj.reason or "the copy was lost: waiting for a recovery")
+        failed = 0
+        for mig in reversed(history):
+            if mig.state is State.DONE:
+                break
+            if mig.kind is Kind.RECOVER and mig.state is State.ROLLED_BACK:
+                failed += 1
+        if failed >= self.launch_attempts:
+            reasons = [m.reason for m in history[-failed:]]
+            self._fail(
+                job,
+                migrator,
+                f"recovered nowhere after {failed} attempt(s): " + " | ".join(reasons),
+                detail={"refusals": reasons},
+            )
+
+    # -- outcomes ------------------------------------------------------------------------------------
+
+    def _to_running(self, job: JobRecord, migrator: Migrator, mj: MigratorJob) -> JobRecord:
+        offer = mj.offer
+        price = self._price(job, offer) if offer is not None else None
+        history = migrator.history(job.id)
+        mid = history[-1].id if history else None
+        what = "started" if job.state is JobState.LAUNCHING else "running"
+        if job.state is JobState.RECOVERING:
+            what = "recovered"
+        elif job.state is JobState.MIGRATING:
+            what = "moved" if history and history[-1].state is State.DONE else "move rolled back"
+        return self._to(
+            job,
+            JobState.RUNNING,
+            f"{what} on {offer} ({mj.instance_id}, epoch {mj.epoch})",
+            detail={
+                "migration_id": mid,
+                "instance_id": mj.instance_id,
+                "epoch": mj.epoch,
+                "offer": _offer_doc(offer),
+                "usd_per_hour": str(price) if price is not None else None,
+            },
+            offer=offer,
+            usd_per_hour=price,
+        )
+
+    def _after_migration(self, job: JobRecord, migrator: Migrator) -> None:
+        """Map the migrator's job after a migration this call drove (a move) to the job's state."""
+        mj = migrator.job(job.id)
+        if mj.status is JobStatus.RUNNING and not job.state.terminal:
+            self._to_running(job, migrator, mj)
+        elif mj.status is JobStatus.RECOVERING and job.state is not JobState.RECOVERING and not job.state.terminal:
+            self._to(job, JobState.RECOVERING, mj.reason or "the move left the job without a copy")
+
+    def _done(self, job: JobRecord, migrator: Migrator, mj: MigratorJob, prog: Any) -> None:
+        uri = self.checkpoint_uri(job)
+        if prog.last_step != job.steps_total:
+            self._fail(job, migrator, f"the job reported done at step {prog.last_step}, not {job.steps_total}")
+            return
+        audit = control.audit_job(uri, job.steps_total)
+        self._finish_copy(migrator, job.id, f"{_FINISHED_BY_ENGINE} succeeded")
+        self.repo.set_progress(job.id, job.steps_total)
+        self._to(
+            self.repo.get(job.id),
+            JobState.SUCCEEDED,
+            f"finished: {job.steps_total} steps",
+            detail={
+                "audit": {
+                    k: audit.to_dict()[k]
+                    for k in ("steps_done", "lost_steps", "repeated_steps", "wasted_steps", "runs", "ok")
+                }
+            },
+        )
+
+    def _finished_by_migrator(self, job: JobRecord, migrator: Migrator, mj: MigratorJob, prog: Any) -> None:
+        """The migrator's job is finished while the job is still active: the reconciler or a move saw the
+        copy finish, or this engine crashed between finishing the copy and writing the job's state."""
+        if prog is not None and prog.done and prog.last_step == job.steps_total:
+            self._done(job, migrator, mj, prog)
+        elif job.cancel_requested_at is not None:
+            self._finish_copy(migrator, job.id, f"{_FINISHED_BY_ENGINE} cancelled")
+            self._to(job, JobState.CANCELLED, "cancelled by the team")
+        else:
+            why = mj.reason.removeprefix(_FINISHED_BY_ENGINE).strip() or "the job's migrator finished it"
+            self._fail(job, migrator, why)
+
+    def _cancel(self, job: JobRecord, migrator: Migrator, mj: MigratorJob) -> None:
+        uri = self.checkpoint_uri(job)
+        alive = False
+        if mj.instance_id is not None:
+            inst = self._describe(migrator, mj.instance_id)
+            alive = inst is not None and inst.state in ALIVE_STATES
+        reason = "cancelled by the team"
+        if alive:
+            rid = f"{CANCEL_PREFIX}-{job.id}-e{mj.epoch}"[:64]
+            if not self._events(job.id, "checkpoint_requested"):
+                control.request_checkpoint(uri, epoch=mj.epoch, request_id=rid, reason="cancelled by the team")
+                self.repo.add_event(
+                    job.id,
+                    "checkpoint_requested",
+                    "cancel: checkpoint before terminating",
+                    detail={"request_id": rid, "epoch": mj.epoch},
+                    at=self.now(),
+                )
+            served = control.request_served(uri, rid)
+            started = job.cancel_requested_at or self.now()
+            if not served and self.now() < started + timedelta(seconds=self.cancel_timeout):
+                return  # wait for the checkpoint (next tick)
+            info = control.latest(uri)
+            if served and info is not None:
+                reason = f"cancelled by the team; checkpointed at step {info.step}"
+            else:
+                reason = f"cancelled by the team; no checkpoint within {self.cancel_timeout:g} s"
+        self._finish_copy(migrator, job.id, f"{_FINISHED_BY_ENGINE} cancelled")
+        self._to(self.repo.get(job.id), JobState.CANCELLED, reason)
+
+    def _fail_exit(self, job: JobRecord, migrator: Migrator, instance_id: str, code: int) -> None:
+        tail = self._output(migrator, instance_id)
+        last = next((ln for ln in reversed(tail.splitlines()) if ln.strip()), "") if tail else ""
+        why = f"the command exited with code {code} on {instance_id}" + (f": {last[:300]}" if last else "")
+        self._fail(job, migrator, why, exit_code=code, detail={"instance_id": instance_id, "output": tail or None})
+
+    def _failed_copy(self, job: JobRecord, migrator: Migrator, instance_id: str | None) -> bool:
+        """Fail the job when ``instance_id`` (a copy that ended) exited with a non-resumable code."""
+        if instance_id is None:
+            return False
+        code = self._exit_code(migrator, instance_id, self._describe(migrator, instance_id))
+        if code is None or code in RESUMABLE_EXIT_CODES:
+            return False
+        self._fail_exit(job, migrator, instance_id, code)
+        return True
+
+    def _fail(
+        self,
+        job: JobRecord,
+        migrator: Migrator,
+        reason: str,
+        *,
+        exit_code: int | None = None,
+        detail: Mapping[str, Any] | None = None,
+    ) -> None:
+        if self._migrator_job(migrator, job.id) is not None:
+            self._finish_copy(migrator, job.id, f"{_FINISHED_BY_ENGINE} {reason}"[:2000])
+        fields: dict[str, Any] = {}
+        if exit_code is not None:
+            fields["exit_code"] = exit_code
+        self._to(self.repo.get(job.id), JobState.FAILED, reason[:4000], detail=detail, **fields)
+
+    def _finish_copy(self, migrator: Migrator, job_id: str, reason: str) -> None:
+        """Mark the migrator's job finished (so neither the watcher nor the reconciler recovers it), terminate
+        its copy (idempotent), and close the copy's interval the migrator's way (its reconciler pass closes
+        every copy found gone, with the provider's end time, and syncs the ledger)."""
+        with migrator.engine.begin() as conn:
+            conn.execute(
+                update(migration_jobs)
+                .where(migration_jobs.c.job_id == job_id, migration_jobs.c.status != JobStatus.FINISHED.value)
+                .values(status=JobStatus.FINISHED.value, reason=reason[:2000], updated_at=self.now())
+            )
+        mj = migrator.job(job_id)
+        if mj.instance_id is not None:
+            migrator.provider.terminate(mj.instance_id)
+        migrator.reconcile()
+
+    # -- events from the migrator's history ------------------------------------------------------------
+
+    def _record_history(self, job: JobRecord, migrator: Migrator) -> None:
+        """Record, once each, the preemptions, recoveries and moves the migrator ran for the job (keyed by
+        migration id: a restarted engine records nothing twice)."""
+        history = migrator.history(job.id)
+        if not history:
+            return
+        if all(m.finished for m in history) and self._history_mark.get(job.id) == history[-1].id:
+            return  # nothing new since the last look
+        copies = migrator.copies(job.id)
+        charges: tuple[Any, ...] | None = None
+        for mig in history:
+            if mig.kind is Kind.RECOVER and mig.from_epoch >= 1:
+                lost_kind = self._lost_kind(migrator, mig, copies)
+                if not self._recorded(job.id, lost_kind, mig.id):
+                    self._record_loss(job, migrator, mig, lost_kind, copies)
+                    if lost_kind == "copy_lost" and self._failed_copy(
+                        self.repo.get(job.id), migrator, mig.old_instance_id
+                    ):
+                        return
+                if mig.state is State.DONE and not self._recorded(job.id, "recovery", mig.id):
+                    charges = charges if charges is not None else self._charges(job.id)
+                    cost = self._migration_cost(job.id, mig, copies, charges)
+                    self.repo.add_event(
+                        job.id,
+                        "recovery",
+                        f"recovered on {mig.offers[mig.offer_index]} (epoch {mig.to_epoch})",
+                        cost_usd=cost,
+                        detail={
+                            "migration_id": mig.id,
+                            "instance_id": mig.new_instance_id,
+                            "epoch": mig.to_epoch,
+                            "from": _offer_doc(self._copy_offer(copies, mig.old_instance_id)),
+                            "to": mig.offers[mig.offer_index].to_doc(),
+                        },
+                        at=self.now(),
+                    )
+                elif mig.state is State.ROLLED_BACK and not self._recorded(job.id, "recovery_failed", mig.id):
+                    self.repo.add_event(
+                        job.id, "recovery_failed", mig.reason, detail={"migration_id": mig.id}, at=self.now()
+                    )
+            elif (
+                mig.kind is Kind.MOVE
+                and mig.finished
+                and not self._recorded(job.id, "move", mig.id)
+                and not self._recorded(job.id, "move_rolled_back", mig.id)
+            ):
+                self._record_move(job, migrator, mig, reason=f"moved (migration {mig.id})", expected=None)
+        if all(m.finished for m in history):
+            self._history_mark[job.id] = history[-1].id
+
+    def _record_move(
+        self, job: JobRecord, migrator: Migrator, mig: MigrationRecord, *, reason: str, expected: Decimal | None
+    ) -> None:
+        copies = migrator.copies(job.id)
+        src = self._copy_offer(copies, mig.old_instance_id)
+        if mig.state is State.DONE:
+            cost = self._migration_cost(job.id, mig, copies, None)
+            detail = self._move_detail(job.id, mig, copies)
+            detail.update(
+                {
+                    "migration_id": mig.id,
+                    "from": _offer_doc(src),
+                    "to": mig.offers[mig.offer_index].to_doc(),
+                    "expected_saving_usd": str(expected) if expected is not None else None,
+                }
+            )
+            self.repo.add_event(job.id, "move", reason, cost_usd=cost, detail=detail, at=self.now())
+        else:
+            self.repo.add_event(
+                job.id,
+                "move_rolled_back",
+                f"{reason}: rolled back: {mig.reason}",
+                detail={
+                    "migration_id": mig.id,
+                    "from": _offer_doc(src),
+                    "candidates": [o.to_doc() for o in mig.offers],
+                    "expected_saving_usd": str(expected) if expected is not None else None,
+                },
+                at=self.now(),
+            )
+
+    def _record_loss(
+        self, job: JobRecord, migrator: Migrator, mig: MigrationRecord, kind: str, copies: Sequence[CopyRecord]
+    ) -> None:
+        uri = self.checkpoint_uri(job)
+        prog = control.progress(uri, mig.from_epoch)
+        saved = max((*prog.checkpoints, prog.restored_step), default=0)
+        lost_steps = max(0, prog.last_step - saved) if prog.started else None
+        offer = self._copy_offer(copies, mig.old_instance_id) or job.offer
+        cost = None
+        if lost_steps is not None and offer is not None:
+            cost = self._lost_work_usd(job, offer, lost_steps)
+        what = "preempted" if kind == "preemption" else "lost"
+        self.repo.add_event(
+            job.id,
+            kind,
+            f"copy {mig.old_instance_id} (epoch {mig.from_epoch}) {what}"
+            + (f"; {lost_steps} step(s) since the last checkpoint lost" if lost_steps is not None else ""),
+            cost_usd=cost,
+            detail={
+                "migration_id": mig.id,
+                "instance_id": mig.old_instance_id,
+                "epoch": mig.from_epoch,
+                "from": _offer_doc(offer),
+                "lost_steps": lost_steps,
+            },
+            at=self.now(),
+        )
+
+    def _lost_work_usd(self, job: JobRecord, offer: OfferKey, lost_steps: int) -> Decimal | None:
+        """The lost steps valued at the copy's price over the time they took (None: throughput unknown)."""
+        try:
+            p = self.placements.at_offer(job, offer, remaining_steps=float(lost_steps), at=self.now())
+        except (CostoptError, ValueError, LookupError):
+            return None
+        if p is None or p.steps_per_s <= 0:
+            return None
+        hours = Decimal(repr(lost_steps / p.steps_per_s / 3600.0))
+        return (hours * Decimal(repr(p.usd_per_hour))).quantize(Decimal("0.000001"))
+
+    def _lost_kind(self, migrator: Migrator, mig: MigrationRecord, copies: Sequence[CopyRecord]) -> str:
+        old = next((c for c in copies if c.instance_id == mig.old_instance_id and c.epoch == mig.from_epoch), None)
+        if old is not None and old.end_reason is not None:
+            return "preemption" if old.end_reason == "preempted" else "copy_lost"
+        if mig.old_instance_id is not None:
+            inst = self._describe(migrator, mig.old_instance_id)
+            if inst is not None and inst.state is InstanceState.PREEMPTED:
+                return "preemption"
+        return "copy_lost"
+
+    def _move_detail(self, job_id: str, mig: MigrationRecord, copies: Sequence[CopyRecord]) -> dict[str, Any]:
+        charges = self._charges(job_id)
+        if charges is None:
+            return {}
+        cost = migration_cost(charges, job_id, mig.id, self._keys(mig, copies))
+        return {
+            "egress_usd": str(cost.egress),
+            "overlap_usd": str(cost.overlap),
+            "restart_usd": str(cost.restart),
+            "cost_known": cost.known,
+        }
+
+    def _migration_cost(
+        self, job_id: str, mig: MigrationRecord, copies: Sequence[CopyRecord], charges: Sequence[Any] | None
+    ) -> Decimal | None:
+        lines = charges if charges is not None else self._charges(job_id)
+        if lines is None:
+            return None
+        cost = migration_cost(lines, job_id, mig.id, self._keys(mig, copies))
+        return cost.total if cost.known else None
+
+    def _charges(self, job_id: str) -> tuple[Any, ...] | None:
+        if self.ledger is None:
+            return None
+        try:
+            return job_charges(self.ledger, job_id)
+        except (LedgerError, TypeError) as exc:
+            log.warning("engine: cannot read the charges of job %s: %s", job_id, exc)
+            return None
+
+    @staticmethod
+    def _keys(mig: MigrationRecord, copies: Sequence[CopyRecord]) -> CopyKeys:
+        old = next((c for c in copies if c.instance_id == mig.old_instance_id and c.epoch == mig.from_epoch), None)
+        new = next((c for c in copies if c.instance_id == mig.new_instance_id and c.epoch == mig.to_epoch), None)
+        return CopyKeys(old.interval_key if old else None, new.interval_key if new else None)
+
+    @staticmethod
+    def _copy_offer(copies: Sequence[CopyRecord], instance_id: str | None) -> OfferKey | None:
+        return next((c.offer for c in copies if c.instance_id == instance_id), None) if instance_id else None
+
+    # -- helpers ---------------------------------------------------------------------------------------
+
+    def _to(self, job: JobRecord, to: JobState, reason: str, **kwargs: Any) -> JobRecord:
+        """Change the job's state (compare-and-set from the state it was read in). Another writer that got
+        there first (already in ``to``, or finished) is not an error: the fresh record is returned."""
+        try:
+            return self.repo.transition(job.id, to, reason, expect=job.state, **kwargs)
+        except (ConcurrentUpdate, IllegalTransition):
+            fresh = self.repo.get(job.id)
+            if fresh.state is to or fresh.state.terminal:
+                return fresh
+            return self.repo.transition(job.id, to, reason, expect=fresh.state, **kwargs)
+
+    def _submit(self, job_id: str, fn: Callable[[], Any]) -> None:
+        """Run one migration step of the job in a worker (at most one per job), or inline without workers."""
+        if self._pool is None:
+            try:
+                fn()
+            except (CostoptError, CloudError, OSError, ValueError) as exc:
+                self._orphaned.add(job_id)
+                log.exception("engine: job %s: migration failed", job_id)
+                self.repo.add_event(job_id, "engine_error", f"{type(exc).__name__}: {exc}"[:2000], at=self.now())
+            return
+        with self._work_lock:
+            fut = self._work.get(job_id)
+            if fut is not None and not fut.done():
+                return
+            self._work[job_id] = self._pool.submit(fn)
+
+    def _follow_progress(self, job: JobRecord, migrator: Migrator, mj: MigratorJob | None = None) -> Any:
+        mj = mj or self._migrator_job(migrator, job.id)
+        if mj is None or mj.epoch < 1:
+            return None
+        prog = control.progress(mj.checkpoint_uri, mj.epoch)
+        if prog.last_step > job.steps_done:
+            self.repo.set_progress(job.id, min(prog.last_step, job.steps_total))
+        return prog
+
+    @staticmethod
+    def _migrator_job(migrator: Migrator, job_id: str) -> MigratorJob | None:
+        try:
+            return migrator.job(job_id)
+        except MigrationError:
+            return None
+
+    def _events(self, job_id: str, kind: str) -> list[JobEvent]:
+        return [e for e in self.repo.events(job_id) if e.kind == kind]
+
+    def _recorded(self, job_id: str, kind: str, migration_id: int) -> bool:
+        return (kind, migration_id) in self._seen(job_id)
+
+    def _seen(self, job_id: str) -> set[tuple[str, int]]:
+        """``(kind, migration id)`` of the job's events that name a migration."""
+        out: set[tuple[str, int]] = set()
+        for e in self.repo.events(job_id):
+            mid = (e.detail or {}).get("migration_id")
+            if isinstance(mid, int):
+                out.add((e.kind, mid))
+        return out
+
+    def _backoff(self, failures: int) -> timedelta:
+        return timedelta(seconds=min(self.retry_cap, self.retry_base * 2 ** max(0, failures - 1)))
+
+    def _price(self, job: JobRecord, offer: OfferKey) -> Decimal | None:
+        """The whole-instance price of the job on ``offer``: the ranked placement it was started or moved
+        with, else the planner's price now (None: unknown)."""
+        ranked = self._ranked.get(job.id, {}).get(offer)
+        if ranked is not None:
+            return _usd(ranked.usd_per_hour)
+        try:
+            p = self.placements.at_offer(
+                job, offer, remaining_steps=float(max(0, job.steps_total - job.steps_done)), at=self.now()
+            )
+        except (CostoptError, ValueError, LookupError):
+            return None
+        return _usd(p.usd_per_hour) if p is not None else None
+
+    def _recovery_offers(self, job: JobRecord, mj: MigratorJob) -> list[OfferKey]:
+        try:
+            ranked = list(
+                self.placements.rank(
+                    job, remaining_steps=job.steps_total - job.steps_done, at=self.now(), top=self.rank_top
+                )
+            )
+        except (CostoptError, ValueError, LookupError):
+            ranked = []
+        self._ranked[job.id] = {p.offer: p for p in ranked}
+        offers = [p.offer for p in ranked]
+        if mj.offer is not None and mj.offer not in offers:
+            offers.append(mj.offer)  # where it ran, as a last resort
+        if not offers:
+            raise EngineError(f"job {job.id}: no offer to recover it on")
+        return offers
+
+    @staticmethod
+    def _describe(migrator: Migrator, instance_id: str) -> Instance | None:
+        try:
+            return migrator.provider.describe(instance_id)
+        except NotFoundError:
+            return None
+
+    @staticmethod
+    def _exit_code(migrator: Migrator, instance_id: str, inst: Instance | None) -> int | None:
+        """The copy's exit code: ``Instance.exit_code`` when the provider reports it, else the provider's
+        own ``exit_code(instance_id)`` (the local provider), else None (unknown)."""
+        code = getattr(inst, "exit_code", None) if inst is not None else None
+        if code is None:
+            read = getattr(migrator.provider, "exit_code", None)
+            if callable(read):
+                try:
+                    code = read(instance_id)
+                except (CloudError, OSError):
+                    code = None
+        return int(code) if code is not None else None
+
+    def _output(self, migrator: Migrator, instance_id: str) -> str:
+        read = getattr(migrator.provider, "output", None)
+        if not callable(read):
+            return ""
+        try:
+            text = read(instance_id, tail=self.output_tail)
+        except (CloudError, OSError, ValueError) as exc:
+            log.warning("engine: cannot read the output of %s: %s", instance_id, exc)
+            return ""
+        return str(text or "")

@@ -1,0 +1,222 @@
+"""The job engine end to end on both backends, over the real migrator, ledger, watcher and local provider
+(each copy is a real process running examples/train.py): queued -> running -> succeeded with exactly its
+steps and its ledger cost; a preemption recovered through the watcher; a failing command not retried;
+cancel; a crash mid-tick; a move."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from costopt.agent import control
+from costopt.cloud import InstanceState
+from costopt.jobs.costs import job_cost
+from costopt.jobs.engine import CANCEL_PREFIX, ENV_JOB_STEPS, ENV_JOB_TYPE, ENV_STEPS_PER_SECOND, JobEngine, MoveRefused
+from costopt.jobs.model import JobState
+from costopt.jobs.records import NewJob
+from costopt.ledger.model import micro_to_usd, usd_to_micro
+from costopt.migration.machine import TAG_EPOCH, TAG_JOB, JobStatus, Migrator
+from costopt.migration.watch import InterruptionWatcher, MemoryWatermark
+from providers.local import LocalProvider
+from tests.jobs.engine_support import LOCAL_A, LOCAL_B, PRICES, Harness, placement, train_command
+
+
+@pytest.fixture
+def h(engine, local: LocalProvider, tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(engine, local, tmp_path)
+    yield harness
+    harness.close()
+
+
+def _terminal(job) -> bool:
+    return job.state.terminal
+
+
+def _ledger_bill(h: Harness, job_id: str) -> Decimal:
+    """The job's bill recomputed by hand from its copies: seconds x flat price, each rounded to the µ$."""
+    total = 0
+    for copy in h.migrator.copies(job_id):
+        assert copy.ended_at is not None, f"copy {copy.instance_id} still open"
+        seconds = Decimal((copy.ended_at - copy.started_at) // timedelta(microseconds=1)).scaleb(-6)
+        total += usd_to_micro(seconds * Decimal(repr(PRICES[copy.offer])) / 3600)
+    return micro_to_usd(total)
+
+
+def test_a_job_runs_from_queued_to_succeeded_with_exactly_its_steps_and_its_ledger_cost(h: Harness) -> None:
+    job = h.submit(train_command(60), 60, job_type="demo")
+    done = h.run_until(job.id, _terminal)
+
+    assert done.state is JobState.SUCCEEDED, done.reason
+    assert h.states(job.id) == ["queued", "launching", "running", "succeeded"]
+    assert done.steps_done == 60 and done.offer == LOCAL_A and done.usd_per_hour == Decimal("3.6")
+    audit = control.audit_job(h.engine.checkpoint_uri(done), 60)
+    assert audit.ok and audit.steps_done == 60, audit.problems
+    # The migrator's job is finished, its one copy closed and billed.
+    assert h.migrator.job(job.id).status is JobStatus.FINISHED
+    copies = h.migrator.copies(job.id)
+    assert len(copies) == 1 and copies[0].ended_at is not None and copies[0].ledger_closed
+    cost = job_cost(h.engine, job.id, datetime.now(UTC))
+    assert cost == _ledger_bill(h, job.id) and cost > 0
+    # The copy got the job's environment beyond the agent contract.
+    env = h.migrator.job(job.id).env
+    assert env[ENV_JOB_STEPS] == "60" and env[ENV_JOB_TYPE] == "demo" and ENV_STEPS_PER_SECOND not in env
+    view = h.engine.view(job.id)
+    assert view.cost_so_far_usd == cost and view.eta is None and view.moves == () and view.steps_done == 60
+
+
+def test_a_preemption_is_recovered_through_the_watcher_and_the_job_follows(h: Harness) -> None:
+    watcher = InterruptionWatcher(
+        h.migrator, lambda j: [LOCAL_B, LOCAL_A], unavailable=h.unavailable, watermark=MemoryWatermark()
+    )
+    job = h.submit(train_command(400, every=20, step_seconds=0.01), 400)
+    running = h.run_until(job.id, lambda j: j.state is JobState.RUNNING and j.steps_done >= 40)
+    first = h.migrator.job(job.id).instance_id
+    assert first is not None and running.offer == LOCAL_A
+
+    h.local.preempt(first, notice_seconds=0.3, wait=True)
+    assert h.local.describe(first).state is InstanceState.PREEMPTED
+    done = h.run_until(job.id, _terminal, also=watcher.poll)
+
+    assert done.state is JobState.SUCCEEDED, done.reason
+    states = h.states(job.id)
+    assert states[:3] == ["queued", "launching", "running"] and states[-1] == "succeeded"
+    assert "recovering" in states and states.count("running") >= 2
+    kinds = [e.kind for e in h.repo.events(job.id)]
+    assert kinds.count("preemption") == 1 and kinds.count("recovery") == 1
+    view = h.engine.view(job.id)
+    pre, rec = (m for m in view.moves if m.kind in ("preemption", "recovery"))
+    assert pre.from_offer == LOCAL_A and rec.from_offer == LOCAL_A and rec.to_offer == LOCAL_B
+    assert done.offer == LOCAL_B and done.usd_per_hour == Decimal("7.2")
+    audit = control.audit_job(h.engine.checkpoint_uri(done), 400)
+    assert audit.ok and audit.lost_steps == 0 and audit.repeated_steps == 0, audit.problems
+    assert job_cost(h.engine, job.id, datetime.now(UTC)) == _ledger_bill(h, job.id)
+    assert len(h.migrator.copies(job.id)) == 2
+
+
+def test_a_command_exiting_3_fails_with_its_exit_code_and_is_not_retried(h: Harness) -> None:
+    job = h.submit([sys.executable, "-c", "import sys; print('bad input file'); sys.exit(3)"], 10)
+    done = h.run_until(job.id, _terminal)
+
+    assert done.state is JobState.FAILED and done.exit_code == 3
+    assert "exited with code 3" in done.reason
+    assert len(h.local.history({TAG_JOB: job.id})) == 1  # launched once, never retried
+    assert not [e for e in h.repo.events(job.id) if e.kind == "launch_failed"]
+    assert h.migrator.job(job.id).status is JobStatus.FINISHED
+    assert all(c.ended_at is not None for c in h.migrator.copies(job.id))
+
+
+def test_a_copy_that_exits_0_without_finishing_is_retried_a_bounded_number_of_times(h: Harness) -> None:
+    job = h.submit([sys.executable, "-c", "pass"], 10)
+    done = h.run_until(job.id, _terminal)
+
+    assert done.state is JobState.FAILED and done.exit_code is None
+    assert "launched nowhere after 3 attempt(s)" in done.reason
+    assert len([e for e in h.repo.events(job.id) if e.kind == "launch_failed"]) == 3
+    assert len(h.local.history({TAG_JOB: job.id})) == 3
+
+
+def test_cancel_checkpoints_terminates_and_keeps_the_record(h: Harness) -> None:
+    job = h.submit(train_command(5000, every=1000, step_seconds=0.01), 5000)
+    h.run_until(job.id, lambda j: j.state is JobState.RUNNING and j.steps_done >= 20)
+    instance = h.migrator.job(job.id).instance_id
+    assert instance is not None
+    h.repo.request_cancel(job.id, "team-a")
+    done = h.run_until(job.id, _terminal)
+
+    assert done.state is JobState.CANCELLED and "checkpointed at step" in done.reason
+    latest = control.latest(h.engine.checkpoint_uri(done))
+    assert latest is not None and latest.step >= 20
+    assert latest.request_id is None or latest.request_id.startswith(CANCEL_PREFIX) or latest.step < 1000
+    requested = [e for e in h.repo.events(job.id) if e.kind == "checkpoint_requested"]
+    assert len(requested) == 1
+    assert control.request_served(h.engine.checkpoint_uri(done), requested[0].detail["request_id"])
+    assert h.local.describe(instance).state is InstanceState.TERMINATED
+    assert h.migrator.job(job.id).status is JobStatus.FINISHED
+    assert all(c.ended_at is not None and c.ledger_closed for c in h.migrator.copies(job.id))
+    assert h.repo.get(job.id).id == job.id  # the record stays
+    assert job_cost(h.engine, job.id, datetime.now(UTC)) == _ledger_bill(h, job.id)
+
+
+class Crash(BaseException):
+    """A process dying mid-tick (not an error the engine handles)."""
+
+
+def test_a_crash_mid_tick_then_a_new_engine_finishes_the_job_without_a_second_copy(
+    engine,
+    local: LocalProvider,
+    tmp_path: Path,
+) -> None:
+    def crash(point: str) -> None:
+        if point == "launch:returned":
+            raise Crash(point)
+
+    first = Harness(engine, local, tmp_path, workers=0, hook=crash)
+    job = first.submit(train_command(60), 60)
+    with pytest.raises(Crash):
+        first.engine.tick()
+    assert first.repo.get(job.id).state is JobState.LAUNCHING
+    assert len(local.history({TAG_JOB: job.id})) == 1
+
+    again = Harness(engine, local, tmp_path, workers=0)  # a new process: new migrator, new engine
+    done = again.run_until(job.id, _terminal)
+    assert done.state is JobState.SUCCEEDED, done.reason
+    assert len(local.history({TAG_JOB: job.id, TAG_EPOCH: "1"})) == 1
+    assert len(local.history({TAG_JOB: job.id})) == 1
+    assert control.audit_job(again.engine.checkpoint_uri(done), 60).ok
+
+
+def test_move_moves_the_job_and_records_the_event_with_its_cost(h: Harness) -> None:
+    job = h.submit(train_command(600, every=20, step_seconds=0.01), 600)
+    h.run_until(job.id, lambda j: j.state is JobState.RUNNING and j.steps_done >= 20)
+    with pytest.raises(ValueError, match="at least one placement"):
+        h.engine.move(job.id, [], reason="nowhere", expected_saving_usd=Decimal(0))
+
+    moved = h.engine.move(job.id, [placement(LOCAL_B)], reason="cheaper per step", expected_saving_usd=Decimal("0.5"))
+
+    assert moved.state is JobState.RUNNING and moved.offer == LOCAL_B and moved.usd_per_hour == Decimal("7.2")
+    (ev,) = [e for e in h.repo.events(job.id) if e.kind == "move"]
+    assert ev.reason == "cheaper per step" and ev.detail["expected_saving_usd"] == "0.5"
+    assert ev.detail["from"] == LOCAL_A.to_doc() and ev.detail["to"] == LOCAL_B.to_doc()
+    # Restart (the new copy's boot) and overlap (the old copy's tail) from the ledger; no egress in place.
+    assert ev.cost_usd is not None and ev.cost_usd > 0
+    assert Decimal(ev.detail["restart_usd"]) + Decimal(ev.detail["overlap_usd"]) == ev.cost_usd
+    assert h.states(job.id)[-2:] == ["migrating", "running"]
+
+    done = h.run_until(job.id, _terminal)
+    assert done.state is JobState.SUCCEEDED
+    assert [e.kind for e in h.repo.events(job.id)].count("move") == 1  # the tick did not record it again
+    assert control.audit_job(h.engine.checkpoint_uri(done), 600).ok
+    assert [m.kind for m in h.engine.view(job.id).moves] == ["move"]
+    with pytest.raises(MoveRefused):
+        h.engine.move(job.id, [placement(LOCAL_A)], reason="too late", expected_saving_usd=Decimal(0))
+
+
+def test_no_placement_fails_after_the_bounded_attempts_with_each_reason(engine, local, tmp_path: Path) -> None:
+    h = Harness(engine, local, tmp_path, offers=(), workers=0, launch_attempts=2)
+    job = h.submit(["true"], 5)
+    h.engine.tick()
+    assert h.repo.get(job.id).state is JobState.QUEUED
+    h.engine.tick()
+    done = h.repo.get(job.id)
+    assert done.state is JobState.FAILED and "after 2 attempt(s)" in done.reason
+    assert "no offer can run the job" in done.reason
+    assert h.placements.ranks == 2 and local.history({}) == []
+
+
+def test_an_engine_refuses_a_job_of_an_unknown_provider_with_the_known_ones(engine, local, tmp_path: Path) -> None:
+    h = Harness(engine, local, tmp_path, workers=0)
+    job, _ = h.repo.create(NewJob(team_id="t", spec={"command": ["true"]}, steps_total=1, provider="aws"))
+    report = h.engine.tick()
+    assert report.errors and "configured: ['local']" in report.errors[0]
+    assert h.repo.get(job.id).state is JobState.QUEUED
+
+
+def test_the_engine_checks_its_arguments(engine, local, tmp_path: Path) -> None:
+    m = Migrator(engine, local)
+    with pytest.raises(ValueError, match="launch_attempts"):
+        JobEngine(None, {"local": m}, None, lambda: datetime.now(UTC), tmp_path, launch_attempts=0)  # type: ignore[arg-type]
