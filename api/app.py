@@ -28,11 +28,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.store = store
         scheduler = None
         if settings.collectors_enabled or settings.migration_jobs_enabled:
+            from api.credentials import collector_names
             from api.scheduler import build_migration_jobs, build_scheduler
 
             scheduler = build_scheduler(
                 store,
-                build_sources(settings) if settings.collectors_enabled else (),
+                # a cloud without credentials: its collectors are not scheduled, one log line says so
+                build_sources(settings, collector_names(settings)) if settings.collectors_enabled else (),
                 settings,
                 migration=build_migration_jobs(settings, store) if settings.migration_jobs_enabled else None,
             )

@@ -46,8 +46,8 @@ for _default in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
 
 PRICE_COLLECTORS_ENABLED = Gauge(
     "costopt_price_collectors_enabled",
-    "1 when the price collectors of a cloud are scheduled in this process, 0 when they are off "
-    "(no credentials found at start, or COSTOPT_COLLECTORS_ENABLED=false).",
+    "1 when price collectors of a cloud are scheduled in this process, 0 when none is (no credentials "
+    "found at start: see the log); absent when COSTOPT_COLLECTORS_ENABLED=false.",
     ["cloud"],
     registry=REGISTRY,
 )
