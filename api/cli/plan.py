@@ -18,7 +18,12 @@ if TYPE_CHECKING:
     # numpy-backed core types: imported where used so that `costopt --help` stays light.
     from costopt.planning.model import Candidate, Objective, Plan
 
-OBJECTIVES = ("min-cost", "min-time", "min-cost-deadline", "min-time-budget", "weighted")
+OBJECTIVE_HELP = (
+    "min-cost (alias cheapest), min-time (fastest), min-cost-deadline (deadline), min-time-budget (budget) "
+    "or weighted; any case."
+)
+"""The objectives of :data:`costopt.planning.objectives.OBJECTIVES` (not imported here: it loads numpy;
+a test keeps the two equal)."""
 
 
 def parse_duration_hours(text: str, option: str) -> float:
@@ -48,25 +53,38 @@ def parse_money(text: str, option: str) -> Decimal:
 def build_objective(
     name: str, deadline: str | None, budget: str | None, confidence: float, cost_weight: float
 ) -> Objective:
-    """The objective named on the command line; a deadline or budget turns min-cost / min-time into
-    their constrained forms."""
-    from costopt.planning.model import MinCost, MinCostByDeadline, MinTime, MinTimeWithinBudget, Weighted
+    """The objective named on the command line, from the registry
+    (:func:`costopt.planning.objectives.build_objective`, as REST and the job service): ``deadline`` is a
+    duration (``48h``), ``budget`` an amount of USD; a deadline or budget turns min-cost / min-time into
+    their constrained forms. A usage error names the known objectives or the option at fault."""
+    from costopt.planning.model import InvalidJob
+    from costopt.planning.objectives import UnknownObjective
+    from costopt.planning.objectives import build_objective as build_registered
 
-    if name not in OBJECTIVES:
-        raise typer.BadParameter(f"choose one of {', '.join(OBJECTIVES)}", param_hint="--objective")
-    if name in ("min-cost", "min-cost-deadline") and deadline is not None:
-        return MinCostByDeadline(parse_duration_hours(deadline, "--deadline"), confidence)
-    if name == "min-cost-deadline":
-        raise typer.BadParameter("min-cost-deadline needs --deadline", param_hint="--deadline")
-    if name in ("min-time", "min-time-budget") and budget is not None:
-        return MinTimeWithinBudget(parse_money(budget, "--budget"))
-    if name == "min-time-budget":
-        raise typer.BadParameter("min-time-budget needs --budget", param_hint="--budget")
-    if name == "min-cost":
-        return MinCost()
-    if name == "min-time":
-        return MinTime()
-    return Weighted(cost_weight)
+    params: dict[str, object] = {
+        "deadline_hours": None if deadline is None else parse_duration_hours(deadline, "--deadline"),
+        "budget_usd": None if budget is None else parse_money(budget, "--budget"),
+        "confidence": confidence,
+        "cost_weight": cost_weight,
+    }
+    try:
+        return build_registered(name, params)
+    except UnknownObjective as exc:
+        raise typer.BadParameter(str(exc), param_hint="--objective") from exc
+    except InvalidJob as exc:
+        msg = str(exc)
+        for key, option in _OPTIONS.items():
+            msg = msg.replace(key, option)
+        raise typer.BadParameter(msg, param_hint="--objective") from exc
+
+
+_OPTIONS = {
+    "deadline_hours (a number of hours > 0)": "--deadline (e.g. 48h)",
+    "deadline_hours": "--deadline",
+    "budget_usd": "--budget",
+    "cost_weight": "--cost-weight",
+}
+"""The objective parameters' command-line options (for error messages)."""
 
 
 def candidate_record(c: Candidate) -> dict[str, Any]:
@@ -129,7 +147,7 @@ PLAN_COLUMNS: list[tuple[str, str, str | None]] = [
 def plan(
     job_type: Annotated[str, typer.Option("--job-type", help='e.g. "ResNet-50 (batch size 128)".')],
     steps: Annotated[float, typer.Option(min=1, help="Training steps still to run.")],
-    objective: Annotated[str, typer.Option(help=f"One of: {', '.join(OBJECTIVES)}.")] = "min-cost",
+    objective: Annotated[str, typer.Option(help=OBJECTIVE_HELP)] = "min-cost",
     deadline: Annotated[str | None, typer.Option(help="Finish within this long, e.g. 48h, 3d.")] = None,
     budget: Annotated[str | None, typer.Option(help="Spend at most this many USD.")] = None,
     gpus: Annotated[int, typer.Option(help="GPUs the job trains on (1, 2, 4, 8).")] = 1,

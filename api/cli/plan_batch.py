@@ -38,18 +38,12 @@ from costopt.domain import Cloud
 
 if TYPE_CHECKING:
     # pandas/scipy-backed core: imported where used so that `costopt --help` stays light.
-    from costopt.planning.collection import (
-        CollectionPlan,
-        CollectionSpec,
-        MinMakespanWithinBudget,
-        MinTotalCost,
-        SweepMinCost,
-    )
+    from costopt.planning.collection import CollectionPlan, CollectionSpec
 
 
 class _Objective(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    kind: Literal["sweep-min-cost", "min-total-cost", "min-makespan-budget"]
+    kind: str = Field(min_length=1)  # a name of costopt.planning.objectives.COLLECTION_OBJECTIVES
     deadline: str | None = None
     confidence: float = Field(default=0.95, ge=0.5, lt=1)
     budget: Decimal | None = Field(default=None, gt=0)
@@ -99,30 +93,33 @@ def load_batch(path: Path) -> BatchFile:
     return batch
 
 
+_FIELDS = {
+    "deadline_hours (a number of hours > 0)": "objective.deadline (e.g. 48h)",
+    "deadline_hours": "objective.deadline",
+    "budget_usd": "objective.budget",
+}
+"""The collection objective parameters' fields in the file (for error messages)."""
+
+
 def build_spec(batch: BatchFile) -> CollectionSpec:
-    from costopt.planning.collection import (
-        CollectionSpec,
-        JobGroup,
-        MinMakespanWithinBudget,
-        MinTotalCost,
-        Quota,
-        SweepMinCost,
-    )
-    from costopt.planning.model import JobSpec
+    from costopt.planning.collection import CollectionSpec, JobGroup, Quota
+    from costopt.planning.model import InvalidJob, JobSpec
+    from costopt.planning.objectives import build_collection_objective
     from costopt.throughput.model import JobType
 
     o = batch.objective
-    objective: SweepMinCost | MinTotalCost | MinMakespanWithinBudget
-    if o.kind == "sweep-min-cost":
-        if o.deadline is None:
-            raise typer.BadParameter("objective.deadline is required for sweep-min-cost", param_hint="FILE")
-        objective = SweepMinCost(parse_duration_hours(o.deadline, "objective.deadline"), o.confidence)
-    elif o.kind == "min-makespan-budget":
-        if o.budget is None:
-            raise typer.BadParameter("objective.budget is required for min-makespan-budget", param_hint="FILE")
-        objective = MinMakespanWithinBudget(o.budget)
-    else:
-        objective = MinTotalCost()
+    params: dict[str, object] = {
+        "deadline_hours": None if o.deadline is None else parse_duration_hours(o.deadline, "objective.deadline"),
+        "budget_usd": o.budget,
+        "confidence": o.confidence,
+    }
+    try:
+        objective = build_collection_objective(o.kind, params)
+    except InvalidJob as exc:  # an unknown kind too (UnknownObjective), listing the known ones
+        msg = str(exc)
+        for key, field in _FIELDS.items():
+            msg = msg.replace(key, field)
+        raise typer.BadParameter(f"objective: {msg}", param_hint="FILE") from exc
     groups = tuple(
         JobGroup(JobSpec(JobType.parse(j.type), j.steps, j.gpus), j.count, j.name or f"{j.type} x{j.count}")
         for j in batch.jobs

@@ -15,18 +15,8 @@ from api.planning import plan_single
 from api.wiring import build_unavailable
 from costopt.domain import Cloud
 from costopt.errors import CostoptError
-from costopt.planning.model import (
-    Infeasible,
-    InvalidJob,
-    JobSpec,
-    Location,
-    MinCost,
-    MinCostByDeadline,
-    MinTime,
-    MinTimeWithinBudget,
-    Objective,
-    Weighted,
-)
+from costopt.planning.model import Infeasible, InvalidJob, JobSpec, Location, Objective
+from costopt.planning.objectives import OBJECTIVES, build_objective
 from costopt.throughput.model import JobType
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
@@ -44,7 +34,14 @@ class PlanRequest(BaseModel):
     job_type: str = Field(min_length=1, examples=["ResNet-50 (batch size 128)"])
     steps: Annotated[float, Field(gt=0)]
     gpus: Literal[1, 2, 4, 8] = 1
-    objective: Literal["min-cost", "min-time", "min-cost-deadline", "min-time-budget", "weighted"] = "min-cost"
+    objective: str = Field(
+        default="min-cost",
+        min_length=1,
+        description=f"An objective name (any case): {', '.join(OBJECTIVES.names())}; aliases "
+        + ", ".join(f"{a} ({n})" for a, n in OBJECTIVES.aliases().items())
+        + ". An unknown name is a 422 listing the known ones.",
+        examples=["min-cost"],
+    )
     deadline_hours: Annotated[float | None, Field(gt=0)] = None
     budget_usd: Annotated[Decimal | None, Field(gt=0)] = None
     confidence: Annotated[float, Field(ge=0.5, lt=1)] = 0.95
@@ -56,19 +53,18 @@ class PlanRequest(BaseModel):
     top: Annotated[int, Field(ge=1, le=1000)] = 10
 
     def build_objective(self) -> Objective:
-        if self.objective == "min-cost-deadline" or (self.objective == "min-cost" and self.deadline_hours):
-            if self.deadline_hours is None:
-                raise InvalidJob("min-cost-deadline needs deadline_hours")
-            return MinCostByDeadline(self.deadline_hours, self.confidence)
-        if self.objective == "min-time-budget" or (self.objective == "min-time" and self.budget_usd):
-            if self.budget_usd is None:
-                raise InvalidJob("min-time-budget needs budget_usd")
-            return MinTimeWithinBudget(self.budget_usd)
-        if self.objective == "min-cost":
-            return MinCost()
-        if self.objective == "min-time":
-            return MinTime()
-        return Weighted(self.cost_weight)
+        """The objective from the registry (:func:`costopt.planning.objectives.build_objective`, as the
+        CLI and the job service); raises :class:`InvalidJob` for an unknown name or a missing, extra or
+        invalid parameter."""
+        return build_objective(
+            self.objective,
+            {
+                "deadline_hours": self.deadline_hours,
+                "budget_usd": self.budget_usd,
+                "confidence": self.confidence,
+                "cost_weight": self.cost_weight,
+            },
+        )
 
 
 @router.post("", responses={404: {"description": "infeasible: the detail names the binding constraint"}})

@@ -1,0 +1,118 @@
+"""The objective registry: one builder from a plain parameter mapping for every face."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from costopt.planning.collection import MinMakespanWithinBudget, MinTotalCost, SweepMinCost
+from costopt.planning.model import (
+    InvalidJob,
+    MinCost,
+    MinCostByDeadline,
+    MinTime,
+    MinTimeWithinBudget,
+    Weighted,
+)
+from costopt.planning.objectives import (
+    COLLECTION_OBJECTIVES,
+    OBJECTIVES,
+    UnknownObjective,
+    build_collection_objective,
+    build_objective,
+)
+from costopt.registry import UnknownName
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "expected"),
+    [
+        ("min-cost", {}, MinCost()),
+        ("cheapest", {"confidence": 0.9, "cost_weight": 0.3}, MinCost()),
+        ("min-cost", {"deadline_hours": 48, "confidence": 0.9}, MinCostByDeadline(48.0, 0.9)),
+        ("MIN-COST-DEADLINE", {"deadline_hours": "12.5"}, MinCostByDeadline(12.5, 0.95)),
+        ("deadline", {"deadline_hours": 6, "budget_usd": None}, MinCostByDeadline(6.0)),
+        ("min-time", {}, MinTime()),
+        ("fastest", {"budget_usd": 100}, MinTimeWithinBudget(Decimal(100))),
+        ("min-time-budget", {"budget_usd": 0.1}, MinTimeWithinBudget(Decimal("0.1"))),  # float: its repr
+        ("budget", {"budget_usd": "250.50"}, MinTimeWithinBudget(Decimal("250.50"))),
+        ("budget", {"budget_usd": Decimal("7")}, MinTimeWithinBudget(Decimal("7"))),
+        ("weighted", {}, Weighted(0.5)),
+        ("weighted", {"cost_weight": 0.8, "confidence": 0.99}, Weighted(0.8)),
+    ],
+)
+def test_each_name_and_alias_builds_its_objective(name: str, params: dict[str, object], expected: object) -> None:
+    assert build_objective(name, params) == expected
+
+
+def test_the_registries_name_every_objective() -> None:
+    assert OBJECTIVES.names() == ("min-cost", "min-time", "min-cost-deadline", "min-time-budget", "weighted")
+    assert OBJECTIVES.aliases() == {
+        "cheapest": "min-cost",
+        "fastest": "min-time",
+        "deadline": "min-cost-deadline",
+        "budget": "min-time-budget",
+    }
+    assert COLLECTION_OBJECTIVES.names() == ("sweep-min-cost", "min-total-cost", "min-makespan-budget")
+    # every objective names itself as registered, so plans echo the canonical name
+    built = {
+        "min-cost": build_objective("min-cost"),
+        "min-time": build_objective("min-time"),
+        "min-cost-deadline": build_objective("min-cost-deadline", {"deadline_hours": 1}),
+        "min-time-budget": build_objective("min-time-budget", {"budget_usd": 1}),
+        "weighted": build_objective("weighted"),
+    }
+    assert {name: obj.name for name, obj in built.items()} == {n: n for n in OBJECTIVES.names()}
+
+
+def test_an_unknown_objective_lists_the_known_ones_and_close_matches() -> None:
+    with pytest.raises(UnknownObjective) as info:
+        build_objective("min-cots")
+    err = info.value
+    assert isinstance(err, InvalidJob) and isinstance(err, UnknownName)
+    assert err.close[0] == "min-cost"
+    assert all(name in str(err) for name in OBJECTIVES.names())
+    with pytest.raises(UnknownObjective, match="known: sweep-min-cost, min-total-cost, min-makespan-budget"):
+        build_collection_objective("sweep")
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "message"),
+    [
+        ("min-cost-deadline", {}, "min-cost-deadline needs deadline_hours"),
+        ("deadline", {"confidence": 0.9}, "min-cost-deadline needs deadline_hours"),
+        ("min-time-budget", {"budget_usd": None}, "min-time-budget needs budget_usd"),
+        ("min-cost", {"budget_usd": 10}, "min-cost takes no budget_usd"),
+        ("min-time", {"deadline_hours": 10}, "min-time takes no deadline_hours"),
+        ("weighted", {"deadline_hours": 1, "budget_usd": 1}, "weighted takes no budget_usd, deadline_hours"),
+        ("min-cost", {"deadlne_hours": 5}, "unknown parameter\\(s\\) deadlne_hours; parameters are"),
+        ("min-cost", {"deadline_hours": float("nan")}, "deadline_hours must be a finite number"),
+        ("min-cost", {"deadline_hours": True}, "deadline_hours must be a number"),
+        ("min-cost", {"deadline_hours": "soon"}, "deadline_hours must be a number"),
+        ("min-cost", {"deadline_hours": -1}, "the deadline must be in the future"),
+        ("deadline", {"deadline_hours": 5, "confidence": 1.0}, "confidence must be in"),
+        ("budget", {"budget_usd": "lots"}, "budget_usd must be a finite amount of USD"),
+        ("budget", {"budget_usd": float("inf")}, "budget_usd must be a finite amount of USD"),
+        ("budget", {"budget_usd": 0}, "the budget must be positive"),
+        ("weighted", {"cost_weight": 2}, "cost_weight must be in"),
+    ],
+)
+def test_a_missing_extra_or_invalid_parameter_is_named(name: str, params: dict[str, object], message: str) -> None:
+    with pytest.raises(InvalidJob, match=message):
+        build_objective(name, params)
+
+
+def test_collection_objectives_by_name_and_alias() -> None:
+    assert build_collection_objective("sweep-min-cost", {"deadline_hours": 48, "confidence": 0.9}) == SweepMinCost(
+        48.0, 0.9
+    )
+    assert build_collection_objective("deadline", {"deadline_hours": 2, "joint": True}) == SweepMinCost(2.0, joint=True)
+    assert build_collection_objective("MIN-COST", {"confidence": 0.95}) == MinTotalCost()
+    assert build_collection_objective("budget", {"budget_usd": "5000"}) == MinMakespanWithinBudget(Decimal(5000))
+    with pytest.raises(InvalidJob, match="sweep-min-cost needs deadline_hours"):
+        build_collection_objective("sweep-min-cost", {"budget_usd": 1})
+    with pytest.raises(InvalidJob, match="min-total-cost takes no budget_usd"):
+        build_collection_objective("min-total-cost", {"budget_usd": 1})
+    with pytest.raises(InvalidJob, match="joint must be true or false"):
+        build_collection_objective("sweep-min-cost", {"deadline_hours": 1, "joint": "yes"})
