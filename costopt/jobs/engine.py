@@ -42,7 +42,6 @@ Times are tz-aware UTC from ``clock`` (the simulated clock over the simulated cl
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -99,7 +98,7 @@ ENV_JOB_TYPE = "COSTOPT_JOB_TYPE"
 ENV_JOB_STEPS = "COSTOPT_JOB_STEPS"
 """The steps the job must do in total (an integer)."""
 ENV_STEPS_PER_SECOND = "COSTOPT_STEPS_PER_SECOND"
-"""For jobs given by throughput: a JSON object accelerator -> steps/s (the submission's ``throughput``)."""
+"""For jobs given by throughput: the job's steps/s (a float)."""
 
 RESUMABLE_EXIT_CODES: frozenset[int] = frozenset({0, 75})
 """Exit codes after which a copy that did not finish is recovered from its last checkpoint: 0, and 75
@@ -118,15 +117,21 @@ class MoveRefused(EngineError):
     """A move asked of a job that is not running (or already busy): re-read it and decide again."""
 
 
-def job_env(job: JobRecord) -> dict[str, str]:
-    """The environment the job's copies get beyond the agent contract: its type or throughput and steps."""
+def job_env(job: JobRecord, first: Placement | None = None) -> dict[str, str]:
+    """The environment the job's copies get beyond the agent contract: its steps, its catalog type, and
+    for a job given by throughput its steps/s (the one accelerator's, or on several the first placement's:
+    the migrator keeps one environment per job)."""
     env = {ENV_JOB_STEPS: str(int(job.steps_total))}
     job_type = job.spec.get("job_type")
     if job_type:
         env[ENV_JOB_TYPE] = str(job_type)
-    throughput = job.spec.get("throughput")
+    throughput = {str(k): float(v) for k, v in dict(job.spec.get("throughput") or {}).items()}
     if throughput:
-        env[ENV_STEPS_PER_SECOND] = json.dumps({str(k): float(v) for k, v in dict(throughput).items()}, sort_keys=True)
+        sps = next(iter(throughput.values())) if len(throughput) == 1 else None
+        if sps is None and first is not None:
+            sps = first.steps_per_s
+        if sps is not None and sps > 0:
+            env[ENV_STEPS_PER_SECOND] = repr(float(sps))
     return env
 
 
@@ -395,7 +400,7 @@ class JobEngine:
             self._launch_failed(job, migrator, "no offer can run the job now under its constraints", None)
             return
         uri = self.checkpoint_uri(job)
-        migrator.register_job(job.id, list(job.spec.get("command") or ()), uri, env=job_env(job))
+        migrator.register_job(job.id, list(job.spec.get("command") or ()), uri, env=job_env(job, ranked[0]))
         self._ranked[job.id] = {p.offer: p for p in ranked}
         offers = [p.offer for p in ranked]
         if job.state is JobState.QUEUED:
@@ -489,7 +494,9 @@ class JobEngine:
         if len(lost) >= self.launch_attempts:
             self._fail(job, migrator, f"the job's copies ended {len(lost)} time(s) without finishing it")
             return
-        offers = self._recovery_offers(job, mj)
+        offers = self.recovery_offers(job, mj)
+        if not offers:
+            raise EngineError(f"job {job.id}: no offer to recover it on")
         mig = migrator.plan(job.id, offers, Kind.RECOVER)
         self._record_history(job, migrator)
         self._to(
@@ -929,21 +936,22 @@ class JobEngine:
             return None
         return _usd(p.usd_per_hour) if p is not None else None
 
-    def _recovery_offers(self, job: JobRecord, mj: MigratorJob) -> list[OfferKey]:
+    def recovery_offers(self, job: JobRecord, mj: MigratorJob) -> list[OfferKey]:
+        """Where to recover ``job`` (its migrator record ``mj``): its ranked placements for the remaining
+        steps, then the offer it ran on as a last resort; empty when there is none."""
         try:
             ranked = list(
                 self.placements.rank(
                     job, remaining_steps=job.steps_total - job.steps_done, at=self.now(), top=self.rank_top
                 )
             )
-        except (CostoptError, ValueError, LookupError):
+        except (CostoptError, ValueError, LookupError) as exc:
+            log.warning("engine: job %s: no ranked placements for a recovery: %s", job.id, exc)
             ranked = []
         self._ranked[job.id] = {p.offer: p for p in ranked}
         offers = [p.offer for p in ranked]
         if mj.offer is not None and mj.offer not in offers:
             offers.append(mj.offer)  # where it ran, as a last resort
-        if not offers:
-            raise EngineError(f"job {job.id}: no offer to recover it on")
         return offers
 
     @staticmethod
