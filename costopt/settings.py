@@ -315,6 +315,18 @@ class Settings(BaseSettings):
         description="Where a managed job's checkpoints go when its submission names no checkpoint_uri: "
         "<checkpoint_root>/<job id>.",
     )
+    launch_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="How many times the job engine launches a job (and recovers it in a row) before it fails it.",
+    )
+    cancel_timeout: timedelta = Field(
+        default=timedelta(minutes=5),
+        description="How long the job engine waits for a cancelled job's checkpoint before terminating it.",
+    )
+    engine_workers: int = Field(
+        default=4, ge=0, description="Worker threads of the job engine (starts, recoveries); 0 runs them in the tick."
+    )
 
     def resolved_throughput_file(self) -> Path | None:
         """The throughput file to load (None: no file configured and no data folder)."""
