@@ -147,6 +147,9 @@ class _OwnJobsView:
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         return self.inner.interruptions(since)
 
+    def output(self, instance_id: str, *, tail: int | None = None) -> str:
+        return self.inner.output(instance_id, tail=tail)
+
 
 def _provider_clock(provider: CloudProvider) -> Callable[[], datetime] | None:
     """The provider's own clock when it has one (the simulated cloud's ``now``), else None (wall)."""

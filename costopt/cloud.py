@@ -126,6 +126,9 @@ class Instance:
     tags: Mapping[str, str]
     launched_at: datetime | None = None
     terminated_at: datetime | None = None
+    exit_code: int | None = None
+    """The job's exit code once its command ended (0: it finished; ``sim`` and ``local`` know it); None:
+    still running, killed without one (terminated, preempted), or not known to the cloud."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,12 @@ class CloudProvider(Protocol):
 
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         """Preemption notices and preemptions observed at or after ``since``."""
+        ...
+
+    def output(self, instance_id: str, *, tail: int | None = None) -> str:
+        """The instance's own console output (its job's stdout/stderr, or what the cloud captured of its
+        console), the last ``tail`` lines (None: all it keeps); "" when there is none yet.
+        :class:`NotFoundError` for an instance the provider cannot find."""
         ...
 
 

@@ -78,6 +78,7 @@ from costopt.domain import Cloud, Market, OfferKey, parse_utc, utc
 from costopt.errors import BadRecord
 from costopt.settings import DEFAULT_AWS_REGIONS, Settings
 from providers.boot import boot_script
+from providers.console import decode_console, tail_lines
 
 log = logging.getLogger("costopt.providers.aws")
 
@@ -717,6 +718,25 @@ class AwsProvider:
         except BotoCoreError as exc:
             raise translate_error(exc, f"terminate {instance_id} in {region}") from exc
         log.info("terminate %s in %s: requested (was %s)", instance_id, region, state)
+
+    def output(self, instance_id: str, *, tail: int | None = None) -> str:
+        """The instance's console output as EC2 captured it (``get_console_output`` with ``Latest``: the
+        most recent 64 KB on Nitro instances, where EC2 keeps it; older types give the last output EC2
+        posted), the last ``tail`` lines (None: all); "" before EC2 has any. Raises :class:`NotFoundError`
+        for an instance no known region has."""
+        if tail is not None and tail < 0:
+            raise ValueError(f"tail must be >= 0 lines, got {tail}")
+        located = self._locate(instance_id)
+        if located is None:
+            raise NotFoundError(
+                f"AWS: instance {instance_id} not found in {', '.join(self._search_order(instance_id))}"
+            )
+        region, _ = located
+        try:
+            answer = self._client("ec2", region).get_console_output(InstanceId=instance_id, Latest=True)
+        except (ClientError, BotoCoreError) as exc:
+            raise translate_error(exc, f"read the console output of {instance_id} in {region}") from exc
+        return tail_lines(decode_console(answer.get("Output")), tail)
 
     # ------------------------------------------------------------------ interruptions
 

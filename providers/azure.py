@@ -72,6 +72,7 @@ from costopt.domain import Cloud, Market, OfferKey, parse_utc, utc
 from costopt.errors import BadRecord
 from costopt.settings import Settings
 from providers.boot import boot_script
+from providers.console import tail_lines
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
@@ -564,6 +565,8 @@ class AzureProvider:
                     )
                 ]
             ),
+            # Boot diagnostics on managed storage: the serial console log ``output`` reads.
+            diagnostics_profile=cm.DiagnosticsProfile(boot_diagnostics=cm.BootDiagnostics(enabled=True)),
             priority="Spot" if spot else "Regular",
             eviction_policy="Delete" if spot else None,
             billing_profile=cm.BillingProfile(max_price=-1) if spot else None,
@@ -627,6 +630,46 @@ class AzureProvider:
         return self._seen(to_instance(created))
 
     # ------------------------------------------------------------------ describe, list
+
+    def output(self, instance_id: str, *, tail: int | None = None) -> str:
+        """The VM's serial console log from boot diagnostics (enabled on managed storage at launch):
+        ``retrieve_boot_diagnostics_data`` gives a short-lived SAS URI of the log blob, which is read over
+        HTTPS (trusting what the management clients trust, ``connection_verify``). The last ``tail`` lines
+        (None: all); "" while Azure has no log yet. Raises :class:`NotFoundError` for a VM that does not
+        exist."""
+        if tail is not None and tail < 0:
+            raise ValueError(f"tail must be >= 0 lines, got {tail}")
+        try:
+            data = self.compute.virtual_machines.retrieve_boot_diagnostics_data(
+                self.resource_group, instance_id, sas_uri_expiration_time_in_minutes=5
+            )
+        except AzureError as exc:
+            raise translate_error(exc, f"read the boot diagnostics of VM {instance_id}") from exc
+        uri = getattr(data, "serial_console_log_blob_uri", None)
+        if not uri:
+            return ""
+        import ssl
+
+        import httpx
+
+        verify: bool | ssl.SSLContext = True
+        trust = self._client_kwargs.get("connection_verify", True)
+        if isinstance(trust, str):  # a CA bundle file or folder, as azure-core takes it
+            folder = Path(trust).is_dir()
+            verify = ssl.create_default_context(capath=trust if folder else None, cafile=None if folder else trust)
+        elif isinstance(trust, (bool, ssl.SSLContext)):
+            verify = trust
+        try:
+            answer = httpx.get(uri, verify=verify, timeout=30.0)
+        except httpx.HTTPError as exc:
+            raise CloudError(f"Azure: could not read the serial console log of VM {instance_id}: {exc}") from exc
+        if answer.status_code == 404:
+            return ""  # no log written yet
+        if answer.status_code != 200:
+            raise CloudError(
+                f"Azure: reading the serial console log of VM {instance_id} answered HTTP {answer.status_code}"
+            )
+        return tail_lines(answer.content.decode("utf-8", errors="replace"), tail)
 
     def describe(self, instance_id: str) -> Instance:
         """The VM named ``instance_id``; a VM costopt deleted is TERMINATED, a Spot VM that vanished otherwise

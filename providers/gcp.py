@@ -95,6 +95,7 @@ from costopt.errors import BadRecord
 from costopt.settings import Settings
 from pricing.gcp import SHAPES_BY_NAME, MachineShape, n1_gpu_instance_name
 from providers.boot import boot_script
+from providers.console import tail_lines
 
 log = logging.getLogger("costopt.providers.gcp")
 
@@ -725,6 +726,22 @@ class GcpProvider:
         if err is not None and not isinstance(err, NotFoundError):
             raise err
         log.info("terminate %s: requested (was %s)", instance_id, raw.status)
+
+    def output(self, instance_id: str, *, tail: int | None = None) -> str:
+        """The instance's serial console (port 1, where the boot script and the job write) as GCP keeps it
+        (``get_serial_port_output``: the most recent 1 MB), the last ``tail`` lines (None: all). Raises
+        :class:`NotFoundError` when the instance does not exist (any more)."""
+        if tail is not None and tail < 0:
+            raise ValueError(f"tail must be >= 0 lines, got {tail}")
+        zone, name = split_instance_id(instance_id)
+        try:
+            request = compute_v1.GetSerialPortOutputInstanceRequest(
+                project=self.project, zone=zone, instance=name, port=1
+            )
+            answer = self._instances.get_serial_port_output(request=request, timeout=self.request_timeout_s)
+        except _CALL_ERRORS as exc:
+            raise translate_error(exc, f"read the serial console of {instance_id}") from exc
+        return tail_lines(answer.contents or "", tail)
 
     # ------------------------------------------------------------------ interruptions
 

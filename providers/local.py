@@ -65,6 +65,7 @@ from costopt.cloud import (
 )
 from costopt.domain import OfferKey
 from costopt.settings import Settings
+from providers.console import tail_lines
 
 log = logging.getLogger("providers.local")
 
@@ -448,6 +449,7 @@ class LocalProvider:
             known = [float(t) for t in candidates if t is not None]
             terminated_at = min(known) if known else None
         launched = rec.get("spawned_at", rec.get("created_at"))
+        code = exit_doc.get("code") if isinstance(exit_doc, dict) and not alive else None
         return Instance(
             instance_id=instance_id,
             offer=OfferKey.from_doc(rec["offer"]),
@@ -455,7 +457,24 @@ class LocalProvider:
             tags=dict(rec.get("tags") or {}),
             launched_at=_now_dt(float(launched)) if launched is not None else None,
             terminated_at=_now_dt(terminated_at) if terminated_at is not None else None,
+            exit_code=int(code) if isinstance(code, int) else None,
         )
+
+    def output(self, instance_id: str, *, tail: int | None = None) -> str:
+        """The job's console: its ``stdout.log`` then its ``stderr.log`` (each as written), the last ``tail``
+        lines of that (None: all); "" before it wrote anything. :class:`NotFoundError` for an unknown id."""
+        if tail is not None and tail < 0:
+            raise ValueError(f"tail must be >= 0 lines, got {tail}")
+        self._require(instance_id)
+        inst_dir = self._dir(instance_id)
+        parts = []
+        for name in ("stdout.log", "stderr.log"):
+            try:
+                parts.append((inst_dir / name).read_bytes().decode("utf-8", errors="replace"))
+            except FileNotFoundError:
+                continue
+        text = "".join(p if p.endswith("\n") or not p else p + "\n" for p in parts)
+        return tail_lines(text, tail)
 
     def terminate(self, instance_id: str) -> None:
         """SIGTERM the job's process group, SIGKILL it after ``grace_seconds``; returns once it is gone.

@@ -38,13 +38,17 @@ Times are tz-aware UTC, held internally as integer microseconds from the clock's
 from __future__ import annotations
 
 import builtins
+import functools
 import hashlib
+import heapq
 import math
+import threading
 from bisect import bisect_right
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
+from typing import Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -66,6 +70,7 @@ from costopt.ledger.prices import PriceView
 from costopt.risk.availability import LaunchStats
 from costopt.risk.hazard import HazardModel
 from costopt.settings import Settings
+from providers.sim_agent import AgentEnv, SimAgent, ThroughputFn
 
 __all__ = [
     "DEFAULT_NOTICE_LEAD",
@@ -74,8 +79,12 @@ __all__ = [
     "SimCloud",
     "SimConfig",
     "SimError",
+    "SimServiceClock",
     "sim_factory",
 ]
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 _US_PER_S = 1_000_000
 _US = timedelta(microseconds=1)
@@ -146,6 +155,8 @@ class SimConfig:
     for lack of capacity, per (cloud, accelerator, GPU count); ``default_launch_failure`` elsewhere (0).
     ``max_instances``: instances alive at once (beyond: :class:`~costopt.cloud.QuotaError`; None: no
     quota). ``checkpoint_on_notice``: the workload writes a checkpoint on a notice when it fits.
+    ``report_every``: the longest stretch of simulated time between two progress records of a simulated
+    agent (:mod:`providers.sim_agent`; records are also written at every checkpoint).
     """
 
     timing: WorkloadTiming = field(default_factory=WorkloadTiming)
@@ -154,8 +165,11 @@ class SimConfig:
     default_launch_failure: float = 0.0
     max_instances: int | None = None
     checkpoint_on_notice: bool = False
+    report_every: timedelta = timedelta(minutes=10)
 
     def __post_init__(self) -> None:
+        if self.report_every <= timedelta(0):
+            raise SimError(f"report_every must be > 0, got {self.report_every}")
         for p in (*self.launch_failure.values(), self.default_launch_failure):
             if not 0.0 <= p <= 1.0:
                 raise SimError(f"a launch-failure probability must be in [0, 1], got {p}")
@@ -302,6 +316,9 @@ class _Inst:
     workload: _Workload | None = None
     notice_checkpointed: bool = False
     reported: set[tuple[str, int]] = field(default_factory=set)
+    agent: SimAgent | None = None
+    exit_code: int | None = None
+    exited: int | None = None
 
     def end(self) -> int | None:
         """When it stopped existing (preemption or termination, whichever came first)."""
@@ -316,9 +333,22 @@ class _Inst:
         )
 
 
+def _locked(method: Callable[Concatenate[SimCloud, _P], _R]) -> Callable[Concatenate[SimCloud, _P], _R]:
+    """Run the method under the cloud's lock (the clock driver's thread and the service's jobs share it)."""
+
+    @functools.wraps(method)
+    def wrapper(self: SimCloud, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper
+
+
 class SimCloud:
     """The simulated cloud (module docstring). ``start`` sets a new :class:`SimClock` unless ``clock``
-    is given (shared with the caller). ``seed``: an int or a sequence of ints."""
+    is given (shared with the caller). ``seed``: an int or a sequence of ints. ``rate``: the throughput of
+    the simulated agents' jobs by type (:data:`providers.sim_agent.ThroughputFn`; None: only jobs that give
+    ``COSTOPT_STEPS_PER_SECOND`` can run an agent). Thread-safe: every public method holds one lock."""
 
     name = "sim"
 
@@ -331,6 +361,7 @@ class SimCloud:
         start: datetime | None = None,
         seed: int | Sequence[int] = 0,
         config: SimConfig | None = None,
+        rate: ThroughputFn | None = None,
     ) -> None:
         if clock is None:
             if start is None:
@@ -348,6 +379,12 @@ class SimCloud:
         self._failure_rngs: dict[OfferKey, np.random.Generator] = {}
         self._rates: dict[OfferKey, tuple[float, str | None, float | None]] = {}
         self.launch_failures = 0
+        self.rate = rate
+        self._lock = threading.RLock()
+        self._agenda: list[tuple[int, int, str]] = []  # (time, sequence, instance id): agents' next events
+        self._scheduled: dict[str, int] = {}  # instance id -> the time its agent is scheduled at
+        self._agents: set[str] = set()  # instances whose agent still runs
+        self._seq = 0
 
     @classmethod
     def from_settings(
@@ -360,16 +397,18 @@ class SimCloud:
         clock: SimClock | None = None,
         seed: int | Sequence[int] = 0,
         config: SimConfig | None = None,
+        rate: ThroughputFn | None = None,
     ) -> SimCloud:
         """The service's simulated cloud over ``prices`` (the composition root passes the price store's
         view) and ``hazards`` (None: the model's documented defaults), its clock starting at ``start``
         (None: now) unless ``clock`` is given; ``config`` None: :class:`SimConfig`'s documented defaults.
         Nothing is read from ``settings`` yet (the signature is the one every provider has). The caller
-        moves the clock (:meth:`SimClock.advance_to`, :meth:`run_until`)."""
+        moves the clock (:meth:`run_until`, :meth:`run_to`, the service's ``api.sim_clock`` driver). ``rate``:
+        the agents' throughput by job type (``api.wiring.build_sim_throughput``)."""
         del settings
         if clock is None and start is None:
             start = datetime.now(UTC)
-        return cls(prices, hazards, clock=clock, start=start, seed=seed, config=config)
+        return cls(prices, hazards, clock=clock, start=start, seed=seed, config=config, rate=rate)
 
     # --- time -----------------------------------------------------------------------------------------
 
@@ -401,15 +440,21 @@ class SimCloud:
     def _rng(self, key: OfferKey, stream: int) -> np.random.Generator:
         return np.random.default_rng(np.random.SeedSequence([*self._seed, _stable_hash(key), stream]))
 
+    @_locked
     def launch(self, spec: LaunchSpec, idempotency_token: str) -> Instance:
         """Launch ``spec.offer`` now, once per token (module docstring). Raises CapacityError (no price
-        now, or a drawn capacity failure) and QuotaError (``max_instances`` alive)."""
+        now, or a drawn capacity failure), QuotaError (``max_instances`` alive), and
+        :class:`~providers.sim_agent.AgentEnvError` for a spec whose job variables are invalid or whose
+        throughput is unknown. A spec carrying the job contract and ``COSTOPT_JOB_STEPS`` runs a simulated
+        agent (:mod:`providers.sim_agent`)."""
         if not idempotency_token:
             raise SimError("an idempotency token is required")
+        self._catch_up()
         known = self._tokens.get(idempotency_token)
         if known is not None:
-            return self.describe(known)
+            return self._describe(self._instances[known])
         key = spec.offer
+        job = AgentEnv.parse(spec.env)
         now_dt = self.clock.now()
         now = self.clock.micros()
         steps = self.prices.steps(key, now_dt, now_dt + _US)
@@ -421,6 +466,7 @@ class SimCloud:
         if limit is not None and sum(1 for i in self._live if self._alive(self._instances[i], now)) >= limit:
             raise QuotaError(f"the simulated account allows {limit} instances at once")
         rate, acc, gpus = self._offer_info(key)
+        steps_per_s = None if job is None else job.resolve_rate(self.rate, max(1, int(gpus or 1)), key)
         p_fail = self.config.failure_probability(key.cloud, acc, gpus)
         if p_fail > 0:
             rng = self._failure_rngs.get(key)
@@ -443,6 +489,26 @@ class SimCloud:
         self._instances[iid] = inst
         self._tokens[idempotency_token] = iid
         self._live.add(iid)
+        if job is not None and steps_per_s is not None:
+            timing = self.timing
+            inst.agent = SimAgent(
+                job,
+                instance_id=iid,
+                steps_per_s=steps_per_s,
+                launched=now,
+                ready=inst.ready,
+                notice=notice,
+                deadline=preempt,
+                restore_us=timing.restore // _US,
+                checkpoint_us=timing.checkpoint // _US,
+                interval_us=timing.checkpoint_interval // _US,
+                report_every_us=self.config.report_every // _US,
+                to_seconds=self._unix_seconds,
+                to_datetime=self._dt,
+                notice_source=key.cloud.value,
+            )
+            self._agents.add(iid)
+            self._schedule(inst)
         return self._describe(inst)
 
     def _instance_id(self, token: str) -> str:
@@ -477,6 +543,7 @@ class SimCloud:
             tags=dict(inst.spec.tags),
             launched_at=self._dt(inst.launched),
             terminated_at=self._dt(end) if end is not None and end <= t else None,
+            exit_code=inst.exit_code if inst.exited is not None and inst.exited <= t else None,
         )
 
     def _get(self, instance_id: str) -> _Inst:
@@ -485,22 +552,47 @@ class SimCloud:
             raise NotFoundError(f"no simulated instance {instance_id!r}")
         return inst
 
+    @_locked
     def describe(self, instance_id: str) -> Instance:
+        """The instance now; ``exit_code`` 0 once its agent finished (then TERMINATED), 75 when it stopped
+        (fenced out, or after a notice's checkpoint), 1 when it failed; None while it runs, and for an
+        instance killed (terminated, preempted) or running no agent."""
+        self._catch_up()
         return self._describe(self._get(instance_id))
 
+    @_locked
     def terminate(self, instance_id: str) -> None:
-        """Terminate now; a gone (terminated or preempted) or unknown instance is left as it is."""
+        """Terminate now (its agent is killed: work since its last checkpoint is lost); a gone (terminated
+        or preempted) or unknown instance is left as it is."""
         inst = self._instances.get(instance_id)
         if inst is None:
             return
+        self._catch_up()
         t = self.clock.micros()
         if self._alive(inst, t):
             inst.terminated = t
             self._live.discard(instance_id)
+            self._kill_agent(inst, t)
 
+    @_locked
+    def output(self, instance_id: str, *, tail: int | None = None) -> str:
+        """The simulated agent's console: one human-readable line per progress record (boot, start, steps,
+        checkpoints, notice, fencing, exit), the last ``tail`` lines (None: all); "" for an instance that
+        runs no agent. :class:`~costopt.cloud.NotFoundError` for an unknown id."""
+        if tail is not None and tail < 0:
+            raise ValueError(f"tail must be >= 0 lines, got {tail}")
+        inst = self._get(instance_id)
+        self._catch_up()
+        lines = inst.agent.lines() if inst.agent is not None else []
+        if tail is not None:
+            lines = lines[len(lines) - tail :] if tail else []
+        return "".join(line + "\n" for line in lines)
+
+    @_locked
     def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
         """Every instance whose tags include ``tags`` exactly, in launch order: all that have not ended, and
         ended ones until :data:`~costopt.cloud.ENDED_RETENTION` after their end."""
+        self._catch_up()
         now = self.clock.micros()
         horizon = now - ENDED_RETENTION // _US
         out = []
@@ -512,8 +604,10 @@ class SimCloud:
                 out.append(self._describe(inst))
         return out
 
+    @_locked
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         """Notices and preemptions that happened in ``[since, now]``, in time order."""
+        self._catch_up()
         lo, now = self._us(since), self.clock.micros()
         out: list[tuple[int, int, Interruption]] = []
         for inst in self._instances.values():
@@ -549,6 +643,8 @@ class SimCloud:
         t = self.clock.micros()
         if not self._alive(inst, t):
             raise SimError(f"{instance_id} is gone: it cannot run a workload")
+        if inst.agent is not None:
+            raise SimError(f"{instance_id} runs a simulated agent: its job progresses at its checkpoint location")
         if inst.workload is not None:
             raise SimError(f"{instance_id} already runs a workload")
         if not (steps_per_s > 0 and math.isfinite(steps_per_s)):
@@ -633,15 +729,22 @@ class SimCloud:
             done = inst.workload.done_at(inst.workload.phases[-1])
             if done is not None and (gone is None or done <= gone):
                 add(done, 2, SimEventKind.DONE, alive_needed=False)
+        if inst.exit_code == 0 and inst.exited is not None:  # its agent finished the job
+            add(inst.exited, 2, SimEventKind.DONE, alive_needed=False)
         return out
 
+    @_locked
     def run_until(self, until: datetime, *, watch: Collection[str] | None = None) -> builtins.list[SimEvent]:
         """Advance the clock to ``until`` (not before now), reporting each event of the watched
-        instances (None: all) once, in time order; stop at the first preemption or finished workload among
-        them, the clock then standing at its time. Notices trigger ``checkpoint_on_notice``."""
+        instances (None: all) once, in time order; stop at the first preemption or finished workload (or
+        agent) among them, the clock then standing at its time. Notices trigger ``checkpoint_on_notice``.
+        Simulated agents (of every instance, watched or not) act at their own times on the way, after
+        looking at their checkpoint locations at the start (a request or a claim made since the last call)."""
         target = self._us(until)
         if target < self.clock.micros():
             raise ClockError(f"run_until({until}) is before now ({self.clock.now()})")
+        self._catch_up()
+        self._sync_agents(self.clock.micros())
         ids = set(self._instances) if watch is None else set(watch)
         reported: list[SimEvent] = []
         while True:
@@ -655,6 +758,11 @@ class SimCloud:
                     cand = (t, order, iid, kind)
                     if best is None or cand < best:
                         best = cand
+            agent_t = self._next_agent_event()
+            if agent_t is not None and agent_t <= target and (best is None or agent_t < best[0]):
+                self.clock.advance_to_micros(max(agent_t, now))
+                self._run_agent_event()
+                continue
             if best is None:
                 self.clock.advance_to_micros(target)
                 return reported
@@ -668,7 +776,129 @@ class SimCloud:
             if kind in (SimEventKind.PREEMPTED, SimEventKind.DONE):
                 if kind is SimEventKind.PREEMPTED:
                     self._live.discard(iid)
+                    self._kill_agent(inst, t)
                 return reported
+
+    def run_to(self, at: datetime) -> builtins.list[SimEvent]:
+        """Advance the clock to ``at`` through every event on the way (:meth:`run_until` stops at each
+        preemption or finish); returns them all."""
+        target = self._us(at)
+        events: list[SimEvent] = []
+        while True:
+            events.extend(self.run_until(at))
+            if self.clock.micros() >= target:
+                return events
+
+    def sleeper(self) -> Callable[[float], None]:
+        """A ``sleep(seconds)`` that advances this cloud's clock by ``seconds`` of simulated time instead of
+        waiting (:meth:`run_to`): the :class:`~costopt.migration.Migrator`'s ``sleep`` offline, so a whole
+        move runs in milliseconds of wall time."""
+
+        def sleep(seconds: float) -> None:
+            if not seconds >= 0:
+                raise ValueError(f"cannot sleep {seconds} s")
+            self.run_to(self.now() + timedelta(seconds=seconds))
+
+        return sleep
+
+    def service_clock(self) -> SimServiceClock:
+        """This cloud's clock as a :class:`costopt.clock.ServiceClock` for offline runs: ``now`` is the
+        simulated time, ``sleep`` advances it (:meth:`sleeper`)."""
+        return SimServiceClock(self)
+
+    def migrator_timeouts(self) -> dict[str, float]:
+        """``checkpoint_timeout`` and ``verify_timeout`` (seconds of simulated time) for a
+        :class:`~costopt.migration.Migrator` on this cloud: a copy still booting and restoring has to answer
+        a request (boot + restore + checkpoint + 1 min), and a new copy boots, restores and reports its
+        first step (boot + restore + ``report_every`` + 1 min)."""
+        t = self.timing
+        boot_restore = (t.boot + t.restore).total_seconds()
+        return {
+            "checkpoint_timeout": boot_restore + t.checkpoint.total_seconds() + 60.0,
+            "verify_timeout": boot_restore + self.config.report_every.total_seconds() + 60.0,
+        }
+
+    # --- simulated agents ------------------------------------------------------------------------------
+
+    def _unix_seconds(self, us: int) -> float:
+        return self.clock.start.timestamp() + us / _US_PER_S
+
+    def _schedule(self, inst: _Inst) -> None:
+        """Put the instance's agent's next event on the agenda (once per time)."""
+        agent = inst.agent
+        t = agent.next_event() if agent is not None and agent.running else None
+        if t is None:
+            self._scheduled.pop(inst.instance_id, None)
+            return
+        if self._scheduled.get(inst.instance_id) == t:
+            return
+        self._scheduled[inst.instance_id] = t
+        self._seq += 1
+        heapq.heappush(self._agenda, (t, self._seq, inst.instance_id))
+
+    def _next_agent_event(self) -> int | None:
+        """The time of the earliest agent event on the agenda (stale entries dropped)."""
+        while self._agenda:
+            t, _, iid = self._agenda[0]
+            if self._scheduled.get(iid) == t:
+                return t
+            heapq.heappop(self._agenda)
+        return None
+
+    def _run_agent_event(self) -> None:
+        """Run the earliest agent event (:meth:`_next_agent_event` said there is one)."""
+        t, _, iid = heapq.heappop(self._agenda)
+        del self._scheduled[iid]
+        inst = self._instances[iid]
+        agent = inst.agent
+        assert agent is not None
+        end = inst.end()
+        if end is not None and end <= t:
+            self._kill_agent(inst, end)
+            return
+        agent.on_event(t)
+        self._after_agent(inst, t)
+
+    def _after_agent(self, inst: _Inst, t: int) -> None:
+        """Apply what the agent did at ``t``: its exit ends the instance (exit 0 always; another code
+        unless a preemption notice is running: the cloud then takes the instance at its deadline)."""
+        agent = inst.agent
+        assert agent is not None
+        if not agent.running:
+            self._agents.discard(inst.instance_id)
+            if agent.exit_code is not None and inst.exited is None:
+                inst.exit_code = agent.exit_code
+                inst.exited = t
+                noticed = inst.notice is not None and inst.notice <= t and inst.preempt is not None
+                if (agent.exit_code == 0 or not noticed) and self._alive(inst, t):
+                    inst.terminated = t
+                    self._live.discard(inst.instance_id)
+        self._schedule(inst)
+
+    def _kill_agent(self, inst: _Inst, t: int) -> None:
+        if inst.agent is not None and inst.agent.running:
+            inst.agent.kill(t)
+        self._agents.discard(inst.instance_id)
+        self._scheduled.pop(inst.instance_id, None)
+
+    def _catch_up(self) -> None:
+        """Run every agent event up to now (when the clock was moved without :meth:`run_until`)."""
+        now = self.clock.micros()
+        while (t := self._next_agent_event()) is not None and t <= now:
+            self._run_agent_event()
+
+    def _sync_agents(self, t: int) -> None:
+        """Every running agent looks at its checkpoint location now (requests, claims)."""
+        for iid in sorted(self._agents):
+            inst = self._instances[iid]
+            end = inst.end()
+            if end is not None and end <= t:
+                self._kill_agent(inst, end)
+                continue
+            agent = inst.agent
+            assert agent is not None
+            agent.sync(t)
+            self._after_agent(inst, t)
 
     def _on_notice(self, inst: _Inst, t: int) -> None:
         if not self.config.checkpoint_on_notice or inst.workload is None or inst.notice_checkpointed:
@@ -677,6 +907,20 @@ class SimCloud:
             return
         inst.notice_checkpointed = True
         inst.workload.checkpoint(t, then_stop=True)
+
+
+class SimServiceClock:
+    """A :class:`costopt.clock.ServiceClock` on a simulated cloud, offline: ``now`` is its simulated time and
+    ``sleep(seconds)`` advances it by that much (its agents and events run on the way)."""
+
+    def __init__(self, cloud: SimCloud) -> None:
+        self.cloud = cloud
+
+    def now(self) -> datetime:
+        return self.cloud.now()
+
+    def sleep(self, seconds: float) -> None:
+        self.cloud.sleeper()(seconds)
 
 
 def sim_factory(config: SimConfig | None = None) -> _Factory:

@@ -16,9 +16,14 @@ from costopt.agent.contract import (
     ENV_CHECKPOINT_URI,
     ENV_EPOCH,
     ENV_JOB_ID,
+    ENV_JOB_STEPS,
+    ENV_JOB_TYPE,
     ENV_NOTICE_FILE,
     ENV_NOTICE_SOURCE,
+    ENV_STEPS_PER_SECOND,
+    JOB_VARIABLES,
     contract_env,
+    job_env,
 )
 from costopt.agent.core import Agent
 from costopt.agent.errors import AgentConfigError, AgentError, CheckpointError, ForeignCheckpoint, StaleEpoch
@@ -33,8 +38,12 @@ __all__ = [
     "ENV_CHECKPOINT_URI",
     "ENV_EPOCH",
     "ENV_JOB_ID",
+    "ENV_JOB_STEPS",
+    "ENV_JOB_TYPE",
     "ENV_NOTICE_FILE",
     "ENV_NOTICE_SOURCE",
+    "ENV_STEPS_PER_SECOND",
+    "JOB_VARIABLES",
     "NOTICE_SECONDS",
     "Agent",
     "AgentConfigError",
@@ -50,5 +59,6 @@ __all__ = [
     "Storage",
     "audit",
     "contract_env",
+    "job_env",
     "open_storage",
 ]

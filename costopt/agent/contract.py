@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 ENV_JOB_ID = "COSTOPT_JOB_ID"
 ENV_CHECKPOINT_URI = "COSTOPT_CHECKPOINT_URI"
 ENV_EPOCH = "COSTOPT_EPOCH"
@@ -12,7 +14,18 @@ ENV_NOTICE_SOURCE = "COSTOPT_NOTICE_SOURCE"
 ENV_CHECKPOINT_MARGIN = "COSTOPT_CHECKPOINT_MARGIN"
 """Optional: seconds before a notice's deadline by which the checkpoint must be finished (default 5)."""
 
+ENV_JOB_STEPS = "COSTOPT_JOB_STEPS"
+"""Optional: the job's total steps (a positive integer); the service sets it for every job it submits. The
+simulated cloud runs an agent only for a spec that carries it (it must know when the job is done)."""
+ENV_JOB_TYPE = "COSTOPT_JOB_TYPE"
+"""Optional: the job's type in the throughput catalog (e.g. ``ResNet-50 (batch size 128)``); the simulated
+cloud's throughput for the job on each offer comes from the catalog."""
+ENV_STEPS_PER_SECOND = "COSTOPT_STEPS_PER_SECOND"
+"""Optional: the job's own throughput (steps/s, > 0) for jobs submitted with it; wins over the catalog."""
+
 CONTRACT_VARIABLES = (ENV_JOB_ID, ENV_CHECKPOINT_URI, ENV_EPOCH)
+JOB_VARIABLES = (ENV_JOB_STEPS, ENV_JOB_TYPE, ENV_STEPS_PER_SECOND)
+"""The optional variables describing the work (how much, what kind, how fast), beyond the contract."""
 
 
 def contract_env(job_id: str, checkpoint_uri: str, epoch: int) -> dict[str, str]:
@@ -24,3 +37,20 @@ def contract_env(job_id: str, checkpoint_uri: str, epoch: int) -> dict[str, str]
     if epoch < 1:
         raise ValueError(f"fencing epochs start at 1, got {epoch}")
     return {ENV_JOB_ID: job_id, ENV_CHECKPOINT_URI: checkpoint_uri, ENV_EPOCH: str(int(epoch))}
+
+
+def job_env(steps: int, *, job_type: str | None = None, steps_per_second: float | None = None) -> dict[str, str]:
+    """The optional job variables (:data:`JOB_VARIABLES`) a service puts in a job's ``env``: its total
+    ``steps`` (> 0), its catalog type and its own throughput (steps/s, > 0) when given."""
+    if isinstance(steps, bool) or int(steps) != steps or steps < 1:
+        raise ValueError(f"a job's steps must be a positive integer, got {steps!r}")
+    env = {ENV_JOB_STEPS: str(int(steps))}
+    if job_type is not None:
+        if not job_type.strip():
+            raise ValueError("job type must not be empty")
+        env[ENV_JOB_TYPE] = job_type.strip()
+    if steps_per_second is not None:
+        if not (steps_per_second > 0 and math.isfinite(steps_per_second)):
+            raise ValueError(f"steps per second must be a finite number > 0, got {steps_per_second!r}")
+        env[ENV_STEPS_PER_SECOND] = repr(float(steps_per_second))
+    return env

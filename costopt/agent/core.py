@@ -363,6 +363,22 @@ class Agent:
         self._record("step", step=int(step), **fields)
         self._flush()
 
+    def report_steps(self, first: int, last: int, **fields: Any) -> None:
+        """Record that every training step from ``first`` to ``last`` (1-based, inclusive) is complete, in
+        one record (``{"event": "step", "step": last, "first": first}``): for loops that log coarsely
+        (the simulated cloud's agents). The audit counts each step of the range."""
+        first, last = int(first), int(last)
+        if not 1 <= first <= last:
+            raise CheckpointError(f"a step range needs 1 <= first <= last, got {first}..{last}")
+        self._ensure_started()
+        n = last - first + 1
+        now = self.clock()
+        if self._last_report_at is not None:
+            self._step_seconds = max(0.0, now - self._last_report_at) / n
+        self._last_report_at = now
+        self._record("step", step=last, first=first, **fields)
+        self._flush()
+
     def finish(self, step: int, **fields: Any) -> None:
         """Record that the job reached its goal at ``step`` (after its final checkpoint)."""
         self._ensure_started()

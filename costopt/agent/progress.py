@@ -5,7 +5,8 @@ Every copy of a job (a *run*: one process, one fencing epoch) appends JSON lines
 
 - ``start``: the run began; ``restored_step`` / ``restored_epoch`` / ``restored_run`` name the
   checkpoint it resumed from (0 / None when it started from scratch);
-- ``step``: one training step completed (``step`` is its 1-based number);
+- ``step``: training step ``step`` (1-based) completed; with ``first``, every step from ``first`` to
+  ``step`` (one record for many: :meth:`Agent.report_steps`, the simulated cloud's coarse logs);
 - ``checkpoint``: a checkpoint of ``step`` was published (``request_id`` when it served a request);
 - ``stale``: a checkpoint was refused because a newer epoch owns the job;
 - ``notice``: a preemption notice arrived (``deadline``);
@@ -72,7 +73,8 @@ class Run:
     restored_epoch: int | None = None
     restored_run: str | None = None
     has_start: bool = False
-    executed: list[int] = field(default_factory=list)
+    executed: list[tuple[int, int]] = field(default_factory=list)
+    """Steps executed, as inclusive ranges ``(first, last)`` in logging order."""
     checkpoints: list[tuple[int, float]] = field(default_factory=list)
     refused: list[int] = field(default_factory=list)
     notices: int = 0
@@ -82,7 +84,11 @@ class Run:
 
     @property
     def last_step(self) -> int:
-        return max(self.executed, default=self.restored_step)
+        return max((hi for _, hi in self.executed), default=self.restored_step)
+
+    @property
+    def steps_executed(self) -> int:
+        return sum(hi - lo + 1 for lo, hi in self.executed)
 
 
 def runs_of(records: Iterable[dict[str, Any]]) -> dict[str, Run]:
@@ -105,7 +111,10 @@ def runs_of(records: Iterable[dict[str, Any]]) -> dict[str, Run]:
             run.restored_epoch = rec.get("restored_epoch")
             run.restored_run = rec.get("restored_run")
         elif ev == "step":
-            run.executed.append(int(rec["step"]))
+            last = int(rec["step"])
+            first = int(rec.get("first", last))
+            if first <= last:
+                run.executed.append((first, last))
         elif ev == "checkpoint":
             run.checkpoints.append((int(rec["step"]), t))
         elif ev == "stale":
@@ -166,7 +175,7 @@ def audit(records: Iterable[dict[str, Any]], steps_requested: int | None = None)
     """Check from progress records that the job did exactly ``steps_requested`` steps (see module doc)."""
     runs = runs_of(records)
     problems: list[str] = []
-    total_executed = sum(len(r.executed) for r in runs.values())
+    total_executed = sum(r.steps_executed for r in runs.values())
     if not runs:
         return ProgressAudit(steps_requested, 0, 0, 0, 0, False, False, True, 0, (), ("no progress records",))
 
@@ -183,7 +192,7 @@ def audit(records: Iterable[dict[str, Any]], steps_requested: int | None = None)
         finished = False
         problems.append("no run reached the end (no 'done' record)")
 
-    counted: Counter[int] = Counter()
+    counted: list[tuple[int, int]] = []  # inclusive ranges of counted executions
     repeated = 0
     rerun = 0
     lost = 0
@@ -194,12 +203,15 @@ def audit(records: Iterable[dict[str, Any]], steps_requested: int | None = None)
     while cur is not None and cur.run_id not in lineage:
         lineage.append(cur.run_id)
         r = cur.restored_step
-        for s in cur.executed:
-            if s <= r:
-                rerun += 1
-                problems.append(f"run {cur.run_id} ran step {s} again after restoring step {r}")
-            elif s <= cur_end:
-                counted[s] += 1
+        for lo, hi in cur.executed:
+            if lo <= r:
+                n = min(hi, r) - lo + 1
+                rerun += n
+                what = f"step {lo}" if n == 1 else f"steps {lo}..{lo + n - 1}"
+                problems.append(f"run {cur.run_id} ran {what} again after restoring step {r}")
+            a, b = max(lo, r + 1), min(hi, cur_end)
+            if a <= b:
+                counted.append((a, b))
         lost += _discarded(cur, runs, problems)
         if cur.restored_run is None:
             if r == 0:
@@ -215,16 +227,21 @@ def audit(records: Iterable[dict[str, Any]], steps_requested: int | None = None)
             problems.append(f"run {prev.run_id} has no checkpoint record of step {r}, restored by run {cur.run_id}")
         cur, cur_end = prev, r
 
-    for s, c in counted.items():
-        if c > 1:
-            repeated += c - 1
-            problems.append(f"step {s} counted {c} times")
+    gaps: list[int] = []
+    n_gaps = 0
+    for lo, hi, c in _coverage(counted, 1, end):
+        if c == 0:
+            n_gaps += hi - lo + 1
+            gaps.extend(range(lo, min(hi, lo + 4) + 1)[: 5 - len(gaps)])
+        elif c > 1:
+            repeated += (c - 1) * (hi - lo + 1)
+            what = f"step {lo}" if lo == hi else f"steps {lo}..{hi}"
+            problems.append(f"{what} counted {c} times")
     repeated += rerun
-    gaps = [s for s in range(1, end + 1) if s not in counted]
-    if gaps:
-        lost += len(gaps)
-        problems.append(f"{len(gaps)} step(s) missing from the lineage, first {gaps[:5]}")
-    steps_done = sum(counted.values()) + rerun
+    if n_gaps:
+        lost += n_gaps
+        problems.append(f"{n_gaps} step(s) missing from the lineage, first {gaps[:5]}")
+    steps_done = sum(b - a + 1 for a, b in counted) + rerun
 
     ckpts = sorted((t, run.epoch, step) for run in runs.values() for step, t in run.checkpoints)
     monotonic = all(a[2] <= b[2] for a, b in itertools.pairwise(ckpts))
@@ -244,6 +261,29 @@ def audit(records: Iterable[dict[str, Any]], steps_requested: int | None = None)
         lineage=tuple(reversed(lineage)),
         problems=tuple(problems),
     )
+
+
+def _coverage(ranges: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """How many of ``ranges`` (inclusive) cover each step of ``[lo, hi]``: ``(first, last, count)``
+    segments in order, counts >= 0; ranges reaching outside ``[lo, hi]`` count only inside it (a step
+    counted beyond ``hi`` is still reported as repeated when counted twice)."""
+    bounds: Counter[int] = Counter()
+    for a, b in ranges:
+        bounds[a] += 1
+        bounds[b + 1] -= 1
+    points = sorted(set(bounds) | {lo, hi + 1})
+    out: list[tuple[int, int, int]] = []
+    c = 0
+    for x, nxt in itertools.pairwise(points):
+        c += bounds[x]
+        if x > hi or nxt - 1 < lo:
+            if c > 1:
+                out.append((x, nxt - 1, c))
+            continue
+        a, b = max(x, lo), min(nxt - 1, hi)
+        if a <= b:
+            out.append((a, b, c))
+    return out
 
 
 def _discarded(cur: Run, runs: dict[str, Run], problems: list[str]) -> int:

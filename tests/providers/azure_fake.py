@@ -82,6 +82,7 @@ class FakeArm:
         self.puts: list[tuple[str, dict[str, Any]]] = []
         self.fail_put: dict[str, Any] | None = None  # {"status", "body"} answered to the next VM PUT
         self.fail_operation: dict[str, Any] | None = None  # failed LRO result of the next VM PUT
+        self.serial: dict[str, str] = {}  # serial console log per VM name (boot diagnostics)
         self.lock = threading.Lock()
         fake = self
 
@@ -91,6 +92,9 @@ class FakeArm:
 
             def do_PUT(self) -> None:
                 fake.handle(self, "PUT")
+
+            def do_POST(self) -> None:
+                fake.handle(self, "POST")
 
             def do_DELETE(self) -> None:
                 fake.handle(self, "DELETE")
@@ -139,6 +143,9 @@ class FakeArm:
         query = parse_qs(parts.query)
         with self.lock:
             self.requests.append((method, parts.path))
+        if parts.path.startswith("/blobs/") and method == "GET":  # a boot-diagnostics blob, read by its SAS
+            self.blob(h, parts.path.split("/")[2], query)
+            return
         if h.headers.get("Authorization") != f"Bearer {TOKEN}":
             self.send(h, 401, {"error": {"code": "AuthenticationFailed", "message": "no bearer token"}})
             return
@@ -164,6 +171,20 @@ class FakeArm:
             self.send(h, 200, {"value": [self.view(path + "/" + n, r, expand) for n, r in store.items()]})
             return
         name = rest[2]
+        if method == "POST" and rest[3:] == ["retrieveBootDiagnosticsData"]:
+            if name not in store:
+                self.send(h, 404, {"error": {"code": "ResourceNotFound", "message": f"{name} not found"}})
+                return
+            blob = f"{self.url}/blobs/{name}/serialconsole.log?sv=2020-08-04&sig=fake"
+            self.send(
+                h,
+                200,
+                {
+                    "consoleScreenshotBlobUri": blob.replace("serialconsole.log", "screenshot.bmp"),
+                    "serialConsoleLogBlobUri": blob,
+                },
+            )
+            return
         if method == "GET":
             if name not in store:
                 msg = f"The Resource '{kind}/{name}' under resource group '{RG}' was not found."
@@ -200,6 +221,23 @@ class FakeArm:
             store[name]["properties"]["provisioningState"] = "Deleting"
             op = self.new_op("delete", (kind, name))
             self.send(h, 202, None, {"Location": f"{self.url}/operations/{op}/result", "Retry-After": "0"})
+
+    def blob(self, h: BaseHTTPRequestHandler, name: str, query: dict[str, list[str]]) -> None:
+        """The serial console log blob of VM ``name``: 403 without a SAS signature, 404 before any output."""
+        if query.get("sig") != ["fake"]:
+            self.send(h, 403, {"error": {"code": "AuthenticationFailed", "message": "no SAS signature"}})
+            return
+        with self.lock:
+            text = self.serial.get(name)
+        if text is None:
+            self.send(h, 404, {"error": {"code": "BlobNotFound", "message": "The specified blob does not exist."}})
+            return
+        body = text.encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "text/plain")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
 
     def poll(self, h: Any, op_id: str, location: bool) -> None:
         op = self.ops[op_id]

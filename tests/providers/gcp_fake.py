@@ -33,6 +33,7 @@ T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 _BASE = r"^/compute/v1/projects/(?P<project>[^/]+)"
 INSTANCES = re.compile(_BASE + r"/zones/(?P<zone>[^/]+)/instances$")
 INSTANCE = re.compile(_BASE + r"/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)$")
+SERIAL = re.compile(_BASE + r"/zones/(?P<zone>[^/]+)/instances/(?P<name>[^/]+)/serialPort$")
 AGGREGATED = re.compile(_BASE + r"/aggregated/instances$")
 OPERATIONS = re.compile(_BASE + r"/zones/(?P<zone>[^/]+)/operations$")
 OPERATION = re.compile(_BASE + r"/zones/(?P<zone>[^/]+)/operations/(?P<op>[^/]+)$")
@@ -101,6 +102,8 @@ class FakeCompute:
     requests: list[tuple[str, str, dict[str, list[str]]]] = field(default_factory=list)
     insert_failures: list[str] = field(default_factory=list)
     get_failures: list[str] = field(default_factory=list)
+    serial: dict[tuple[str, str], str] = field(default_factory=dict)
+    """Serial console text per (zone, name): what the instance wrote on port 1."""
     hold_operations: bool = False
     zone_lists: int = 0
     clock: datetime = T0
@@ -165,6 +168,11 @@ class FakeCompute:
                     if _matches(i, flt):
                         scoped.setdefault(f"zones/{z}", {"instances": []})["instances"].append(i)
                 return 200, {"kind": "compute#instanceAggregatedList", "id": "x", "items": scoped}
+            if (m := SERIAL.match(path)) and method == "GET":
+                if (m["zone"], m["name"]) not in self.instances:
+                    return self._error("not_found", zone=m["zone"], name=m["name"])
+                text = self.serial.get((m["zone"], m["name"]), "")
+                return 200, {"kind": "compute#serialPortOutput", "contents": text, "start": "0", "next": str(len(text))}
             if m := INSTANCE.match(path):
                 zone, name = m["zone"], m["name"]
                 if self.get_failures and method == "GET":

@@ -5,7 +5,9 @@ clients against the local fakes. One test per contract, parametrized over the pr
 - launch by token: one instance per token, also for a restarted provider object;
 - terminate: idempotent, an unknown id is not an error;
 - list(tags): exact tags, only costopt's instances, every existing instance in any state (stopped ones
-  too), ended ones never after ENDED_RETENTION, oldest launch first.
+  too), ended ones never after ENDED_RETENTION, oldest launch first;
+- output: the instance's console, the last lines with ``tail``; exit_code: None while the job runs, 0 once it
+  finished (on the providers that know: sim and local).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pandas as pd
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
+from costopt.agent import job_env
 from costopt.cloud import (
     ACTIVE_STATES,
     ENDED_RETENTION,
@@ -49,6 +52,7 @@ TAG_EPOCH = "costopt-epoch"
 PROVIDERS = ("sim", "local", "aws", "gcp", "azure")
 SIM_START = datetime(2026, 3, 2, tzinfo=UTC)
 SLEEPER = "import time\nwhile True:\n    time.sleep(0.05)\n"
+PRINTER = "import sys\nfor i in (1, 2, 3):\n    print('hello', i)\nprint('oops on stderr', file=sys.stderr)\n"
 
 
 @dataclass
@@ -69,6 +73,13 @@ class Harness:
     """Stop an instance as its owner would (the cloud keeps it, with its disks); None: no such state."""
     foreign: Callable[[dict[str, str]], str] | None = None
     """Make an instance costopt did not launch, carrying these tags; returns its id."""
+    console: Callable[[str], list[str]] = lambda instance_id: []
+    """Let the instance launched with :meth:`console_spec` write its console (or write it as the cloud would);
+    returns what must appear in its output, line by line, in order."""
+    console_env: dict[str, str] | None = None
+    console_command: tuple[str, ...] | None = None
+    exits: bool = False
+    """The provider knows the job's exit code (its console job finishes: TERMINATED with exit code 0)."""
 
     def spec(self, job: str, epoch: int) -> LaunchSpec:
         return LaunchSpec(
@@ -76,6 +87,16 @@ class Harness:
             command=(sys.executable, "-c", SLEEPER),
             env={"COSTOPT_JOB_ID": job, "COSTOPT_EPOCH": str(epoch), "COSTOPT_CHECKPOINT_URI": f"/tmp/ckpt/{job}"},
             tags={TAG_JOB: job, TAG_EPOCH: str(epoch)},
+        )
+
+    def console_spec(self, job: str) -> LaunchSpec:
+        """A launch whose job writes to its console (and, on sim and local, finishes)."""
+        base = self.spec(job, 1)
+        return LaunchSpec(
+            offer=base.offer,
+            command=self.console_command or base.command,
+            env={**base.env, **(self.console_env or {})},
+            tags=base.tags,
         )
 
 
@@ -103,7 +124,16 @@ def _sim() -> Harness:
     def age(d: timedelta) -> None:
         cloud.clock.advance(d)
 
-    return Harness(provider=cloud, offer=offer, unknown_id="sim-000000000000", settle=settle, age=age)
+    return Harness(
+        provider=cloud,
+        offer=offer,
+        unknown_id="sim-000000000000",
+        settle=settle,
+        age=age,
+        console_env=job_env(100, steps_per_second=10.0),  # the simulated agent trains 10 s, then finishes
+        console=lambda iid: ["boot: job", "start: epoch 1, from scratch", "done: step 100", "exit 0: finished"],
+        exits=True,
+    )
 
 
 def _local(tmp_path: Path) -> Harness:
@@ -118,12 +148,21 @@ def _local(tmp_path: Path) -> Harness:
     def age(d: timedelta) -> None:
         offset[0] += d.total_seconds()
 
+    provider = make()
+
+    def console(instance_id: str) -> list[str]:
+        provider.wait(instance_id, 20.0)
+        return ["hello 1", "hello 2", "hello 3", "oops on stderr"]
+
     return Harness(
-        provider=make(),
+        provider=provider,
         offer=OfferKey(Cloud.LOCAL, "local", "", "cpu-1", Market.ON_DEMAND),
         unknown_id="local-000000000000",
         restart=make,
         age=age,
+        console_command=(sys.executable, "-c", PRINTER),
+        console=console,
+        exits=True,
     )
 
 
@@ -164,6 +203,7 @@ def _aws(moto_url: str, dl_ami: str) -> Harness:
         age=age,
         stop=stop,
         foreign=foreign,
+        console=lambda iid: ["Linux version"],  # moto's EC2 answers a fixed sample console
     )
 
 
@@ -189,6 +229,11 @@ def _gcp(fake: FakeCompute) -> Harness:
         fake.add_instance(ZONE, name, status="RUNNING", labels=labels)
         return f"{ZONE}/{name}"
 
+    def console(instance_id: str) -> list[str]:
+        zone, name = instance_id.split("/")
+        fake.serial[(zone, name)] = "boot\nhello 1\nhello 2\n"
+        return ["boot", "hello 1", "hello 2"]
+
     return Harness(
         provider=make(),
         offer=OfferKey(Cloud.GCP, "us-central1", ZONE, "g2-standard-4", Market.ON_DEMAND),
@@ -196,6 +241,7 @@ def _gcp(fake: FakeCompute) -> Harness:
         restart=make,
         stop=stop,
         foreign=foreign,
+        console=console,
     )
 
 
@@ -217,6 +263,11 @@ def _azure(arm: FakeArm, ca_file: str) -> Harness:
         }
         return name
 
+    def console(instance_id: str) -> list[str]:
+        with arm.lock:
+            arm.serial[instance_id] = "boot\nhello 1\nhello 2\n"
+        return ["boot", "hello 1", "hello 2"]
+
     return Harness(
         provider=make(),
         offer=OfferKey(Cloud.AZURE, "eastus", "1", "Standard_NC6s_v3", Market.ON_DEMAND),
@@ -224,6 +275,7 @@ def _azure(arm: FakeArm, ca_file: str) -> Harness:
         restart=make,
         stop=stop,
         foreign=foreign,
+        console=console,
     )
 
 
@@ -372,3 +424,39 @@ def test_describe_after_launch_keeps_offer_and_tags(harness: Harness, job: str) 
     )
     assert tags_match(now.tags, {TAG_JOB: job, TAG_EPOCH: "3"})
     assert now.state in ACTIVE_STATES
+
+
+# --------------------------------------------------------------------------- output, exit code
+
+
+def test_output_is_the_instances_console_and_tail_keeps_its_last_lines(harness: Harness, job: str) -> None:
+    provider = harness.provider
+    inst = provider.launch(harness.console_spec(job), f"{job}:1")
+    harness.settle()
+    expected = harness.console(inst.instance_id)
+    text = provider.output(inst.instance_id)
+    lines = text.splitlines()
+    at = 0
+    for want in expected:
+        found = [i for i in range(at, len(lines)) if want in lines[i]]
+        assert found, f"{want!r} not in the output after line {at}: {lines}"
+        at = found[0] + 1
+    assert text.endswith("\n")
+    assert provider.output(inst.instance_id, tail=2) == "".join(line + "\n" for line in lines[-2:])
+    assert provider.output(inst.instance_id, tail=0) == ""
+    with pytest.raises(ValueError):
+        provider.output(inst.instance_id, tail=-1)
+    with pytest.raises(NotFoundError):
+        provider.output(harness.unknown_id)
+    if harness.exits:
+        done = provider.describe(inst.instance_id)
+        assert done.state is InstanceState.TERMINATED and done.exit_code == 0
+
+
+def test_a_running_instance_has_no_exit_code(harness: Harness, job: str) -> None:
+    provider = harness.provider
+    inst = provider.launch(harness.spec(job, 1), f"{job}:1")
+    assert inst.exit_code is None
+    harness.settle()
+    running = provider.describe(inst.instance_id)
+    assert running.state in ACTIVE_STATES and running.exit_code is None
