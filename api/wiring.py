@@ -56,11 +56,11 @@ def source_intervals(settings: Settings) -> dict[str, float]:
 
 def seed_paths(settings: Settings) -> list[Path]:
     """What an empty store is seeded from: the curated list prices, and the real data when present."""
-    from pricing.replay import seed_paths as replay_seed_paths
+    from pricing.importer import seed_paths as import_seed_paths
 
     if settings.data_dir is None:
         return [settings.catalog_dir / "list_prices.csv"]
-    return replay_seed_paths(settings.data_dir, settings.catalog_dir)
+    return import_seed_paths(settings.data_dir, settings.catalog_dir)
 
 
 def seed_catalog(store: PriceStore, settings: Settings) -> int:
@@ -77,7 +77,7 @@ def seed_catalog(store: PriceStore, settings: Settings) -> int:
 def seed_if_empty(store: PriceStore, settings: Settings) -> int:
     """Seed the catalog always (missing types only) and prices when the store holds none.
     Returns the number of change points inserted."""
-    from pricing.replay import import_paths
+    from pricing.importer import import_paths
 
     seed_catalog(store, settings)
     if store.count_points() > 0:

@@ -29,7 +29,7 @@ from costopt.migration.decision import MigrationRule, OfferQuote, RunningJob, ch
 from costopt.planning.model import Location
 from costopt.settings import Settings
 from costopt.throughput.loaders import GAVEL_ORACLE_FILE
-from pricing.replay import import_paths
+from pricing.importer import import_paths
 
 T = TypeVar("T")
 

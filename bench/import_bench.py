@@ -19,7 +19,7 @@ from sqlalchemy import Engine, text
 
 from costopt.db.engine import make_engine, migrate
 from costopt.settings import Settings
-from pricing.replay import import_paths
+from pricing.importer import import_paths
 from pricing.store import PriceStore
 
 PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"

@@ -38,7 +38,7 @@ def paper(
         run_paper_backtest,
     )
     from costopt.throughput.loaders import GAVEL_ORACLE_FILE
-    from pricing.replay import import_paths
+    from pricing.importer import import_paths
 
     settings = settings_with(data)
     if settings.data_dir is None:
@@ -98,7 +98,7 @@ def job(
     from costopt.backtest.job import run_job_backtest
     from costopt.backtest.paper import paper_price_files
     from costopt.ledger.prices import StepPrices
-    from pricing.replay import import_paths
+    from pricing.importer import import_paths
     from providers.sim import sim_factory
 
     t0 = parse_time(start, "--from")

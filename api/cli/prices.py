@@ -192,7 +192,7 @@ def import_(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from api.wiring import build_store
-    from pricing.replay import ImportReport, import_paths
+    from pricing.importer import ImportReport, import_paths
 
     settings = settings_with()
     reports: list[ImportReport] = []

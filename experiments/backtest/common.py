@@ -15,7 +15,7 @@ from api.wiring import build_store
 from costopt.backtest.paper import PaperInputs, load_paper_inputs, paper_price_files
 from costopt.settings import PROJECT_ROOT, Settings
 from costopt.throughput.loaders import GAVEL_ORACLE_FILE
-from pricing.replay import import_paths
+from pricing.importer import import_paths
 
 DOC = PROJECT_ROOT / "docs" / "backtest.md"
 FIGURES = PROJECT_ROOT / "docs" / "figures"

@@ -62,7 +62,7 @@ def history(points: list[tuple[dict[str, object], str, float]]) -> pd.DataFrame:
 def paper_inputs(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PaperInputs]:
     """The paper's prices imported into a scratch SQLite store, read back through the loader."""
     from api.wiring import build_store
-    from pricing.replay import import_paths
+    from pricing.importer import import_paths
 
     tmp = tmp_path_factory.mktemp("paper")
     settings = Settings(database_url=f"sqlite:///{tmp / 'store.db'}", data_dir=shared_data)

@@ -161,7 +161,7 @@ def week(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     """The 2020 AWS spot history in a scratch store (through the importer), read back as step prices
     for us-east-1 over the week, and the store itself."""
     from api.wiring import build_store
-    from pricing.replay import import_paths
+    from pricing.importer import import_paths
 
     tmp = tmp_path_factory.mktemp("job")
     store = build_store(Settings(database_url=f"sqlite:///{tmp / 'store.db'}", data_dir=shared_data))

@@ -1,6 +1,8 @@
-"""Replay importer: load recorded price files into the store (``costopt prices import PATH...``).
+"""The importer: detects the kind of each recorded price file and imports it into the store
+(``costopt prices import PATH...``, and the seed of an empty store).
 
-A file's kind is told by its content (JSON shape, CSV header), not by its name alone:
+A file's kind is told by its content (JSON shape, CSV header), not by its name alone. The kinds are a
+registry (:data:`KINDS`: name -> :class:`FileKind`, how it is told apart and parsed):
 
 - ``aws-spot-page``: a raw ``describe-spot-price-history`` JSON page, parsed by
   :func:`pricing.aws_pages.parse_spot_page` (source ``aws-spot``, as the live collector). A page with a
@@ -55,6 +57,7 @@ from costopt.domain import (
     normalize_accelerator,
 )
 from costopt.errors import BadRecord, MalformedInput, NotPriceData
+from costopt.registry import Registry, UnknownName
 from pricing.aws_pages import LINUX_PRODUCTS, parse_spot_page, region_of_zone
 from pricing.azure import lookup_size
 from pricing.azure_sheets import (
@@ -70,7 +73,7 @@ from pricing.catalog import INSTANCE_COLUMNS, LIST_PRICES_FILE, PRICE_COLUMNS, l
 from pricing.ingest import KEY_COLUMNS
 from pricing.store import PriceStore, points_frame
 
-log = logging.getLogger("costopt.pricing.replay")
+log = logging.getLogger("costopt.pricing.importer")
 
 # ----------------------------------------------------------------------------------------- kinds
 
@@ -80,8 +83,6 @@ AZURE_SHEET = "azure-sheet"
 AZURE_CSV = "azure-daily-csv"
 GCP_CSV = "gcp-history-csv"
 LIST_PRICES = "list-prices"
-PRICE_KINDS: frozenset[str] = frozenset({AWS_PAGE, AWS_CSV, AZURE_SHEET, AZURE_CSV, GCP_CSV, LIST_PRICES})
-"""The kinds of file the importer loads; any other kind is refused as not price data."""
 
 AWS_SOURCE = "aws-spot"
 GCP_SOURCE = "gcp-history"
@@ -111,25 +112,6 @@ GCP_CSV_COLUMNS = (
 PROBE_COLUMNS = ("probe_time_utc", "zone", "gpu_type", "gpu_count", "preemptible_usd_per_hour")
 MAPPING_COLUMNS = ("Instance", "GPU type", "# GPUs")
 MAPPING_FILE = "instance_mapping.csv"
-
-_CSV_KINDS: dict[frozenset[str], str] = {
-    frozenset(AWS_CSV_COLUMNS): AWS_CSV,
-    frozenset(AZURE_CSV_COLUMNS): AZURE_CSV,
-    frozenset(GCP_CSV_COLUMNS): GCP_CSV,
-    frozenset(PRICE_COLUMNS): LIST_PRICES,
-}
-_EXPECTED_HEADER: dict[str, tuple[str, ...]] = {
-    AWS_CSV: AWS_CSV_COLUMNS,
-    AZURE_CSV: AZURE_CSV_COLUMNS,
-    GCP_CSV: GCP_CSV_COLUMNS,
-    LIST_PRICES: PRICE_COLUMNS,
-}
-_NAME_PATTERNS: dict[str, str] = {
-    "aws_spot_price_history*.csv": AWS_CSV,
-    "azure_spot_price_daily*.csv": AZURE_CSV,
-    "gcp_gpu_vm_prices_history*.csv": GCP_CSV,
-    "list_prices*.csv": LIST_PRICES,
-}
 
 PROBES_REASON = (
     "GCP preemptible launch probes: the printed price is a formula of the collecting script "
@@ -196,6 +178,44 @@ class _Parsed:
     warnings_logged: bool = False  # the parser logged them already
 
 
+class UnknownFileKind(UnknownName):
+    """A file kind name that is not registered; the message lists the known kinds."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileKind:
+    """One kind of recorded price file: how it is told apart and how it is parsed.
+
+    A CSV kind is told by its exact ``header`` (any column order) or, for kinds told by the header's
+    shape (the Azure sheets: ``Date`` then size names), by ``header_shape``; a JSON kind by
+    ``json_shape`` on the parsed document, ``json_problem`` saying why a claimed document is malformed
+    (None: it is not). ``file_pattern`` is the usual file name (a glob), used to name the kind a CSV
+    with a wrong header was probably meant to be. ``parse`` parses strictly (all or nothing).
+    ``confirmed_at_file_time``: the file is an answer taken at one time, vouching for every price in it
+    as of then (see :func:`_confirmed_at_file_time`); otherwise each record keeps its own time.
+    """
+
+    name: str
+    description: str
+    parse: Callable[[Detected], _Parsed]
+    header: tuple[str, ...] | None = None
+    header_shape: Callable[[list[str]], bool] | None = None
+    json_shape: Callable[[Any], bool] | None = None
+    json_problem: Callable[[Any], str | None] | None = None
+    file_pattern: str | None = None
+    confirmed_at_file_time: bool = False
+
+
+KINDS: Registry[FileKind] = Registry("price file kind", error=UnknownFileKind)
+"""The kinds of file the importer loads (registered below, after their parsers); any other file is
+refused as not price data."""
+
+
+def _csv_headers() -> dict[str, tuple[str, ...]]:
+    """The exact header of each CSV kind told by its header."""
+    return {name: kind.header for name, kind in KINDS.items() if kind.header is not None}
+
+
 # ----------------------------------------------------------------------------------------- detection
 
 
@@ -223,10 +243,12 @@ def _detect_json(path: Path) -> Detected:
         cut = exc.pos >= len(text.rstrip())
         why = "the file ends early (truncated?)" if cut else "not valid JSON"
         return Detected(path, "json", malformed=f"{path}: {why}: {exc.msg} at line {exc.lineno} column {exc.colno}")
-    if isinstance(obj, dict) and "SpotPriceHistory" in obj:
-        if not isinstance(obj["SpotPriceHistory"], list):
-            return Detected(path, AWS_PAGE, malformed=f"{path}: 'SpotPriceHistory' is not a list")
-        return Detected(path, AWS_PAGE, payload=obj)
+    for name, kind in KINDS.items():
+        if kind.json_shape is not None and kind.json_shape(obj):
+            problem = kind.json_problem(obj) if kind.json_problem is not None else None
+            if problem is not None:
+                return Detected(path, name, malformed=f"{path}: {problem}")
+            return Detected(path, name, payload=obj)
     if isinstance(obj, dict) and obj and all(normalize_accelerator(str(k)) in KNOWN_ACCELERATORS for k in obj):
         gpus = ", ".join(sorted(str(k) for k in obj))
         return _refuse(
@@ -240,26 +262,29 @@ def _detect_json(path: Path) -> Detected:
     return _refuse(path, "json", f"{shape}, not a describe-spot-price-history page (no 'SpotPriceHistory' list)")
 
 
-def _looks_like_sheet(header: list[str]) -> bool:
+def _looks_like_sheet(header: Sequence[str]) -> bool:
     return len(header) > 1 and header[0] == "Date" and all(_SHEET_SIZE.match(c) for c in header[1:])
 
 
 def _near_kind(path: Path, header: list[str]) -> str | None:
     """The price kind a CSV with an unknown header was probably meant to be (by name or columns)."""
-    for pattern, kind in _NAME_PATTERNS.items():
-        if fnmatch.fnmatch(path.name.lower(), pattern):
-            return kind
+    headers = _csv_headers()
+    for name in headers:
+        pattern = KINDS.get(name).file_pattern
+        if pattern is not None and fnmatch.fnmatch(path.name.lower(), pattern):
+            return name
     cols = set(header)
-    best = max(_EXPECTED_HEADER.items(), key=lambda kv: len(cols & set(kv[1])) / len(kv[1]))
+    best = max(headers.items(), key=lambda kv: len(cols & set(kv[1])) / len(kv[1]))
     return best[0] if len(cols & set(best[1])) * 2 >= len(best[1]) else None
 
 
 def _detect_csv(path: Path, header: list[str]) -> Detected | None:
     """The kind of a file whose first line is ``header`` (None: not a known CSV header)."""
     cols = frozenset(header)
-    kind = _CSV_KINDS.get(cols)
-    if kind is not None and len(cols) == len(header):
-        return Detected(path, kind)
+    if len(cols) == len(header):
+        for name, expected in _csv_headers().items():
+            if frozenset(expected) == cols:
+                return Detected(path, name)
     if tuple(header) == PROBE_COLUMNS:
         return _refuse(path, "gcp-probes", PROBES_REASON)
     if tuple(header) == INSTANCE_COLUMNS:
@@ -268,8 +293,9 @@ def _detect_csv(path: Path, header: list[str]) -> Detected | None:
         return _refuse(
             path, "azure-mapping", "the Azure sheets' size -> GPU mapping (read when importing the sheets beside it)"
         )
-    if _looks_like_sheet(header):
-        return Detected(path, AZURE_SHEET)
+    for name, kind in KINDS.items():
+        if kind.header_shape is not None and kind.header_shape(header):
+            return Detected(path, name)
     return None
 
 
@@ -312,11 +338,11 @@ def detect(path: Path) -> Detected:
         if suffix == ".csv":
             near = _near_kind(path, header)
             if near is not None:
-                expected = ",".join(_EXPECTED_HEADER[near])
+                expected = ",".join(_csv_headers()[near])
                 return Detected(
                     path, near, malformed=f"{path}: wrong header {','.join(header)!r} for {near}; expected {expected!r}"
                 )
-            known = "; ".join(",".join(h) for h in _EXPECTED_HEADER.values())
+            known = "; ".join(",".join(h) for h in _csv_headers().values())
             return _refuse(
                 path, "csv", f"a CSV with columns {','.join(header[:10])!r}, not a known price format (known: {known})"
             )
@@ -741,22 +767,72 @@ def _confirmed_at_file_time(parsed: _Parsed, path: Path) -> _Parsed:
 
 
 def _parse(found: Detected) -> _Parsed:
-    path = found.path
-    if found.kind == AWS_PAGE:
-        return _confirmed_at_file_time(_parse_aws_page(found), path)
-    if found.kind == AWS_CSV:
-        return _confirmed_at_file_time(_parse_aws_csv(path), path)
-    if found.kind == AZURE_SHEET:
-        return _parse_azure_sheet(path)
-    if found.kind == AZURE_CSV:
-        return _parse_azure_csv(path)
-    if found.kind == GCP_CSV:
-        # The history records change points only (removals are not recorded): every key is taken
-        # to be offered still at the file's last snapshot.
-        return _confirmed_at_file_time(_parse_gcp_csv(path), path)
-    if found.kind == LIST_PRICES:
-        return _parse_list_prices(path)
-    raise NotPriceData(f"{path}: not price data ({found.kind})")  # pragma: no cover - detect() guards this
+    if found.kind not in KINDS:  # pragma: no cover - detect() only names registered kinds for price data
+        raise NotPriceData(f"{found.path}: not price data ({found.kind})")
+    kind = KINDS.get(found.kind)
+    parsed = kind.parse(found)
+    return _confirmed_at_file_time(parsed, found.path) if kind.confirmed_at_file_time else parsed
+
+
+# ----------------------------------------------------------------------------------------- the kinds
+
+
+def _spot_page_problem(obj: Any) -> str | None:
+    return None if isinstance(obj["SpotPriceHistory"], list) else "'SpotPriceHistory' is not a list"
+
+
+for _kind in (
+    FileKind(
+        AWS_PAGE,
+        "a raw describe-spot-price-history JSON page (a NextToken: imported, reported partial)",
+        _parse_aws_page,
+        json_shape=lambda obj: isinstance(obj, dict) and "SpotPriceHistory" in obj,
+        json_problem=_spot_page_problem,
+        confirmed_at_file_time=True,
+    ),
+    FileKind(
+        AWS_CSV,
+        "the normalized AWS spot history (one row = one price change)",
+        lambda found: _parse_aws_csv(found.path),
+        header=AWS_CSV_COLUMNS,
+        file_pattern="aws_spot_price_history*.csv",
+        confirmed_at_file_time=True,
+    ),
+    FileKind(
+        AZURE_SHEET,
+        "a hand-collected Azure sheet (Date,<size>,...; instance_mapping.csv in the folder above)",
+        lambda found: _parse_azure_sheet(found.path),
+        header_shape=_looks_like_sheet,
+    ),
+    FileKind(
+        AZURE_CSV,
+        "the normalized Azure daily prices",
+        lambda found: _parse_azure_csv(found.path),
+        header=AZURE_CSV_COLUMNS,
+        file_pattern="azure_spot_price_daily*.csv",
+    ),
+    # The GCP history records change points only (removals are not recorded): every key is taken to be
+    # offered still at the file's last snapshot.
+    FileKind(
+        GCP_CSV,
+        "GCP GPU VM price change points (on-demand, and spot when filled)",
+        lambda found: _parse_gcp_csv(found.path),
+        header=GCP_CSV_COLUMNS,
+        file_pattern="gcp_gpu_vm_prices_history*.csv",
+        confirmed_at_file_time=True,
+    ),
+    FileKind(
+        LIST_PRICES,
+        "the curated list prices (data/catalog/list_prices.csv)",
+        lambda found: _parse_list_prices(found.path),
+        header=PRICE_COLUMNS,
+        file_pattern="list_prices*.csv",
+    ),
+):
+    KINDS.register(_kind.name, _kind)
+
+PRICE_KINDS: frozenset[str] = frozenset(KINDS.names())
+"""The kinds of file the importer loads; any other kind is refused as not price data."""
 
 
 def _named(path: Path, exc: BadRecord | MalformedInput) -> BadRecord | MalformedInput:

@@ -1,4 +1,4 @@
-"""Replay importer: real recorded files of ../shared/data into the store (SQLite and PostgreSQL),
+"""The importer: real recorded files of ../shared/data into the store (SQLite and PostgreSQL),
 detection by content, all-or-nothing refusal of malformed and bad files, idempotent re-imports."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 
 from costopt.domain import Cloud, InstanceType, Market, OfferKey
 from costopt.errors import BadRecord, MalformedInput, NotPriceData
-from pricing.replay import (
+from pricing.importer import (
     AWS_CSV,
     AWS_PAGE,
     AZURE_CSV,
@@ -575,3 +575,24 @@ def test_a_bad_file_fails_alone_and_the_other_files_are_imported(store: PriceSto
     assert reports[0].error is not None
     assert "negative price" in reports[0].error
     assert store.count_points() == reports[1].inserted == 5
+
+
+# --------------------------------------------------------------------------------------------- the kinds registry
+
+
+def test_the_kinds_are_one_registry_and_an_unknown_kind_lists_them(tmp_path: Path) -> None:
+    from pricing.importer import KINDS, PRICE_KINDS, UnknownFileKind
+
+    assert KINDS.names() == (AWS_PAGE, AWS_CSV, AZURE_SHEET, AZURE_CSV, GCP_CSV, LIST_PRICES)
+    assert frozenset(KINDS.names()) == PRICE_KINDS
+    with pytest.raises(UnknownFileKind) as info:
+        KINDS.get("aws-spot-pages")
+    assert info.value.close[0] == AWS_PAGE
+    assert all(name in str(info.value) for name in KINDS.names())
+    # every kind told by its header is detected from that header alone, in any column order
+    for name, kind in KINDS.items():
+        if kind.header is None:
+            continue
+        f = tmp_path / f"{name}.csv"
+        f.write_text(",".join(reversed(kind.header)) + "\n")
+        assert detect_kind(f) == name
