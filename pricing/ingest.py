@@ -15,11 +15,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from costopt.db.schema import offers as t_offers
 from costopt.db.schema import price_points as t_points
+from costopt.db.schema import price_repeats as t_repeats
+from costopt.db.types import db_value_to_ns
 from costopt.domain import MAX_SANE_USD_PER_HOUR, Cloud, Market
 from costopt.errors import BadRecord, StoreError
 from pricing.pgcopy import encode_binary_copy
@@ -33,19 +35,27 @@ _SQLITE_MAX_VARS = 30_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CLOUDS = frozenset(c.value for c in Cloud)
 _MARKETS = frozenset(m.value for m in Market)
+CHANGE, REPEAT, INCOMING = 0, 1, 2
+"""Where a row of a write's merge comes from: price_points, price_repeats, or the batch."""
 
 
 @dataclass(frozen=True, slots=True)
 class WriteResult:
-    """What one write did. ``inserted`` counts new change points; ``unchanged`` counts incoming
-    points that repeated the price in effect (they only confirmed it); ``corrected`` counts stored
-    points whose price a newer write replaced. Nothing stored is ever deleted by a write."""
+    """What one write did. ``inserted`` counts incoming points stored as new change points;
+    ``unchanged`` counts incoming points that repeated the price in effect (they only confirmed it,
+    and are kept as repeats); ``corrected`` counts stored observations whose price a newer write
+    replaced. A late older point can turn stored observations around it: ``restored`` counts
+    repeats that became change points again (another price now precedes them), ``superseded``
+    change points that became repeats (their price now starts earlier). No observation is ever
+    deleted by a write."""
 
     received: int
     inserted: int
     unchanged: int
     corrected: int
     offers_created: int
+    restored: int = 0
+    superseded: int = 0
 
 
 def dt_to_ns(dt: datetime) -> int:
@@ -165,7 +175,7 @@ class Ingestor:
 
     # -------------------------------------------------------------- offers
     def ensure_offers(self, keys: list[tuple[str, str, str, str, str]]) -> tuple[np.ndarray, np.ndarray, int]:
-        """Offer id and current valid_from (ns, -1 if none) per key, creating missing offers."""
+        """Offer id and newest stored observation time (ns, -1 if none) per key, creating missing offers."""
         known = self._lookup(keys)
         missing = [k for k in keys if k not in known]
         if missing:
@@ -184,15 +194,16 @@ class Ingestor:
                 )
             known.update(self._lookup(missing))
         ids = np.array([known[k][0] for k in keys], dtype=np.int64)
-        cur = np.array([known[k][1] for k in keys], dtype=np.int64)
-        return ids, cur, len(missing)
+        newest = np.array([known[k][1] for k in keys], dtype=np.int64)
+        return ids, newest, len(missing)
 
     def _lookup(self, keys: list[tuple[str, str, str, str, str]]) -> dict[tuple[str, ...], tuple[int, int]]:
         if not keys:
             return {}
         clouds = sorted({k[0] for k in keys})
         regions = sorted({k[1] for k in keys})
-        stmt = select(t_offers.c.id, *[t_offers.c[c] for c in KEY_COLUMNS], t_offers.c.current_valid_from)
+        newest = func.coalesce(t_offers.c.newest_valid_from, t_offers.c.current_valid_from)
+        stmt = select(t_offers.c.id, *[t_offers.c[c] for c in KEY_COLUMNS], newest)
         stmt = stmt.where(t_offers.c.cloud.in_(clouds))
         if len(regions) < 500:
             stmt = stmt.where(t_offers.c.region.in_(regions))
@@ -201,17 +212,20 @@ class Ingestor:
         for row in self.conn.execute(stmt):
             key = tuple(row[1:6])
             if key in wanted:
-                out[key] = (row[0], dt_to_ns(row[6]) if row[6] is not None else -1)
+                out[key] = (row[0], db_value_to_ns(row[6]) if row[6] is not None else -1)
         return out
 
     # -------------------------------------------------------------- stored context
-    def stored_context(self, offer_ids: np.ndarray, min_vf: np.ndarray, current: np.ndarray) -> pd.DataFrame:
-        """Stored points needed to detect change points of a batch: the current point of offers the
-        batch appends to, and every point from the one in effect at the batch's start on for
-        offers whose batch reaches back into stored history."""
-        has = current >= 0
-        append_ids = offer_ids[has & (min_vf > current)]
-        overlap = has & (min_vf <= current)
+    def stored_context(self, offer_ids: np.ndarray, min_vf: np.ndarray, newest: np.ndarray) -> pd.DataFrame:
+        """Stored observations needed to place a batch (columns offer_id, vf, price, source, kind).
+
+        For offers the batch only appends to (every point after the newest stored observation):
+        their current point. For offers whose batch reaches back into stored observations: the
+        change point in effect before the batch's start, then every change point and repeat from
+        there on (``kind`` :data:`CHANGE` or :data:`REPEAT`)."""
+        has = newest >= 0
+        append_ids = offer_ids[has & (min_vf > newest)]
+        overlap = has & (min_vf <= newest)
         frames = []
         if len(append_ids):
             frames.append(self._read_current(append_ids.tolist()))
@@ -247,17 +261,19 @@ class Ingestor:
                     params,
                 )
             )
-        return _rows_frame(rows)
+        return _rows_frame(rows, CHANGE)
 
     def _read_points(self, ids: list[int], lo_ns: int) -> pd.DataFrame:
-        """Points of ``ids`` from the one in effect at ``lo_ns`` on (the prior point, then all later)."""
+        """Change points of ``ids`` from the one in effect at ``lo_ns`` on (the prior point, then all
+        later), and their repeats from ``lo_ns`` on."""
         lo: Any = ns_to_dt(lo_ns) if self.dialect == "postgresql" else lo_ns // 1000
         ph = "%s" if self.dialect == "postgresql" else "?"
         ts = self._ts_sql("p.valid_from")
-        rows: list[tuple[Any, ...]] = []
+        changes: list[tuple[Any, ...]] = []
+        repeats: list[tuple[Any, ...]] = []
         for chunk in self._chunks(ids):
             cond, params = self._id_filter("offer_id", chunk)
-            rows.extend(
+            changes.extend(
                 self._raw(
                     f"SELECT p.offer_id, {ts}, p.usd_per_hour, p.source FROM price_points p"
                     f" JOIN (SELECT offer_id AS oid, max(valid_from) AS vf FROM price_points"
@@ -266,19 +282,27 @@ class Ingestor:
                     [*params, lo],
                 )
             )
-            rows.extend(
+            p_cond = cond.replace("offer_id", "p.offer_id")
+            changes.extend(
                 self._raw(
                     f"SELECT p.offer_id, {ts}, p.usd_per_hour, p.source FROM price_points p"
-                    f" WHERE {cond.replace('offer_id', 'p.offer_id')} AND p.valid_from >= {ph}",
+                    f" WHERE {p_cond} AND p.valid_from >= {ph}",
                     [*params, lo],
                 )
             )
-        return _rows_frame(rows)
+            repeats.extend(
+                self._raw(
+                    f"SELECT p.offer_id, {ts}, p.usd_per_hour, p.source FROM price_repeats p"
+                    f" WHERE {p_cond} AND p.valid_from >= {ph}",
+                    [*params, lo],
+                )
+            )
+        return pd.concat([_rows_frame(changes, CHANGE), _rows_frame(repeats, REPEAT)], ignore_index=True)
 
     # -------------------------------------------------------------- the write
     def write(self, batch: _Batch) -> WriteResult:
         received = len(batch.vf)
-        key_offer, key_current, created = self.ensure_offers(batch.keys)
+        key_offer, key_newest, created = self.ensure_offers(batch.keys)
         offer_id = key_offer[batch.key_code]
         # Confirmation and last source per offer (over every incoming row, duplicates included).
         order = np.lexsort((batch.vf, offer_id))
@@ -297,82 +321,147 @@ class Ingestor:
         keep = ~dup_next
         oid, vf, price, source = oid[keep], vf[keep], price[keep], source[keep]
         min_vf = vf[np.flatnonzero(np.r_[True, oid[1:] != oid[:-1]])]
-        current = _current_for(key_offer, key_current, offers_in_batch)
-        stored = self.stored_context(offers_in_batch, min_vf, current)
+        newest = _lookup_for(key_offer, key_newest, offers_in_batch)
+        stored = self.stored_context(offers_in_batch, min_vf, newest)
         # Merge stored and incoming rows; at equal (offer, time) the stored row comes first.
         s_oid = stored["offer_id"].to_numpy(dtype=np.int64)
         all_oid = np.concatenate([s_oid, oid])
         all_vf = np.concatenate([stored["vf"].to_numpy(dtype=np.int64), vf])
         all_price = np.concatenate([stored["price"].to_numpy(dtype=np.float64), price])
         all_source = np.concatenate([stored["source"].to_numpy(dtype=object), source])
-        is_stored = np.concatenate([np.ones(len(s_oid), dtype=bool), np.zeros(len(oid), dtype=bool)])
+        kind = np.concatenate([stored["kind"].to_numpy(dtype=np.int8), np.full(len(oid), INCOMING, dtype=np.int8)])
         if len(s_oid):
-            order = np.lexsort((~is_stored, all_vf, all_oid))
-            all_oid, all_vf, all_price, all_source, is_stored = (
+            order = np.lexsort((kind == INCOMING, all_vf, all_oid))
+            all_oid, all_vf, all_price, all_source, kind = (
                 all_oid[order],
                 all_vf[order],
                 all_price[order],
                 all_source[order],
-                is_stored[order],
+                kind[order],
             )
-        # An incoming row at a stored key: same price -> nothing to do; another price -> correction.
-        collide = np.r_[False, (all_oid[1:] == all_oid[:-1]) & (all_vf[1:] == all_vf[:-1])] & ~is_stored
+        # An incoming row at a stored key: same price -> nothing to do; another price -> correction
+        # (the stored twin takes the incoming price and source).
+        collide = np.r_[False, (all_oid[1:] == all_oid[:-1]) & (all_vf[1:] == all_vf[:-1])] & (kind == INCOMING)
         corr_idx = np.flatnonzero(collide & (all_price != np.r_[np.nan, all_price[:-1]]))
-        corrections = [(int(all_oid[i]), int(all_vf[i]), float(all_price[i]), str(all_source[i])) for i in corr_idx]
+        corrected = np.zeros(len(all_oid), dtype=bool)
         if len(corr_idx):
-            all_price[corr_idx - 1] = all_price[corr_idx]  # the stored twin takes the corrected price
+            all_price[corr_idx - 1] = all_price[corr_idx]
             all_source[corr_idx - 1] = all_source[corr_idx]
+            corrected[corr_idx - 1] = True
         m = ~collide
-        all_oid, all_vf, all_price, all_source, is_stored = (
+        all_oid, all_vf, all_price, all_source, kind, corrected = (
             all_oid[m],
             all_vf[m],
             all_price[m],
             all_source[m],
-            is_stored[m],
+            kind[m],
+            corrected[m],
         )
-        # An incoming point that repeats the price in effect before it (in the merged sequence)
-        # only confirms it. Nothing stored is ever removed: a stored repeat left behind by a late
-        # older point still records when that price was (re)announced, which a later write landing
-        # in between would otherwise lose. Writing the same batch again therefore changes nothing.
+        # Every observation is kept: a change point (the first of its offer, or another price than
+        # the observation before it) goes to price_points, any other to price_repeats. Stored rows
+        # move between the two when a late point or a correction changes what precedes them, so a
+        # late older point is resolved against every later observation (whatever the write order,
+        # the change points are those of all observations, the last write of each key winning).
         first = np.r_[True, all_oid[1:] != all_oid[:-1]]
-        changed = first | (all_price != np.r_[np.nan, all_price[:-1]])
-        new = ~is_stored & changed
-        self._insert(all_oid[new], all_vf[new], all_price[new], all_source[new])
-        for o, v, p, src in corrections:
-            self.conn.execute(
-                t_points.update()
-                .where(t_points.c.offer_id == o, t_points.c.valid_from == ns_to_dt(v))
-                .values(usd_per_hour=p, source=src)
+        change = first | (all_price != np.r_[np.nan, all_price[:-1]])
+        new = kind == INCOMING
+        was_change, was_repeat = kind == CHANGE, kind == REPEAT
+        demote = was_change & ~change
+        restore = was_repeat & change
+        self._delete(t_points.name, all_oid[demote], all_vf[demote])
+        self._delete(t_repeats.name, all_oid[restore], all_vf[restore])
+        to_points = (new | restore) & change
+        to_repeats = (new | demote) & ~change
+        self._insert(t_points.name, all_oid[to_points], all_vf[to_points], all_price[to_points], all_source[to_points])
+        self._insert(
+            t_repeats.name, all_oid[to_repeats], all_vf[to_repeats], all_price[to_repeats], all_source[to_repeats]
+        )
+        in_place = corrected & ~demote & ~restore
+        for table, rows in ((t_points.name, in_place & was_change), (t_repeats.name, in_place & was_repeat)):
+            self._update(table, all_oid[rows], all_vf[rows], all_price[rows], all_source[rows])
+        if len(corr_idx):
+            log.info("price store: %d stored price(s) corrected by a newer write", len(corr_idx))
+        if restore.any() or demote.any():
+            log.info(
+                "price store: %d observation(s) became change points again, %d change point(s) became repeats",
+                int(restore.sum()),
+                int(demote.sum()),
             )
-        if corrections:
-            log.info("price store: %d stored price(s) corrected by a newer write", len(corrections))
-        changed = is_stored | new  # the rows of the step function after this write
-        # Latest change point per offer of the batch (the step function after this write).
-        # It is complete: for appended offers it holds the stored current point and the new ones,
-        # for overlapping offers every stored point from the batch's start on (writers serialize).
-        k_oid, k_vf, k_price, k_src = all_oid[changed], all_vf[changed], all_price[changed], all_source[changed]
-        last_idx = np.r_[np.flatnonzero(k_oid[1:] != k_oid[:-1]), len(k_oid) - 1]
+        # Per offer of the batch after this write: the latest change point (current) and the newest
+        # observation. Complete: for appended offers the merge holds the stored current point and the
+        # new rows (all after every stored observation), for overlapping offers every stored
+        # observation from the batch's start on (writers serialize).
+        last_idx = np.r_[np.flatnonzero(all_oid[1:] != all_oid[:-1]), len(all_oid) - 1]
+        k_oid, k_vf, k_price, k_src = all_oid[change], all_vf[change], all_price[change], all_source[change]
+        last_change = np.r_[np.flatnonzero(k_oid[1:] != k_oid[:-1]), len(k_oid) - 1]
         latest = pd.DataFrame(
-            {"vf": k_vf[last_idx], "price": k_price[last_idx], "src": k_src[last_idx]}, index=k_oid[last_idx]
+            {"vf": k_vf[last_change], "price": k_price[last_change], "src": k_src[last_change]},
+            index=k_oid[last_change],
         ).reindex(offers_in_batch)
+        newest_after = pd.Series(all_vf[last_idx], index=all_oid[last_idx]).reindex(offers_in_batch)
         self._update_offers(
             offers_in_batch,
             latest["vf"].to_numpy(dtype=np.int64),
             latest["price"].to_numpy(dtype=np.float64),
             latest["src"].to_numpy(dtype=object),
+            newest_after.to_numpy(dtype=np.int64),
             conf_obs,
             last_source,
         )
-        inserted = int(new.sum())
+        inserted = int((new & change).sum())
         return WriteResult(
             received=received,
             inserted=inserted,
-            unchanged=received - inserted - len(corrections),
-            corrected=len(corrections),
+            unchanged=received - inserted - len(corr_idx),
+            corrected=len(corr_idx),
             offers_created=created,
+            restored=int(restore.sum()),
+            superseded=int(demote.sum()),
         )
 
-    def _insert(self, oid: np.ndarray, vf: np.ndarray, price: np.ndarray, source: np.ndarray) -> None:
+    def _keyed(self, oid: np.ndarray, vf: np.ndarray) -> tuple[list[int], list[Any]]:
+        """Offer ids and valid_from bind values (datetime on PostgreSQL, µs on SQLite) of some rows."""
+        if self.dialect == "postgresql":
+            return oid.tolist(), [ns_to_dt(v) for v in vf.tolist()]
+        return oid.tolist(), sqlite_us(vf).tolist()
+
+    def _delete(self, table: str, oid: np.ndarray, vf: np.ndarray) -> None:
+        """Delete rows of ``table`` (price_points or price_repeats) by key, in one statement."""
+        if not len(oid):
+            return
+        ids, vfs = self._keyed(oid, vf)
+        if self.dialect == "postgresql":
+            self.conn.exec_driver_sql(
+                f"DELETE FROM {table} t USING unnest(%s::int4[], %s::timestamptz[]) AS d(o, v)"
+                " WHERE t.offer_id = d.o AND t.valid_from = d.v",
+                (ids, vfs),
+            )
+        else:
+            self.conn.exec_driver_sql(
+                f"DELETE FROM {table} WHERE offer_id = ? AND valid_from = ?", list(zip(ids, vfs, strict=True))
+            )
+
+    def _update(self, table: str, oid: np.ndarray, vf: np.ndarray, price: np.ndarray, source: np.ndarray) -> None:
+        """Set price and source of rows of ``table`` by key (corrections), in one statement."""
+        if not len(oid):
+            return
+        ids, vfs = self._keyed(oid, vf)
+        prices, sources = price.tolist(), [str(s) for s in source.tolist()]
+        if self.dialect == "postgresql":
+            self.conn.exec_driver_sql(
+                f"UPDATE {table} t SET usd_per_hour = d.p, source = d.s"
+                " FROM unnest(%s::int4[], %s::timestamptz[], %s::float8[], %s::text[]) AS d(o, v, p, s)"
+                " WHERE t.offer_id = d.o AND t.valid_from = d.v",
+                (ids, vfs, prices, sources),
+            )
+        else:
+            self.conn.exec_driver_sql(
+                f"UPDATE {table} SET usd_per_hour = ?, source = ? WHERE offer_id = ? AND valid_from = ?",
+                list(zip(prices, sources, ids, vfs, strict=True)),
+            )
+
+    def _insert(self, table: str, oid: np.ndarray, vf: np.ndarray, price: np.ndarray, source: np.ndarray) -> None:
+        """Bulk-load rows into ``table`` (price_points or price_repeats: the same columns)."""
         if not len(oid):
             return
         if self.dialect == "postgresql":
@@ -384,7 +473,7 @@ class Ingestor:
             with (
                 raw.cursor() as cur,
                 cur.copy(
-                    "COPY price_points (offer_id, valid_from, usd_per_hour, source) FROM STDIN (FORMAT binary)",
+                    f"COPY {table} (offer_id, valid_from, usd_per_hour, source) FROM STDIN (FORMAT binary)",
                     writer=QueuedLibpqWriter(cur),
                 ) as copy,
             ):
@@ -415,7 +504,7 @@ class Ingestor:
                     )
                 )
                 self.conn.exec_driver_sql(
-                    "INSERT INTO price_points (offer_id, valid_from, usd_per_hour, source) VALUES (?, ?, ?, ?)",
+                    f"INSERT INTO {table} (offer_id, valid_from, usd_per_hour, source) VALUES (?, ?, ?, ?)",
                     rows,
                 )
 
@@ -425,15 +514,17 @@ class Ingestor:
         vf: np.ndarray,
         price: np.ndarray,
         current_src: np.ndarray,
+        newest: np.ndarray,
         obs: np.ndarray,
         src: np.ndarray,
     ) -> None:
-        """Set each offer's current point (its latest after this write), its newest confirmation,
-        and which source confirmed it last (only when this batch's confirmation is the newest)."""
+        """Set each offer's current point (its latest change point after this write), its newest
+        observation, its newest confirmation, and which source confirmed it last (only when this
+        batch's confirmation is the newest)."""
         if self.dialect == "postgresql":
             self.conn.exec_driver_sql(
                 "CREATE TEMP TABLE IF NOT EXISTS _offer_upd (id integer, vf timestamptz, price double precision,"
-                " csrc text, obs timestamptz, src text) ON COMMIT DROP"
+                " csrc text, newest timestamptz, obs timestamptz, src text) ON COMMIT DROP"
             )
             raw = self.conn.connection.driver_connection
             if raw is None:
@@ -444,6 +535,7 @@ class Ingestor:
                     ("timestamptz", vf),
                     ("float8", price),
                     ("text", current_src),
+                    ("timestamptz", newest),
                     ("timestamptz", obs),
                     ("text", src),
                 ]
@@ -452,7 +544,7 @@ class Ingestor:
                 copy.write(payload)
             self.conn.exec_driver_sql(
                 "UPDATE offers o SET current_valid_from = u.vf, current_usd_per_hour = u.price,"
-                " current_source = u.csrc,"
+                " current_source = u.csrc, newest_valid_from = u.newest,"
                 " last_source = CASE WHEN o.last_confirmed_at IS NULL OR u.obs >= o.last_confirmed_at"
                 "   THEN u.src ELSE o.last_source END,"
                 " last_confirmed_at = GREATEST(COALESCE(o.last_confirmed_at, u.obs), u.obs)"
@@ -468,11 +560,13 @@ class Ingestor:
                     sqlite_us(obs).tolist(),
                     src.tolist(),
                     ids.tolist(),
+                    sqlite_us(newest).tolist(),
                     strict=True,
                 )
             )
             self.conn.exec_driver_sql(
                 "UPDATE offers SET current_valid_from = ?1, current_usd_per_hour = ?2, current_source = ?3,"
+                " newest_valid_from = ?7,"
                 " last_source = CASE WHEN last_confirmed_at IS NULL OR ?4 >= last_confirmed_at"
                 "   THEN ?5 ELSE last_source END,"
                 " last_confirmed_at = MAX(COALESCE(last_confirmed_at, ?4), ?4) WHERE id = ?6",
@@ -480,32 +574,25 @@ class Ingestor:
             )
 
 
-def _current_for(key_offer: np.ndarray, key_current: np.ndarray, offer_ids: np.ndarray) -> np.ndarray:
-    lookup = pd.Series(key_current, index=key_offer)
+def _lookup_for(key_offer: np.ndarray, key_values: np.ndarray, offer_ids: np.ndarray) -> np.ndarray:
+    lookup = pd.Series(key_values, index=key_offer)
     lookup = lookup[~lookup.index.duplicated()]
     return lookup.reindex(offer_ids).to_numpy(dtype=np.int64)
 
 
 def _empty_points() -> pd.DataFrame:
-    return pd.DataFrame(
-        {
-            "offer_id": np.array([], dtype=np.int64),
-            "vf": np.array([], dtype=np.int64),
-            "price": np.array([], dtype=np.float64),
-            "source": np.array([], dtype=object),
-        }
-    )
+    return _rows_frame([], CHANGE)
 
 
-def _rows_frame(rows: list[tuple[Any, ...]]) -> pd.DataFrame:
-    if not rows:
-        return _empty_points()
-    oid, vfs, prices, sources = zip(*rows, strict=True)
+def _rows_frame(rows: list[tuple[Any, ...]], kind: int) -> pd.DataFrame:
+    """Stored rows (offer id, valid_from in integer µs, price, source) of one ``kind``."""
+    oid, vfs, prices, sources = zip(*rows, strict=True) if rows else ((), (), (), ())
     return pd.DataFrame(
         {
             "offer_id": np.asarray(oid, dtype=np.int64),
             "vf": np.asarray(vfs, dtype=np.int64) * 1000,  # rows carry integer microseconds
             "price": np.asarray(prices, dtype=np.float64),
             "source": np.asarray(sources, dtype=object),
+            "kind": np.full(len(oid), kind, dtype=np.int8),
         }
     )

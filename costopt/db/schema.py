@@ -2,7 +2,7 @@
 
 Prices are stored as step functions: ``price_points`` holds change points per offer, ``offers``
 holds each offer's key, its current price (denormalized for fast snapshots) and when a source last
-confirmed it.
+confirmed it; ``price_repeats`` holds the other observations (repeats of the price in effect).
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ offers = Table(
     Column("current_source", String(64), nullable=True),
     Column("last_confirmed_at", UtcDateTime(), nullable=True),
     Column("last_source", String(64), nullable=True),
+    # valid_from of the newest stored observation, a change point or a repeat (migration 0007): a
+    # write whose points all come after it only appends (see pricing/ingest.py).
+    Column("newest_valid_from", UtcDateTime(), nullable=True),
     UniqueConstraint("cloud", "region", "zone", "instance_type", "market", name="uq_offers_key"),
 )
 
@@ -57,6 +60,19 @@ price_points = Table(
     Column("usd_per_hour", Float, nullable=False),
     Column("source", String(64), nullable=False),
     sqlite_with_rowid=False,  # clustered on the primary key: one B-tree, not table + index
+)
+
+price_repeats = Table(
+    "price_repeats",
+    metadata,
+    # Observations that repeat the price in effect before them (migration 0007). Not read by
+    # queries: they let a write resolve a late, older point against what was observed after it
+    # (pricing/ingest.py). A key is in price_points or here, never in both.
+    Column("offer_id", Integer, primary_key=True, autoincrement=False),
+    Column("valid_from", UtcDateTime(), primary_key=True),
+    Column("usd_per_hour", Float, nullable=False),
+    Column("source", String(64), nullable=False),
+    sqlite_with_rowid=False,
 )
 
 instance_types = Table(

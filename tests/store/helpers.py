@@ -118,7 +118,7 @@ def _isna(v: Any) -> bool:
 def reset(engine: Engine) -> None:
     """Empty every store table and bump the price version (so any mirror reloads)."""
     with engine.begin() as conn:
-        for table in ("price_points", "offers", "instance_types", "source_status"):
+        for table in ("price_points", "price_repeats", "offers", "instance_types", "source_status"):
             conn.execute(text(f"DELETE FROM {table}"))
         conn.execute(text("UPDATE store_meta SET value = value + 1 WHERE name = 'price_version'"))
 

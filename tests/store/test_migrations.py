@@ -14,11 +14,12 @@ from sqlalchemy import Engine, inspect
 import costopt.db.schema  # noqa: F401  (every table, on the metadata)
 from costopt.db.engine import current_revision, head_revision, is_migrated, make_engine, migrate
 from costopt.db.metadata import metadata
+from costopt.db.types import to_epoch_us
 from costopt.errors import StoreError
 from pricing.store import PriceStore
 from tests.store.helpers import h, price_of, pt
 
-TABLES = {"offers", "price_points", "instance_types", "source_status", "store_meta"}
+TABLES = {"offers", "price_points", "price_repeats", "instance_types", "source_status", "store_meta"}
 
 
 @pytest.fixture
@@ -103,3 +104,28 @@ def test_the_price_version_counter_starts_at_zero(blank_sqlite: Engine) -> None:
     with blank_sqlite.connect() as conn:
         rows = conn.exec_driver_sql("SELECT name, value FROM store_meta").fetchall()
     assert [tuple(r) for r in rows] == [("price_version", 0)]
+
+
+def test_a_store_written_before_0007_keeps_its_prices_and_resolves_late_points(blank_sqlite: Engine) -> None:
+    migrate(blank_sqlite, "0006")
+    with blank_sqlite.begin() as conn:  # what the 0006 store wrote: change points and the current one
+        conn.exec_driver_sql(
+            "INSERT INTO offers (id, cloud, region, zone, instance_type, market, current_valid_from,"
+            " current_usd_per_hour, current_source, last_confirmed_at, last_source)"
+            " VALUES (1, 'aws', 'us-east-1', '', 'p3.2xlarge', 'spot', ?, 2.0, 'src', ?, 'src')",
+            (to_epoch_us(h(10)), to_epoch_us(h(10))),
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO price_points VALUES (1, ?, 1.0, 'src'), (1, ?, 2.0, 'src')",
+            (to_epoch_us(h(0)), to_epoch_us(h(10))),
+        )
+
+    migrate(blank_sqlite)
+
+    with blank_sqlite.connect() as conn:
+        assert conn.exec_driver_sql("SELECT newest_valid_from FROM offers").scalar_one() == to_epoch_us(h(10))
+    store = PriceStore(blank_sqlite)
+    assert [price_of(store, h(t)) for t in (1, 10)] == [1.0, 2.0]
+    result = store.write([pt(5, 3.0), pt(12, 2.0)])  # reaches back before the newest observation
+    assert (result.inserted, result.unchanged) == (1, 1)
+    assert [price_of(store, h(t)) for t in (4, 5, 10, 13)] == [1.0, 3.0, 2.0, 2.0]

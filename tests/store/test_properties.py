@@ -3,11 +3,10 @@
 The *naive model* (the spec's): every observation ``(key, t) -> price`` is kept, the last write of a
 ``(key, t)`` winning; the price at t is the observation with the greatest time <= t.
 
-The store keeps change points only, so an incoming point repeating the price in effect before it is
-absorbed as a confirmation. That is lossless while a key's points arrive in time order (each write
-may be in any order inside); it loses an observation when an older change lands later *before* an
-absorbed repeat (e.g. 3.0@0h and 3.0@8h, then 1.0@1h: the store says 1.0 at 9h, the observations say
-3.0), which is why the any-order and split properties of the spec are expected failures below.
+The store answers from change points but keeps every observation (repeats of the price in effect in
+``price_repeats``), so the step function is the naive model's whatever order writes arrive in: a late
+older change landing before a repeat is resolved against it (e.g. 3.0@0h and 3.0@8h, then 1.0@1h:
+3.0 again from 8h).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
@@ -38,20 +37,11 @@ STALE_AFTER = timedelta(hours=6)
 QUERY_TIMES = [h(t) for t in (-1, 0, 0.5, 1, 2.5, 3, 4, 5.5, 6, 7.5, 8, 9, 10.5, 11, 12, 12.5, 30)]
 """Before the first hour, at change hours and between them, and long after the last one."""
 PROPERTY = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-EXPECTED_FAILURE = settings(PROPERTY, phases=[Phase.explicit])
-"""For strict-xfail properties: only the explicit, known-failing example runs (no generation, no
-shrinking), so the expected failure is deterministic and cheap. Drop it together with the xfail mark."""
+OUT_OF_ORDER = settings(PROPERTY, max_examples=40)
+"""The out-of-order properties: more examples (the late-point cases are the point of them)."""
 
 Row = tuple[int, int, float, int | None]
 """(key index, hour, price, observed_at in hours after valid_from, or None)."""
-
-ANY_ORDER_LOSES_AN_ABSORBED_REPEAT = (
-    "CONTRACT VIOLATION by design (change points only): pricing/ingest.py Ingestor.write L308-310 absorbs a point "
-    "repeating the price before it as a mere confirmation; when an older change lands later before it, that "
-    "observation is gone. Writes [3.0@0h, 3.0@8h] then [1.0@1h]: price_at(9h) = 1.0, observations say 3.0 "
-    "(the same three points in one write give 3.0). docs/architecture.md calls it a 'known limit'; the spec's "
-    "any-order naive model and split-in-two properties cannot hold while it exists"
-)
 
 
 def to_point(row: Row) -> PricePoint:
@@ -255,23 +245,42 @@ def test_the_sql_reference_snapshot_equals_the_mirrored_one(
 
 
 # ------------------------------------------------------------------------------------------------
-# Properties of the spec that the change-points-only design cannot meet
+# Writes in any order (late, older points)
 # ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=ANY_ORDER_LOSES_AN_ABSORBED_REPEAT)
-@EXPECTED_FAILURE
+@OUT_OF_ORDER
 @example(writes=[[(0, 0, 3.0, None), (0, 8, 3.0, None)], [(0, 1, 1.0, None)]])
+@example(writes=[[(0, 0, 3.0, None), (0, 5, 3.0, None), (0, 8, 3.0, None)], [(0, 6, 1.0, None)], [(0, 3, 2.0, 1)]])
+@example(writes=[[(0, 0, 1.0, None), (0, 10, 2.0, None)], [(0, 5, 2.0, None)], [(0, 7, 3.0, None)]])
+@example(writes=[[(0, 5, 1.0, None), (0, 8, 1.0, None)], [(0, 0, 1.0, None)], [(0, 6, 2.0, None)]])
 @given(writes=writes_in_any_order())
 def test_writes_in_any_order_follow_the_naive_model(engine: Engine, writes: list[list[Row]]) -> None:
     store, model = fresh_store(engine), NaiveModel()
     write_both(store, model, writes)
+
     check_step_function(store, model)
+    for k in KEYS:
+        assert steps(store, k) == model.change_points(k), k
 
 
-@pytest.mark.xfail(strict=True, reason=ANY_ORDER_LOSES_AN_ABSORBED_REPEAT)
-@EXPECTED_FAILURE
+@OUT_OF_ORDER
+@example(writes=[[(0, 0, 1.0, None), (0, 4, 1.0, None), (0, 8, 2.0, None)], [(0, 4, 3.0, None)], [(0, 4, 1.0, None)]])
+@given(writes=st.lists(rows_with_any_price, min_size=1, max_size=4))
+def test_with_corrections_in_any_order_the_step_function_is_that_of_the_last_write_of_each_point(
+    engine: Engine, writes: list[list[Row]]
+) -> None:
+    store, model = fresh_store(engine), NaiveModel()
+    write_both(store, model, writes)
+
+    check_step_function(store, model)
+    for k in KEYS:
+        assert steps(store, k) == model.change_points(k), k
+
+
+@OUT_OF_ORDER
 @example(batch=[(0, 0, 3.0, None), (0, 8, 3.0, None), (0, 1, 1.0, None)], cut=2, swap=False)
+@example(batch=[(0, 0, 3.0, None), (0, 5, 3.0, None), (0, 8, 3.0, None), (0, 6, 1.0, None)], cut=3, swap=False)
 @given(batch=rows_with_any_price, cut=st.integers(0, 10), swap=st.booleans())
 def test_splitting_a_write_in_two_in_any_order_gives_the_same_step_function(
     engine: Engine, batch: list[Row], cut: int, swap: bool
@@ -284,8 +293,10 @@ def test_splitting_a_write_in_two_in_any_order_gives_the_same_step_function(
     store = fresh_store(engine)
     store.write([to_point(r) for r in unique])
     whole = [[o.usd_per_hour for o in store.snapshot(t, include_stale=True)] for t in QUERY_TIMES]
+    whole_steps = [steps(store, k) for k in KEYS]
 
     store = fresh_store(engine)
     store.write([to_point(r) for r in first])
     store.write([to_point(r) for r in second])
     assert [[o.usd_per_hour for o in store.snapshot(t, include_stale=True)] for t in QUERY_TIMES] == whole
+    assert [steps(store, k) for k in KEYS] == whole_steps

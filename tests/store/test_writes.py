@@ -153,16 +153,64 @@ def test_an_out_of_order_older_point_with_the_price_of_its_successor_starts_that
     assert [price_of(store, h(t)) for t in (4, 5, 7, 10, 12)] == [1.0, 2.0, 2.0, 2.0, 2.0]
 
 
-def test_a_late_older_point_with_its_successors_price_keeps_the_successor(store: PriceStore) -> None:
-    # Nothing stored is deleted: the repeat at 10h still records an announcement that a later
-    # write landing between 5h and 10h would otherwise lose (see docs/architecture.md).
+def test_a_late_older_point_with_its_successors_price_turns_the_successor_into_a_kept_repeat(
+    store: PriceStore,
+) -> None:
     store.write([pt(0, 1.0), pt(10, 2.0)])
-    store.write([pt(5, 2.0)])
+    result = store.write([pt(5, 2.0)])
 
-    assert steps(store) == [(h(0), 1.0), (h(5), 2.0), (h(10), 2.0)]
+    assert (result.inserted, result.superseded, result.restored) == (1, 1, 0)
+    assert steps(store) == [(h(0), 1.0), (h(5), 2.0)]  # no two consecutive equal prices
     assert [price_of(store, h(t)) for t in (4, 5, 9, 10, 11)] == [1.0, 2.0, 2.0, 2.0, 2.0]
-    store.write([pt(7, 3.0)])
+    # The observation at 10h is kept: a later write landing between 5h and 10h does not lose it.
+    result = store.write([pt(7, 3.0)])
+    assert (result.inserted, result.restored) == (1, 1)
     assert [price_of(store, h(t)) for t in (6, 7, 9, 10)] == [2.0, 3.0, 3.0, 2.0]
+    assert steps(store) == [(h(0), 1.0), (h(5), 2.0), (h(7), 3.0), (h(10), 2.0)]
+
+
+def test_a_repeat_absorbed_in_time_order_is_restored_when_an_older_change_lands_before_it(
+    store: PriceStore,
+) -> None:
+    first = store.write([pt(0, 3.0), pt(5, 3.0), pt(8, 3.0)])
+    assert (first.inserted, first.unchanged) == (1, 2)
+    assert steps(store) == [(h(0), 3.0)]
+
+    late = store.write([pt(6, 1.0)])
+
+    assert (late.inserted, late.restored, late.unchanged) == (1, 1, 0)
+    assert [price_of(store, h(t)) for t in (5, 6, 7, 8, 9)] == [3.0, 1.0, 1.0, 3.0, 3.0]
+    assert steps(store) == [(h(0), 3.0), (h(6), 1.0), (h(8), 3.0)]
+    assert [(o.valid_from, o.usd_per_hour) for o in store.snapshot(include_stale=True)] == [(h(8), 3.0)]
+    assert store.last_change(Cloud.AWS) == h(8)
+    # The repeat at 5h is still known: a change landing before it is bounded by it.
+    store.write([pt(2, 2.0)])
+    assert [price_of(store, h(t)) for t in (1, 2, 4, 5, 6)] == [3.0, 2.0, 2.0, 3.0, 1.0]
+
+
+def test_a_late_point_after_the_newest_change_point_but_before_a_repeat_is_resolved_against_it(
+    store: PriceStore,
+) -> None:
+    store.write([pt(0, 1.0), pt(10, 1.0)])
+    store.write([pt(4, 2.0)])
+
+    assert [price_of(store, h(t)) for t in (3, 4, 9, 10, 20)] == [1.0, 2.0, 2.0, 1.0, 1.0]
+    assert [o.usd_per_hour for o in store.snapshot(include_stale=True)] == [1.0]
+
+
+def test_a_correction_of_a_repeat_makes_it_a_change_point_and_another_turns_it_back(store: PriceStore) -> None:
+    store.write([pt(0, 1.0), pt(4, 1.0), pt(8, 2.0)])
+
+    fix = store.write([pt(4, 3.0, source="fix")])
+    assert (fix.corrected, fix.restored, fix.inserted) == (1, 1, 0)
+    assert steps(store) == [(h(0), 1.0), (h(4), 3.0), (h(8), 2.0)]
+    offer = store.price_at(KEY, h(5))
+    assert offer is not None and (offer.usd_per_hour, offer.source) == (3.0, "fix")
+
+    back = store.write([pt(4, 1.0)])
+    assert (back.corrected, back.superseded) == (1, 1)
+    assert steps(store) == [(h(0), 1.0), (h(8), 2.0)]
+    assert price_of(store, h(5)) == 1.0
 
 
 def test_a_point_before_the_first_one_with_the_same_price_moves_the_start_back(store: PriceStore) -> None:
