@@ -12,7 +12,7 @@ unchanged (they plan on whatever offers they are given).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import pandas as pd
@@ -91,10 +91,13 @@ def plan_single(
     clouds: list[Cloud] | None = None,
     top: int = 10,
     unavailable: UnavailableOffers | None = None,
+    per_gpu_packing: bool = False,
 ) -> tuple[Now, Plan]:
     """Plan one job over every offer in effect, less those ``unavailable`` holds (raises
-    costopt.planning.model.Infeasible)."""
+    costopt.planning.model.Infeasible). Priced whole-instance (what the ledger bills) unless
+    ``per_gpu_packing`` (the paper's assumption: a job pays its GPU share of a larger instance)."""
     inputs = planner_inputs(settings, store)
     now, frame = offers_at(store, settings, at, clouds, unavailable=unavailable)
     table = OfferTable.from_frame(frame, inputs.hazards)
-    return now, plan_job(job, objective, table, inputs.catalog, inputs.assumptions, top=top)
+    assumptions = replace(inputs.assumptions, per_gpu_packing=per_gpu_packing)
+    return now, plan_job(job, objective, table, inputs.catalog, assumptions, top=top)

@@ -190,7 +190,7 @@ def main() -> None:
     table = OfferTable.from_frame(offers)
     groups = synthetic_jobs(catalog, args.jobs, args.step_levels, rng)
     quotas = synthetic_quotas(offers, groups, rng)
-    assumptions = Assumptions()
+    assumptions = Assumptions(per_gpu_packing=True)
     demand = sum(g.count * g.job.gpu_count for g in groups)
     print(
         f"instance: {sum(g.count for g in groups)} jobs in {len(groups)} groups ({demand} GPUs), "

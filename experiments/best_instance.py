@@ -77,7 +77,7 @@ def main() -> None:
         cells = []
         for _name, obj in objectives:
             try:
-                _, plan = plan_single(store, settings, job, obj, at=at, top=1)
+                _, plan = plan_single(store, settings, job, obj, at=at, top=1, per_gpu_packing=True)
             except Infeasible as exc:
                 cells.append(f"infeasible ({exc.binding})")
                 continue

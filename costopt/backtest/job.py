@@ -741,7 +741,7 @@ class PlannerPlacer:
         self.prices, self.catalog, self.job_type, self.objective = prices, catalog, job_type, objective
         self.policy, self.gpus, self.checkpoint_gb = policy, gpus, checkpoint_gb
         self.hazards = hazards or HazardModel()
-        self.assumptions = assumptions or Assumptions()
+        self.assumptions = assumptions or Assumptions(per_gpu_packing=True)
         self.rule = rule or MigrationRule()
         self._every = every
         self.filters = {"cloud": clouds, "region": regions, "market": markets}
@@ -1005,7 +1005,9 @@ def run_job_backtest(
     timing = cloud.timing
     r = rule or MigrationRule(restart_hours=timing.restart_hours, checkpoint_overlap_hours=timing.checkpoint_hours)
     assumptions = Assumptions(
-        checkpoint_interval_hours=timing.checkpoint_interval_hours, restart_hours=timing.restart_hours
+        checkpoint_interval_hours=timing.checkpoint_interval_hours,
+        restart_hours=timing.restart_hours,
+        per_gpu_packing=True,  # the paper's assumption (the ledger bills the job's share too)
     )
     placer = PlannerPlacer(
         prices,

@@ -257,7 +257,7 @@ def collection_sweep(
     if missing:
         raise BacktestError(f"no throughput for {missing}")
     catalog = _catalog(inputs, models)
-    assumptions = Assumptions()
+    assumptions = Assumptions(per_gpu_packing=True)  # the paper's assumption: quotas count GPUs
     opts = options or SolverOptions(time_limit_s=30.0)
     longest = max(c.job_days for c in cases)
     outcomes: list[CollectionOutcome] = []

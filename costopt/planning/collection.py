@@ -13,7 +13,7 @@ many jobs of ``g`` run on ``o``:
 
 - ``sum_o n[g,o] = count_g`` (every job placed);
 - ``sum_{g, o in q} gpus[g,o] * n[g,o] <= max_gpus_q`` for every quota ``q`` (region None: the whole
-  cloud); ``gpus[g,o]`` is the job's GPU count under per-GPU packing (the default assumption), the
+  cloud); ``gpus[g,o]`` is the job's GPU count under per-GPU packing (the paper's assumption), the
   offer's whole instance otherwise;
 - ``n[g,o] = 0`` where the job cannot run there, or, under a deadline, where its hours at the
   confidence exceed the deadline.

@@ -122,13 +122,15 @@ class Assumptions:
 
     ``checkpoint_interval_hours``: a preempted job loses on average half of it (the deadline check
     counts all of it). ``restart_hours``: boot + restore after a preemption or a move, billed.
-    ``per_gpu_packing``: a job using part of a larger instance pays the GPU share of its price
-    (the dynamic-pricing paper's assumption: other jobs fill the rest).
+    ``per_gpu_packing``: False (the default, billing truth): a job using part of a larger instance pays
+    the whole instance, as the ledger bills it; True: it pays the GPU share of its price (the
+    dynamic-pricing paper's assumption that other jobs fill the rest; the paper's backtests in
+    ``costopt/backtest/`` and ``experiments/`` set it explicitly).
     """
 
     checkpoint_interval_hours: float = 1.0
     restart_hours: float = 10.0 / 60.0
-    per_gpu_packing: bool = True
+    per_gpu_packing: bool = False
     egress_usd_per_gb: EgressRates | None = None
 
     def __post_init__(self) -> None:

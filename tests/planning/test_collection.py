@@ -50,7 +50,9 @@ from costopt.throughput import (
 
 COLUMNS = ["cloud", "region", "zone", "instance_type", "market", "accelerator", "gpu_count", "usd_per_hour"]
 TOY = JobType("ToyNet", 32)
-EXACT = Assumptions(restart_hours=0.0)
+EXACT = Assumptions(restart_hours=0.0, per_gpu_packing=True)
+PACKED = Assumptions(per_gpu_packing=True)
+"""The paper's model: quotas count the job's GPUs (the product's default is whole-instance)."""
 STEPS = 36_000.0
 
 TINY_ROWS = [
@@ -268,9 +270,9 @@ def gpus_under(plan: CollectionPlan, quota: Quota) -> int:
 def test_quotas_respected_and_every_job_placed(objective: object) -> None:
     spec, table, cat = mixed_instance()
     if objective is None:
-        cheapest = plan_collection(replace(spec, objective=MinTotalCost()), table, cat)
+        cheapest = plan_collection(replace(spec, objective=MinTotalCost()), table, cat, PACKED)
         objective = MinMakespanWithinBudget(to_cents(cheapest.total_expected_cost_usd * Decimal("1.2")))
-    plan = plan_collection(replace(spec, objective=objective), table, cat)  # type: ignore[arg-type]
+    plan = plan_collection(replace(spec, objective=objective), table, cat, PACKED)  # type: ignore[arg-type]
     for use in plan.quota_use:
         assert gpus_under(plan, use.quota) == use.gpus_used <= use.quota.max_gpus
     assert any(use.full for use in plan.quota_use)  # the instance is built so that quotas bind
@@ -280,7 +282,7 @@ def test_quotas_respected_and_every_job_placed(objective: object) -> None:
 
 def test_deadline_respected_by_every_allocation() -> None:
     spec, table, cat = mixed_instance()
-    plan = plan_collection(spec, table, cat)
+    plan = plan_collection(spec, table, cat, PACKED)
     hours = [a.hours_at_confidence for ga in plan.assignments for a in ga.allocations]
     assert all(h is not None and h <= 12.0 for h in hours)
     assert plan.max_hours_at_confidence == max(h for h in hours if h is not None)
@@ -289,19 +291,19 @@ def test_deadline_respected_by_every_allocation() -> None:
 
 def test_budget_respected_exactly_in_decimal() -> None:
     spec, table, cat = mixed_instance()
-    cheapest = plan_collection(replace(spec, objective=MinTotalCost()), table, cat)
+    cheapest = plan_collection(replace(spec, objective=MinTotalCost()), table, cat, PACKED)
     for factor in ("1", "1.05", "1.5", "3"):
         budget = cheapest.total_expected_cost_usd * Decimal(factor)
-        plan = plan_collection(replace(spec, objective=MinMakespanWithinBudget(budget)), table, cat)
+        plan = plan_collection(replace(spec, objective=MinMakespanWithinBudget(budget)), table, cat, PACKED)
         assert plan.total_expected_cost_usd <= budget
 
 
 def test_a_bigger_budget_never_lengthens_the_makespan() -> None:
     spec, table, cat = mixed_instance()
-    cheapest = plan_collection(replace(spec, objective=MinTotalCost()), table, cat).total_expected_cost_usd
+    cheapest = plan_collection(replace(spec, objective=MinTotalCost()), table, cat, PACKED).total_expected_cost_usd
     spans = [
         plan_collection(
-            replace(spec, objective=MinMakespanWithinBudget(cheapest * Decimal(f))), table, cat
+            replace(spec, objective=MinMakespanWithinBudget(cheapest * Decimal(f))), table, cat, PACKED
         ).makespan_hours
         for f in ("1", "1.1", "1.3", "2")
     ]
@@ -310,8 +312,8 @@ def test_a_bigger_budget_never_lengthens_the_makespan() -> None:
 
 def test_joint_confidence_is_at_least_as_strict_as_per_job() -> None:
     spec, table, cat = mixed_instance()
-    per_job = plan_collection(spec, table, cat)
-    joint = plan_collection(replace(spec, objective=SweepMinCost(deadline_hours=12.0, joint=True)), table, cat)
+    per_job = plan_collection(spec, table, cat, PACKED)
+    joint = plan_collection(replace(spec, objective=SweepMinCost(deadline_hours=12.0, joint=True)), table, cat, PACKED)
     assert joint.total_expected_cost_usd >= per_job.total_expected_cost_usd
     assert "all jobs together" in joint.reason and "each job" in per_job.reason
 
@@ -332,7 +334,7 @@ def test_whole_instance_gpus_count_against_quotas_without_per_gpu_packing() -> N
 
 def test_money_is_exact_decimal_and_sums_to_the_cent() -> None:
     spec, table, cat = mixed_instance()
-    plan = plan_collection(spec, table, cat)
+    plan = plan_collection(spec, table, cat, PACKED)
     total = Decimal(0)
     for ga in plan.assignments:
         assert ga.cost_usd == sum((a.cost_usd for a in ga.allocations), Decimal(0))
@@ -363,7 +365,7 @@ def test_move_cost_is_part_of_each_job_cost() -> None:
 
 def test_same_inputs_same_plan() -> None:
     spec, table, cat = mixed_instance()
-    a, b = plan_collection(spec, table, cat), plan_collection(spec, table, cat)
+    a, b = plan_collection(spec, table, cat, PACKED), plan_collection(spec, table, cat, PACKED)
     assert a.assignments == b.assignments
     assert a.total_expected_cost_usd == b.total_expected_cost_usd
     assert a.reason == b.reason
@@ -372,8 +374,8 @@ def test_same_inputs_same_plan() -> None:
 def test_offer_order_does_not_change_the_optimum() -> None:
     spec, table, cat = mixed_instance()
     shuffled = OfferTable.from_frame(table.frame.sample(frac=1.0, random_state=3).reset_index(drop=True))
-    assert float(plan_collection(spec, shuffled, cat).total_expected_cost_usd) == pytest.approx(
-        float(plan_collection(spec, table, cat).total_expected_cost_usd), rel=1e-9
+    assert float(plan_collection(spec, shuffled, cat, PACKED).total_expected_cost_usd) == pytest.approx(
+        float(plan_collection(spec, table, cat, PACKED).total_expected_cost_usd), rel=1e-9
     )
 
 
@@ -395,27 +397,27 @@ def test_pruning_is_exact_and_shrinks_the_model() -> None:
     spec, table, cat = mixed_instance()
     for objective in (spec.objective, MinTotalCost(), MinMakespanWithinBudget(Decimal(400))):
         s = replace(spec, objective=objective)
-        pruned = plan_collection(s, table, cat)
-        full = plan_collection(s, table, cat, options=SolverOptions(prune=False))
+        pruned = plan_collection(s, table, cat, PACKED)
+        full = plan_collection(s, table, cat, PACKED, options=SolverOptions(prune=False))
         assert pruned.pairs_in_model < full.pairs_in_model == full.pairs_admissible == pruned.pairs_admissible
         assert float(pruned.total_expected_cost_usd) == pytest.approx(float(full.total_expected_cost_usd), rel=1e-9)
         assert pruned.makespan_hours == full.makespan_hours or not isinstance(objective, MinMakespanWithinBudget)
-        assert build_pair_model(s, table, cat).n_pairs == pruned.pairs_in_model  # what plan_collection solves
+        assert build_pair_model(s, table, cat, PACKED).n_pairs == pruned.pairs_in_model  # what plan_collection solves
 
 
 def test_lp_guided_and_whole_milp_agree() -> None:
     spec, table, cat = mixed_instance()
     for objective in (spec.objective, MinTotalCost(), MinMakespanWithinBudget(Decimal(400))):
         s = replace(spec, objective=objective)
-        guided = plan_collection(s, table, cat, options=SolverOptions(lp_guided=True))
-        whole = plan_collection(s, table, cat, options=SolverOptions(lp_guided=False))
+        guided = plan_collection(s, table, cat, PACKED, options=SolverOptions(lp_guided=True))
+        whole = plan_collection(s, table, cat, PACKED, options=SolverOptions(lp_guided=False))
         assert float(guided.total_expected_cost_usd) == pytest.approx(float(whole.total_expected_cost_usd), rel=1e-9)
         assert guided.makespan_hours == whole.makespan_hours or not isinstance(objective, MinMakespanWithinBudget)
 
 
 def test_a_requested_gap_is_reported_and_kept() -> None:
     spec, table, cat = mixed_instance()
-    plan = plan_collection(spec, table, cat, options=SolverOptions(mip_rel_gap=0.05))
+    plan = plan_collection(spec, table, cat, PACKED, options=SolverOptions(mip_rel_gap=0.05))
     assert plan.status == "optimal" and 0.0 <= plan.mip_gap <= 0.05
 
 
@@ -486,7 +488,7 @@ def test_a_sweep_of_gavel_job_types_meets_its_deadline_under_quotas(shared_data:
         JobGroup(JobSpec(lm, 500_000.0), 12, "lm-sweep"),
     )
     quotas = (Quota("aws", "us-east-1", 16), Quota("gcp", None, 12))
-    plan = plan_collection(CollectionSpec(groups, SweepMinCost(deadline_hours=24.0), quotas), table_of(rows), cat)
+    plan = plan_collection(CollectionSpec(groups, SweepMinCost(deadline_hours=24.0), quotas), table_of(rows), cat, PACKED)
     assert plan.status == "optimal"
     assert plan.max_hours_at_confidence is not None and plan.max_hours_at_confidence <= 24.0
     for use in plan.quota_use:

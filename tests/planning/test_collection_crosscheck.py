@@ -38,7 +38,7 @@ from tests.planning.test_collection import catalog_of, table_of
 
 REGIONS = (("aws", "us-east-1"), ("aws", "us-west-2"), ("gcp", "us-central1"), ("azure", "eastus"))
 PER_GPU = {"k80": 0.9, "p100": 1.5, "v100": 3.0}
-ASSUMPTIONS = Assumptions()
+ASSUMPTIONS = Assumptions(per_gpu_packing=True)  # the paper's model (quotas count job GPUs)
 
 VARIANTS = {
     "scipy": SolverOptions(),
