@@ -1,16 +1,21 @@
-"""The FastAPI application: routes, startup (migrate, seed, schedule collectors), metrics."""
+"""The FastAPI application: routes, startup (migrate, seed, schedule collectors, the job service and the
+first admin key), metrics, one JSON error shape (:mod:`api.errors`) and the request body limit."""
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from api.routes import health, metrics, plans, prices
-from api.wiring import build_sources, build_store, seed_if_empty
+from api.errors import BodyLimit, install_error_handlers
+from api.routes import admin, batches, health, jobs, metrics, plans, prices
+from api.wiring import build_sources, build_store, build_unavailable, seed_if_empty
+from costopt.errors import CostoptError
 from costopt.settings import Settings, get_settings
+from pricing.store import PriceStore
 
 log = logging.getLogger("costopt.api")
 
@@ -26,6 +31,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if settings.seed_on_start:
             seed_if_empty(store, settings)
         app.state.store = store
+        install_job_service(app, store, settings)
+        issued = app.state.teams.bootstrap_admin()
+        if issued is not None:
+            # the one time this key is ever shown (only its hash is stored); never logged
+            sys.stdout.write(f"costopt: admin key (shown once): {issued.secret}\n")
+            sys.stdout.flush()
         scheduler = None
         if settings.collectors_enabled or settings.migration_jobs_enabled:
             from api.credentials import collector_names
@@ -56,8 +67,36 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.store = None
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
     app.include_router(health.router)
     app.include_router(prices.router)
     app.include_router(plans.router)
+    app.include_router(jobs.router)
+    app.include_router(batches.router)
+    app.include_router(admin.router)
     app.include_router(metrics.router)
     return app
+
+
+def install_job_service(app: FastAPI, store: PriceStore, settings: Settings) -> None:
+    """Put the job service's objects on ``app.state`` over ``store``'s database: ``teams``, ``jobs``,
+    ``job_planner`` (the :class:`~costopt.jobs.placement.Placements` of the service), ``ledger`` (costs so
+    far) and ``providers`` (by name, for the jobs' output)."""
+    from api.job_planning import JobPlanner
+    from api.wiring import build_cloud_providers
+    from costopt.jobs.records import JobRepository
+    from costopt.jobs.teams import TeamRepository
+    from costopt.ledger.prices import StorePriceView
+    from costopt.ledger.sql import SqlLedger
+
+    engine = store.engine
+    app.state.teams = TeamRepository(engine)
+    app.state.jobs = JobRepository(engine)
+    app.state.ledger = SqlLedger(engine, StorePriceView(store))
+    app.state.job_planner = JobPlanner(store, settings, unavailable=build_unavailable(settings, engine))
+    try:
+        app.state.providers = {str(c.value): p for c, p in build_cloud_providers(settings, store).items()}
+    except CostoptError as exc:
+        log.warning("job output unavailable: the providers could not be built: %s", exc)
+        app.state.providers = {}

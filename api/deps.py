@@ -1,4 +1,5 @@
-"""FastAPI dependencies: the application's store and settings, set at startup."""
+"""FastAPI dependencies: the application's store, settings, job repository and job planner, set at
+startup (the caller's identity is :mod:`api.auth`'s)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
+from api.job_planning import JobPlanner
+from costopt.jobs.records import JobRepository
 from costopt.settings import Settings
 from pricing.store import PriceStore
 
@@ -24,3 +27,23 @@ def get_app_settings(request: Request) -> Settings:
 
 StoreDep = Annotated[PriceStore, Depends(get_store)]
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
+
+
+def get_jobs(request: Request) -> JobRepository:
+    """The job repository (``app.state.jobs``, set at startup)."""
+    jobs: JobRepository | None = getattr(request.app.state, "jobs", None)
+    if jobs is None:
+        raise HTTPException(status_code=503, detail="the job service is not ready yet; retry shortly")
+    return jobs
+
+
+def get_job_planner(request: Request) -> JobPlanner:
+    """The job planner (``app.state.job_planner``, set at startup)."""
+    planner: JobPlanner | None = getattr(request.app.state, "job_planner", None)
+    if planner is None:
+        raise HTTPException(status_code=503, detail="the job planner is not ready yet; retry shortly")
+    return planner
+
+
+JobsDep = Annotated[JobRepository, Depends(get_jobs)]
+JobPlannerDep = Annotated[JobPlanner, Depends(get_job_planner)]

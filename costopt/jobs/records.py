@@ -362,6 +362,10 @@ class JobRepository:
             raise JobNotFound(f"no job {job_id!r}")
         return JobRecord.of(row)
 
+    def by_idempotency_key(self, team_id: str, key: str) -> JobRecord | None:
+        """The team's job submitted with ``key`` (None: the key was not used by the team)."""
+        return self._by_key(team_id, key)
+
     def page(
         self,
         *,

@@ -1,0 +1,94 @@
+"""Who is calling: ``Authorization: Bearer <key>`` checked against the stored key hashes.
+
+:data:`CallerDep` gives a route the caller (key id, team id, role); a missing, malformed, unknown or
+revoked key gets 401 ``unauthorized`` with the header's expected form. :data:`AdminDep` also refuses a
+member key with 403 ``forbidden``. Keys are never logged: only the key id (public) is kept on the
+request for the access log.
+
+Scope rule (every route that takes a job id): a member sees its own team only, and another team's job
+is "not found" (404), exactly as a job that does not exist; an admin sees every team (:meth:`Caller.scope`
+is None).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.errors import ApiError
+from costopt.jobs.teams import Role, TeamRepository
+
+__all__ = ["AdminDep", "Caller", "CallerDep", "TeamsDep", "get_teams"]
+
+_bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer co_...`")
+_CHALLENGE = {"WWW-Authenticate": "Bearer"}
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The authenticated caller: its key's id, its team and role."""
+
+    key_id: str
+    team_id: str
+    role: Role
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role is Role.ADMIN
+
+    @property
+    def scope(self) -> str | None:
+        """The team the caller may see (None: every team, an admin)."""
+        return None if self.is_admin else self.team_id
+
+
+def get_teams(request: Request) -> TeamRepository:
+    teams: TeamRepository | None = getattr(request.app.state, "teams", None)
+    if teams is None:
+        raise ApiError(503, "unavailable", "the service is starting: retry shortly")
+    return teams
+
+
+TeamsDep = Annotated[TeamRepository, Depends(get_teams)]
+
+
+def current_caller(
+    request: Request,
+    teams: TeamsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Caller:
+    """The caller of this request (401 without a valid key)."""
+    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+        raise ApiError(
+            401,
+            "unauthorized",
+            "this route needs an API key: send `Authorization: Bearer co_...` (an admin makes keys with "
+            "`costopt admin create-team NAME`)",
+            headers=_CHALLENGE,
+        )
+    key = teams.authenticate(credentials.credentials)
+    if key is None:
+        raise ApiError(
+            401,
+            "unauthorized",
+            "the API key is not valid (unknown, mistyped or revoked): ask an admin for a new one",
+            headers=_CHALLENGE,
+        )
+    request.state.key_id = key.id
+    return Caller(key.id, key.team_id, key.role)
+
+
+CallerDep = Annotated[Caller, Depends(current_caller)]
+
+
+def require_admin(caller: CallerDep) -> Caller:
+    """The caller, when it holds an admin key (403 otherwise)."""
+    if not caller.is_admin:
+        raise ApiError(403, "forbidden", "this route needs an admin key; your key is a team member's")
+    return caller
+
+
+AdminDep = Annotated[Caller, Depends(require_admin)]

@@ -1,0 +1,401 @@
+"""Planning managed jobs: the :class:`costopt.jobs.placement.Placements` of the service, and quotes.
+
+A job's stored spec (the normalized ``POST /v1/jobs`` body) becomes the planner's inputs:
+
+- ``job_type`` (a catalog name) or ``throughput`` (the user's steps/s per accelerator, on the job's GPU
+  count: a one-job catalog whose cells are marked ``user``) -> :class:`~costopt.planning.model.JobSpec`;
+  an unknown ``job_type`` raises :class:`UnknownJobType` with the catalog's closest names;
+- ``objective`` -> a planner objective; for a job already running, a deadline counts from submission
+  (the hours left) and a budget less what the job has spent (when a ``spent`` function is given);
+- ``constraints`` (clouds, regions, markets, accelerators, max USD per instance-hour) filter the offers
+  frame, and so do offers marked unavailable (:mod:`costopt.migration.unavailable`) and ``exclude``.
+
+**Billing truth**: plans here are priced whole-instance (``Assumptions.per_gpu_packing=False``, whatever
+the settings say): a job on part of a larger instance pays the whole instance, which is what the ledger
+bills, so a quote's ``expected_cost_usd`` is ``usd_per_hour x expected_hours`` (+ moving the checkpoint).
+
+The inputs (catalog, hazards, assumptions) and the offers frame come from :mod:`api.planning`; the
+ranking is :func:`costopt.planning.single.plan_job`'s.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from api.planning import offers_at, planner_inputs
+from costopt.domain import Cloud, Market, OfferKey
+from costopt.errors import CostoptError
+from costopt.jobs.placement import Placement
+from costopt.jobs.records import JobRecord
+from costopt.planning.model import (
+    Candidate,
+    Infeasible,
+    JobSpec,
+    Location,
+    MinCost,
+    MinTime,
+    Objective,
+    Plan,
+)
+from costopt.settings import Settings
+from costopt.throughput.catalog import ThroughputCatalog
+from costopt.throughput.model import JobType
+from pricing.store import Now, PriceStore
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from costopt.migration.unavailable import UnavailableOffers
+
+__all__ = [
+    "USER_JOB_TYPE",
+    "JobInfeasible",
+    "JobPlanner",
+    "UnknownJobType",
+    "candidate_doc",
+    "close_matches",
+    "objective_of",
+    "offer_doc",
+]
+
+USER_JOB_TYPE = JobType("user throughput")
+"""The job type of a job planned on its own throughputs (a one-job catalog)."""
+
+MICRO = Decimal("0.000001")
+CONSTRAINT_ORDER = ("clouds", "regions", "markets", "accelerators", "max_usd_per_hour")
+
+
+class UnknownJobType(CostoptError, LookupError):
+    """The job type is not in the throughput catalog; ``matches`` are the closest names."""
+
+    def __init__(self, name: str, matches: Sequence[str]) -> None:
+        hint = f"; did you mean {', '.join(repr(m) for m in matches)}?" if matches else ""
+        super().__init__(
+            f"unknown job type {name!r}{hint} (`costopt catalog list` shows every name; or give `throughput` "
+            "per accelerator instead)"
+        )
+        self.name, self.matches = name, list(matches)
+
+
+class JobInfeasible(CostoptError):
+    """No offer can run the job under its objective and constraints; ``binding`` names what binds
+    (``constraints.<field>``, ``deadline``, ``budget``, ``throughput``, ``offers``)."""
+
+    def __init__(self, message: str, *, binding: str) -> None:
+        super().__init__(message)
+        self.binding = binding
+
+
+def close_matches(name: str, names: Sequence[str], n: int = 5) -> list[str]:
+    """The catalog names closest to ``name`` (case-insensitive difflib), best first."""
+    by_lower: dict[str, str] = {}
+    for full in names:
+        by_lower.setdefault(full.lower(), full)
+    hits = difflib.get_close_matches(name.lower(), list(by_lower), n=n, cutoff=0.5)
+    model = name.split(" (")[0].strip().lower()
+    same_model = [k for k in by_lower if k.split(" (")[0] == model and k not in hits]
+    return [by_lower[k] for k in [*hits, *same_model][:n]]
+
+
+def objective_of(doc: Mapping[str, Any], *, elapsed_hours: float = 0.0, spent_usd: Decimal = Decimal(0)) -> Objective:
+    """The planner objective of a job's ``objective`` document (``ObjectiveIn`` as JSON), through the
+    objectives registry (:func:`costopt.planning.objectives.build_objective`). A deadline counts
+    ``elapsed_hours`` already gone (past it: the fastest placement); a budget less ``spent_usd`` (all
+    spent: the cheapest). Raises :class:`~costopt.planning.model.InvalidJob` naming a bad parameter."""
+    from costopt.planning.objectives import build_objective
+
+    params = {k: v for k, v in doc.items() if k != "name" and v is not None}
+    if "deadline_hours" in params and elapsed_hours > 0:
+        left = float(params["deadline_hours"]) - elapsed_hours
+        if left <= 0:
+            return MinTime()
+        params["deadline_hours"] = left
+    if "budget_usd" in params and spent_usd > 0:
+        rest = Decimal(str(params["budget_usd"])) - spent_usd
+        if rest <= 0:
+            return MinCost()
+        params["budget_usd"] = rest
+    return build_objective(str(doc.get("name") or "min-cost"), params)
+
+
+def offer_doc(c: Candidate) -> dict[str, Any]:
+    """The candidate's offer, with its accelerator and GPU count (JSON)."""
+    return {
+        "cloud": c.cloud,
+        "region": c.region,
+        "zone": c.zone,
+        "instance_type": c.instance_type,
+        "market": c.market,
+        "accelerator": c.accelerator,
+        "gpu_count": c.gpu_count,
+    }
+
+
+def _usd(value: Decimal) -> str:
+    return str(value.quantize(MICRO))
+
+
+def candidate_doc(c: Candidate) -> dict[str, Any]:
+    """A placement as stored in a quote (money as a decimal string, to the micro-dollar)."""
+    return {
+        "offer": offer_doc(c),
+        "usd_per_hour": c.usd_per_hour,
+        "expected_hours": c.expected_hours,
+        "expected_cost_usd": _usd(c.expected_cost_usd),
+        "steps_per_s": c.steps_per_s,
+    }
+
+
+def _key(c: Candidate) -> OfferKey:
+    return OfferKey(Cloud(c.cloud), c.region, c.zone, c.instance_type, Market(c.market))
+
+
+def _placement(c: Candidate) -> Placement:
+    return Placement(
+        offer=_key(c),
+        usd_per_hour=c.usd_per_hour,
+        steps_per_s=c.steps_per_s,
+        expected_hours=c.expected_hours,
+        expected_cost_usd=c.expected_cost_usd,
+    )
+
+
+def _constrain(frame: pd.DataFrame, name: str, value: Any) -> pd.DataFrame:
+    if value is None:
+        return frame
+    if name == "clouds":
+        return frame[frame["cloud"].astype(str).isin([str(v) for v in value])]
+    if name == "regions":
+        return frame[frame["region"].astype(str).isin([str(v) for v in value])]
+    if name == "markets":
+        return frame[frame["market"].astype(str).isin([str(v) for v in value])]
+    if name == "accelerators":
+        from costopt.domain import normalize_accelerator
+
+        wanted = {normalize_accelerator(str(v)) for v in value}
+        return frame[frame["accelerator"].isin(wanted)]
+    if name == "max_usd_per_hour":
+        return frame[frame["usd_per_hour"] <= float(value)]
+    raise ValueError(f"unknown constraint {name!r}")  # pragma: no cover - the schema is closed
+
+
+def apply_constraints(frame: pd.DataFrame, constraints: Mapping[str, Any], skip: str | None = None) -> pd.DataFrame:
+    """The offers of ``frame`` that satisfy every constraint (but ``skip``)."""
+    for name in CONSTRAINT_ORDER:
+        if name != skip:
+            frame = _constrain(frame, name, constraints.get(name))
+    return frame.reset_index(drop=True)
+
+
+@dataclass(slots=True)
+class JobPlanner:
+    """Plans managed jobs over the price store (see the module doc). Implements
+    :class:`costopt.jobs.placement.Placements`.
+
+    ``unavailable``: the unavailable-offers cache (None: none left out). ``spent``: the job's cost so far
+    (job id, time -> Decimal USD; None: budgets are not reduced by what was spent)."""
+
+    store: PriceStore
+    settings: Settings
+    unavailable: UnavailableOffers | None = None
+    spent: Callable[[str, datetime], Decimal] | None = None
+
+    # -- inputs ----------------------------------------------------------------------------------------
+
+    def catalog_for(self, spec: Mapping[str, Any]) -> tuple[JobType, ThroughputCatalog]:
+        """The job's type and the catalog to plan it on (raises :class:`UnknownJobType`)."""
+        gpus = int(spec.get("gpus", 1))
+        throughput = spec.get("throughput")
+        if throughput:
+            catalog = ThroughputCatalog()
+            for acc, steps_per_s in throughput.items():
+                catalog = catalog.with_measurement(USER_JOB_TYPE, str(acc), gpus, float(steps_per_s))
+            return USER_JOB_TYPE, catalog
+        name = str(spec.get("job_type") or "")
+        catalog = planner_inputs(self.settings, self.store).catalog
+        names = [jt.name for jt in catalog.job_types()]
+        if name in names:
+            return JobType.parse(name), catalog
+        folded = {n.lower(): n for n in names}
+        if name.lower() in folded:
+            return JobType.parse(folded[name.lower()]), catalog
+        raise UnknownJobType(name, close_matches(name, names))
+
+    def _frame(
+        self,
+        at: datetime | None,
+        exclude: Collection[OfferKey],
+        respect_unavailable: bool,
+    ) -> tuple[Now, pd.DataFrame]:
+        # every cloud's offers: the constraints are applied by the caller, so that a binding one is found
+        now, frame = offers_at(
+            self.store, self.settings, at, None, unavailable=self.unavailable if respect_unavailable else None
+        )
+        if exclude:
+            keys = {(o.cloud.value, o.region, o.zone, o.instance_type, o.market.value) for o in exclude}
+            cols = ("cloud", "region", "zone", "instance_type", "market")
+            rows = zip(*(frame[c].astype(str).to_numpy() for c in cols), strict=True)
+            frame = frame[[tuple(r) not in keys for r in rows]].reset_index(drop=True)
+        return now, frame
+
+    def plan(
+        self,
+        spec: Mapping[str, Any],
+        *,
+        at: datetime | None = None,
+        steps: float | None = None,
+        objective: Objective | None = None,
+        location: Location | None = None,
+        exclude: Collection[OfferKey] = (),
+        top: int = 10,
+        respect_unavailable: bool = True,
+        only: OfferKey | None = None,
+    ) -> tuple[Now, Plan]:
+        """Plan the job ``spec`` (its ``steps`` unless ``steps`` is given; its objective unless
+        ``objective`` is given) at ``at`` (None: now by the settings' clock), whole-instance priced.
+        ``only``: price this one offer (its constraints are not applied). Raises
+        :class:`UnknownJobType` or :class:`JobInfeasible`."""
+        from costopt.planning.evaluate import OfferTable
+        from costopt.planning.single import plan_job
+
+        job_type, catalog = self.catalog_for(spec)
+        inputs = planner_inputs(self.settings, self.store)
+        assumptions = replace(inputs.assumptions, per_gpu_packing=False)
+        job = JobSpec(
+            job_type,
+            float(steps if steps is not None else spec["steps"]),
+            int(spec.get("gpus", 1)),
+            float(spec.get("checkpoint_gb", 0.0)) if location is not None else 0.0,
+            location,
+        )
+        goal = objective if objective is not None else objective_of(spec.get("objective") or {})
+        constraints: Mapping[str, Any] = spec.get("constraints") or {}
+        now, offers = self._frame(at, exclude, respect_unavailable)
+        if only is not None:
+            frame = offers[
+                (offers["cloud"].astype(str) == only.cloud.value)
+                & (offers["region"] == only.region)
+                & (offers["zone"] == only.zone)
+                & (offers["instance_type"] == only.instance_type)
+                & (offers["market"].astype(str) == only.market.value)
+            ].reset_index(drop=True)
+        else:
+            frame = apply_constraints(offers, constraints)
+
+        def run(f: pd.DataFrame, obj: Objective, n: int) -> Plan:
+            return plan_job(job, obj, OfferTable.from_frame(f, inputs.hazards), catalog, assumptions, top=n)
+
+        try:
+            return now, run(frame, goal, top)
+        except Infeasible as exc:
+            if only is not None or exc.binding not in ("offers", "throughput"):
+                raise JobInfeasible(str(exc), binding=exc.binding) from exc
+            raise self._binding_constraint(exc, offers, constraints, run, goal, job) from exc
+
+    def _binding_constraint(
+        self,
+        exc: Infeasible,
+        offers: pd.DataFrame,
+        constraints: Mapping[str, Any],
+        run: Callable[[pd.DataFrame, Objective, int], Plan],
+        goal: Objective,
+        job: JobSpec,
+    ) -> JobInfeasible:
+        """Which constraint binds: the first whose removal alone lets the job run."""
+        given = [n for n in CONSTRAINT_ORDER if constraints.get(n) is not None]
+        for name in given:
+            try:
+                plan = run(apply_constraints(offers, constraints, skip=name), goal, 1)
+            except Infeasible:
+                continue
+            w = plan.winner
+            return JobInfeasible(
+                f"no offer can run {job.job_type.name} on {job.gpu_count} GPU(s) within constraints.{name} "
+                f"({constraints[name]}); without it the best is {w.cloud} {w.region} {w.instance_type} ({w.market}) "
+                f"at ${w.usd_per_hour:.4f}/h: widen constraints.{name}",
+                binding=f"constraints.{name}",
+            )
+        if given:
+            return JobInfeasible(
+                f"{exc} under the constraints {', '.join(given)}: no single one binds, widen several",
+                binding="constraints",
+            )
+        return JobInfeasible(str(exc), binding=exc.binding)
+
+    # -- quotes ----------------------------------------------------------------------------------------
+
+    def quote(self, spec: Mapping[str, Any], *, at: datetime | None = None, candidates: int = 5) -> dict[str, Any]:
+        """The quote stored with a new job: the winner, the next ``candidates`` - 1 placements, when
+        (``as_of``) and why. Raises :class:`UnknownJobType` or :class:`JobInfeasible`."""
+        now, plan = self.plan(spec, at=at, top=candidates)
+        return quote_doc(plan, now.at)
+
+    # -- Placements --------------------------------------------------------------------------------------
+
+    def _live_objective(self, job: JobRecord, at: datetime) -> Objective:
+        elapsed = max(0.0, (at - job.created_at).total_seconds() / 3600)
+        spent = self.spent(job.id, at) if self.spent is not None else Decimal(0)
+        return objective_of(job.spec.get("objective") or {}, elapsed_hours=elapsed, spent_usd=spent)
+
+    def rank(
+        self,
+        job: JobRecord,
+        *,
+        remaining_steps: float,
+        at: datetime,
+        exclude: Collection[OfferKey] = (),
+        top: int = 10,
+    ) -> Sequence[Placement]:
+        """The best ``top`` placements for the rest of ``job`` at ``at`` (see
+        :meth:`costopt.jobs.placement.Placements.rank`); empty when nothing can run it."""
+        if remaining_steps <= 0:
+            return []
+        location = Location(job.offer.cloud, job.offer.region) if job.offer is not None else None
+        try:
+            _, plan = self.plan(
+                job.spec,
+                at=at.astimezone(UTC),
+                steps=remaining_steps,
+                objective=self._live_objective(job, at),
+                location=location,
+                exclude=exclude,
+                top=top,
+            )
+        except (UnknownJobType, JobInfeasible):
+            return []
+        return [_placement(c) for c in plan.alternatives]
+
+    def at_offer(self, job: JobRecord, offer: OfferKey, *, remaining_steps: float, at: datetime) -> Placement | None:
+        """``job`` on ``offer`` at ``at`` (no move: no egress), whole-instance priced; None when the
+        offer has no price then or cannot run the job."""
+        if remaining_steps <= 0:
+            return None
+        try:
+            _, plan = self.plan(
+                job.spec,
+                at=at.astimezone(UTC),
+                steps=remaining_steps,
+                objective=MinCost(),
+                top=1,
+                respect_unavailable=False,
+                only=offer,
+            )
+        except (UnknownJobType, JobInfeasible):
+            return None
+        return _placement(plan.winner)
+
+
+def quote_doc(plan: Plan, as_of: datetime) -> dict[str, Any]:
+    """A plan as the quote stored with a job (JSON; money as decimal strings)."""
+    return {
+        **candidate_doc(plan.winner),
+        "as_of": as_of.astimezone(UTC).isoformat().replace("+00:00", "Z"),
+        "reason": plan.reason,
+        "per_gpu_packing": False,
+        "candidates": [candidate_doc(c) for c in plan.alternatives],
+    }

@@ -1,0 +1,451 @@
+"""``/v1/jobs``: submit managed jobs, list and follow them, cancel them (an API key is required).
+
+Scope: a member sees its own team's jobs only; another team's job id answers 404 and changes nothing,
+exactly as an unknown id. An admin sees every team's (``?team=`` filters).
+
+``POST /v1/jobs`` plans the job at once (the quote, whole-instance priced: what the ledger will bill) and
+stores it ``queued``; the engine launches it. With an ``Idempotency-Key`` (<= 200 characters) a retried
+submission returns the first job (200) and creates nothing, also when retries race.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query, Request, Response
+
+from api.auth import Caller, CallerDep
+from api.deps import JobPlannerDep, JobsDep, SettingsDep
+from api.errors import ApiError
+from api.job_planning import JobInfeasible, UnknownJobType
+from api.job_schemas import (
+    EventPublic,
+    EventsListPublic,
+    JobCreate,
+    JobPublic,
+    JobsListPublic,
+    LogCopyPublic,
+    LogsPublic,
+    MovePublic,
+    OfferPublic,
+    PlacementPublic,
+    QuotePublic,
+)
+from costopt.domain import OfferKey
+from costopt.jobs.model import JobState
+from costopt.jobs.records import JobEvent, JobNotFound, JobRecord, JobRepository, NewJob, new_job_id
+from costopt.settings import Settings
+
+log = logging.getLogger("costopt.api")
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+JobId = Annotated[str, Path(min_length=1, max_length=64, description="The job's id (job-...).")]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        max_length=200,
+        description="Any string <= 200 characters: a retry with the same key returns the first job.",
+    ),
+]
+MOVE_KINDS = ("move", "preemption", "recovery")
+
+
+# -- rendering -----------------------------------------------------------------------------------------
+
+
+def _offer_public(doc: Mapping[str, Any] | None) -> OfferPublic | None:
+    if not doc:
+        return None
+    return OfferPublic(
+        cloud=str(doc.get("cloud", "")),
+        region=str(doc.get("region", "")),
+        zone=str(doc.get("zone", "")),
+        instance_type=str(doc.get("instance_type", "")),
+        market=str(doc.get("market", "")),
+        accelerator=doc.get("accelerator"),
+        gpu_count=doc.get("gpu_count"),
+    )
+
+
+def _known_offer(job: JobRecord, key: OfferKey) -> Mapping[str, Any] | None:
+    """The quote's description of ``key`` (accelerator, GPUs), when the quote holds it."""
+    quote = job.quote or {}
+    for cand in [quote, *quote.get("candidates", [])]:
+        offer = cand.get("offer") if isinstance(cand, Mapping) else None
+        if isinstance(offer, Mapping):
+            try:
+                if OfferKey.from_doc(offer) == key:
+                    found: Mapping[str, Any] = cand
+                    return found
+            except (KeyError, ValueError):
+                continue
+    return None
+
+
+def _placement(job: JobRecord) -> PlacementPublic | None:
+    if job.offer is None:
+        return None
+    known = _known_offer(job, job.offer) or {}
+    offer = known.get("offer") or {}
+    return PlacementPublic(
+        **job.offer.to_doc(),
+        accelerator=offer.get("accelerator"),
+        gpu_count=offer.get("gpu_count"),
+        usd_per_hour=float(job.usd_per_hour) if job.usd_per_hour is not None else None,
+    )
+
+
+def _quote(job: JobRecord) -> QuotePublic | None:
+    q = job.quote
+    if not q or "offer" not in q:
+        return None
+    offer = _offer_public(q.get("offer"))
+    assert offer is not None
+    return QuotePublic(
+        offer=offer,
+        usd_per_hour=float(q["usd_per_hour"]),
+        expected_hours=float(q["expected_hours"]),
+        expected_cost_usd=str(q["expected_cost_usd"]),
+        steps_per_s=q.get("steps_per_s"),
+        as_of=q.get("as_of"),
+        reason=q.get("reason"),
+    )
+
+
+def _eta(job: JobRecord, now: datetime) -> datetime | None:
+    """Now plus the steps left at the throughput the planner expected where the job runs."""
+    if job.state not in (JobState.RUNNING, JobState.MIGRATING, JobState.RECOVERING) or job.offer is None:
+        return None
+    known = _known_offer(job, job.offer)
+    rate = (known or {}).get("steps_per_s")
+    if not rate or float(rate) <= 0:
+        return None
+    left = max(0, job.steps_total - job.steps_done)
+    return now + timedelta(seconds=left / float(rate))
+
+
+def _move(ev: JobEvent) -> MovePublic:
+    detail = ev.detail or {}
+    return MovePublic(
+        at=ev.at,
+        kind=ev.kind,
+        reason=ev.reason,
+        cost_usd=str(ev.cost_usd) if ev.cost_usd is not None else None,
+        from_=_offer_public(detail.get("from") if isinstance(detail.get("from"), Mapping) else None),
+        to=_offer_public(detail.get("to") if isinstance(detail.get("to"), Mapping) else None),
+    )
+
+
+def _cost_so_far(request: Request, job: JobRecord, now: datetime) -> str:
+    """The ledger's cost of the job up to ``now`` (decimal string of USD)."""
+    if job.started_at is None and job.offer is None:
+        return "0"
+    ledger = getattr(request.app.state, "ledger", None)
+    if ledger is None:
+        return "0"
+    from costopt.jobs.costs import job_cost
+    from costopt.ledger.model import LedgerError
+
+    try:
+        return str(job_cost(ledger, job.id, now))
+    except LedgerError as exc:
+        log.warning("job %s: cost so far not priced: %s", job.id, exc)
+        return "0"
+
+
+def render_job(request: Request, jobs: JobRepository, job: JobRecord, *, now: datetime | None = None) -> JobPublic:
+    """A job as the API shows it: the record, its quote and placement, and the live figures (ETA, the
+    ledger's cost so far, moves and preemptions with their reason and cost)."""
+    at = now or jobs.now()
+    spec = job.spec
+    events = [e for e in jobs.events(job.id) if e.kind in MOVE_KINDS]
+    return JobPublic(
+        id=job.id,
+        team_id=job.team_id,
+        batch_id=job.batch_id,
+        name=job.name,
+        state=job.state,
+        reason=job.reason,
+        job_type=spec.get("job_type"),
+        throughput=spec.get("throughput"),
+        steps_total=job.steps_total,
+        steps_done=job.steps_done,
+        gpus=int(spec.get("gpus", 1)),
+        objective=dict(spec.get("objective") or {}),
+        constraints={k: v for k, v in (spec.get("constraints") or {}).items() if v is not None},
+        command=list(spec.get("command") or []),
+        image=spec.get("image"),
+        checkpoint_uri=str(spec.get("checkpoint_uri", "")),
+        provider=job.provider,
+        placement=_placement(job),
+        quote=_quote(job),
+        eta=_eta(job, at),
+        cost_so_far_usd=_cost_so_far(request, job, at),
+        moves=[_move(e) for e in events],
+        exit_code=job.exit_code,
+        cancel_requested_at=job.cancel_requested_at,
+        created_at=job.created_at,
+        updated_at=job.updated_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+    )
+
+
+# -- helpers shared with the batch routes ------------------------------------------------------------------
+
+
+def job_spec(body: JobCreate, job_id: str, settings: Settings) -> dict[str, Any]:
+    """The normalized submission stored with the job (JSON values; the checkpoint URI defaulted)."""
+    spec = body.model_dump(mode="json", exclude={"name"})
+    if not spec.get("checkpoint_uri"):
+        spec["checkpoint_uri"] = f"{settings.checkpoint_root.rstrip('/')}/{job_id}"
+    return spec
+
+
+def provider_for(quote: Mapping[str, Any], settings: Settings) -> str:
+    """The provider that will run the job: the planned offer's cloud when the service runs it, else the
+    service's default provider (e.g. ``sim``, which runs every cloud's offers)."""
+    cloud = str((quote.get("offer") or {}).get("cloud", ""))
+    return cloud if cloud in settings.all_providers() else settings.provider
+
+
+def planning_error(exc: UnknownJobType | JobInfeasible) -> ApiError:
+    """The 422 of a job that cannot be planned."""
+    if isinstance(exc, UnknownJobType):
+        return ApiError(
+            422,
+            "unknown_job_type",
+            str(exc),
+            [{"field": "job_type", "problem": f"unknown job type {exc.name!r}", "did_you_mean": exc.matches}],
+        )
+    return ApiError(422, "infeasible", str(exc), [{"binding": exc.binding}])
+
+
+def get_job(jobs: JobRepository, caller: Caller, job_id: str) -> JobRecord:
+    """The job, when the caller may see it (404 otherwise, the same for another team's as for none)."""
+    try:
+        return jobs.get(job_id, caller.scope)
+    except JobNotFound as exc:
+        raise ApiError(404, "not_found", f"no job {job_id!r}: `costopt jobs list` shows your jobs") from exc
+
+
+def parse_states(state: str | None) -> list[JobState] | None:
+    if state is None or not state.strip():
+        return None
+    out: list[JobState] = []
+    for part in state.split(","):
+        try:
+            out.append(JobState(part.strip().lower()))
+        except ValueError as exc:
+            raise ApiError(
+                422,
+                "invalid_request",
+                f"unknown state {part.strip()!r}: choose from {', '.join(s.value for s in JobState)}",
+                [{"field": "query.state", "problem": f"unknown state {part.strip()!r}"}],
+            ) from exc
+    return out
+
+
+def scope_for_listing(caller: Caller, team: str | None) -> str | None:
+    """The team a listing is limited to: the member's own; an admin's ``team`` filter (None: all)."""
+    if caller.is_admin:
+        return team
+    if team is not None and team != caller.team_id:
+        raise ApiError(403, "forbidden", "a member key lists its own team's jobs only: drop ?team=")
+    return caller.team_id
+
+
+# -- routes ----------------------------------------------------------------------------------------------
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=JobPublic,
+    responses={200: {"model": JobPublic, "description": "the Idempotency-Key was used before: the first job"}},
+)
+def submit_job(
+    body: JobCreate,
+    request: Request,
+    response: Response,
+    caller: CallerDep,
+    jobs: JobsDep,
+    planner: JobPlannerDep,
+    settings: SettingsDep,
+    idempotency_key: IdempotencyKey = None,
+) -> JobPublic:
+    """Plan the job (the quote) and queue it; 422 ``unknown_job_type`` (with close matches) or
+    ``infeasible`` (naming the binding constraint) when it cannot be planned."""
+    if idempotency_key is not None:
+        first = jobs.by_idempotency_key(caller.team_id, idempotency_key)
+        if first is not None:
+            response.status_code = 200
+            return render_job(request, jobs, first)
+    job_id = new_job_id()
+    spec = job_spec(body, job_id, settings)
+    try:
+        quote = planner.quote(spec)
+    except (UnknownJobType, JobInfeasible) as exc:
+        raise planning_error(exc) from exc
+    job, created = jobs.create(
+        NewJob(
+            team_id=caller.team_id,
+            spec=spec,
+            steps_total=body.steps,
+            provider=provider_for(quote, settings),
+            name=body.name,
+            quote=quote,
+            idempotency_key=idempotency_key,
+            job_id=job_id,
+        )
+    )
+    if created:
+        log.info("job %s submitted by key %s (team %s)", job.id, caller.key_id, caller.team_id)
+    else:
+        response.status_code = 200
+    return render_job(request, jobs, job)
+
+
+@router.get("", response_model=JobsListPublic)
+def list_jobs(
+    request: Request,
+    caller: CallerDep,
+    jobs: JobsDep,
+    state: Annotated[str | None, Query(max_length=200, description="States, comma-separated.")] = None,
+    team: Annotated[str | None, Query(max_length=64, description="Admins: one team's jobs.")] = None,
+    batch: Annotated[str | None, Query(max_length=64, description="One batch's jobs.")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200, description="next_cursor of the previous page.")] = None,
+) -> JobsListPublic:
+    """Jobs oldest first, ``limit`` at a time; pages are stable while jobs are added."""
+    try:
+        page = jobs.page(
+            team_id=scope_for_listing(caller, team),
+            states=parse_states(state),
+            batch_id=batch,
+            limit=limit,
+            cursor=cursor,
+        )
+    except ValueError as exc:
+        raise ApiError(422, "invalid_request", str(exc), [{"field": "query.cursor", "problem": str(exc)}]) from exc
+    now = jobs.now()
+    return JobsListPublic(
+        total=page.total,
+        items=[render_job(request, jobs, j, now=now) for j in page.items],
+        next_cursor=page.next_cursor,
+    )
+
+
+@router.get("/{job_id}", response_model=JobPublic)
+def show_job(job_id: JobId, request: Request, caller: CallerDep, jobs: JobsDep) -> JobPublic:
+    """One job, with its live figures."""
+    return render_job(request, jobs, get_job(jobs, caller, job_id))
+
+
+@router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic)
+def cancel_job(job_id: JobId, request: Request, caller: CallerDep, jobs: JobsDep) -> JobPublic:
+    """Ask for the job to be cancelled (checkpointed, terminated; a queued job at once). Idempotent; a
+    finished job is returned unchanged."""
+    get_job(jobs, caller, job_id)
+    try:
+        job = jobs.request_cancel(job_id, caller.scope)
+    except JobNotFound as exc:
+        raise ApiError(404, "not_found", f"no job {job_id!r}") from exc
+    log.info("job %s: cancel requested by key %s", job_id, caller.key_id)
+    return render_job(request, jobs, job)
+
+
+@router.get("/{job_id}/events", response_model=EventsListPublic)
+def job_events(
+    job_id: JobId,
+    caller: CallerDep,
+    jobs: JobsDep,
+    after: Annotated[int, Query(ge=0, le=2**62, description="Events after this id.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 500,
+) -> EventsListPublic:
+    """The job's events (state changes, moves, preemptions...) in order."""
+    get_job(jobs, caller, job_id)
+    return EventsListPublic(
+        items=[
+            EventPublic(
+                id=e.id,
+                at=e.at,
+                kind=e.kind,
+                from_state=e.from_state,
+                to_state=e.to_state,
+                reason=e.reason,
+                cost_usd=str(e.cost_usd) if e.cost_usd is not None else None,
+                detail=dict(e.detail) if e.detail is not None else None,
+            )
+            for e in jobs.events(job_id, after_id=after, limit=limit)
+        ]
+    )
+
+
+def _copies(jobs: JobRepository, job_id: str) -> Sequence[Any]:
+    from sqlalchemy import select
+
+    from costopt.db.migration_schema import migration_copies as mc
+
+    with jobs.engine.connect() as conn:
+        return conn.execute(
+            select(mc.c.epoch, mc.c.instance_id, mc.c.provider, mc.c.started_at, mc.c.ended_at)
+            .where(mc.c.job_id == job_id)
+            .order_by(mc.c.epoch, mc.c.started_at, mc.c.instance_id)
+        ).all()
+
+
+@router.get("/{job_id}/logs", response_model=LogsPublic)
+def job_logs(
+    job_id: JobId,
+    request: Request,
+    caller: CallerDep,
+    jobs: JobsDep,
+    tail: Annotated[int, Query(ge=1, le=10_000, description="Last lines of each copy.")] = 200,
+) -> LogsPublic:
+    """Each copy's own output (its last ``tail`` lines), oldest copy first."""
+    from costopt.cloud import NotFoundError
+
+    get_job(jobs, caller, job_id)
+    providers = job_providers(request)
+    out: list[LogCopyPublic] = []
+    for row in _copies(jobs, job_id):
+        provider = providers(row.provider)
+        text, error = "", None
+        if provider is None:
+            error = f"provider {row.provider!r} is not configured in this service"
+        else:
+            try:
+                text = provider.output(row.instance_id, tail=tail)
+            except NotFoundError:
+                error = "the instance is gone and its provider kept no output"
+            except NotImplementedError:
+                error = f"provider {row.provider!r} keeps no output"
+        out.append(
+            LogCopyPublic(
+                epoch=int(row.epoch),
+                instance_id=row.instance_id,
+                provider=row.provider,
+                started_at=row.started_at,
+                ended_at=row.ended_at,
+                output=text,
+                error=error,
+            )
+        )
+    return LogsPublic(copies=out)
+
+
+def job_providers(request: Request) -> Any:
+    """A lookup provider name -> CloudProvider (None: not configured): ``app.state.providers`` (a
+    mapping by name, set at startup by the job service)."""
+    providers: Mapping[str, Any] = getattr(request.app.state, "providers", None) or {}
+
+    def lookup(name: str) -> Any:
+        return providers.get(name) or providers.get(str(name).lower())
+
+    return lookup
