@@ -15,8 +15,8 @@ weighted                        :class:`Weighted` (``cost_weight``, default 0.5)
 
 Collection objectives (:data:`COLLECTION_OBJECTIVES`, :func:`build_collection_objective`):
 ``sweep-min-cost`` (alias ``deadline``; ``deadline_hours`` required, ``confidence``, ``joint``),
-``min-total-cost`` (alias ``min-cost``), ``min-makespan-budget`` (alias ``budget``; ``budget_usd``
-required).
+``min-total-cost`` (alias ``min-cost``), ``min-makespan-budget`` (aliases ``makespan``, ``budget``;
+``budget_usd`` required).
 
 Parameters (a value of None counts as not given): ``deadline_hours`` (number of hours > 0),
 ``budget_usd`` (USD: a Decimal, an int, a decimal string, or a float taken at its shortest repr),
@@ -240,7 +240,7 @@ def _min_total_cost(p: ObjectiveParams) -> CollectionObjective:
     return MinTotalCost()
 
 
-@COLLECTION_OBJECTIVES.register("min-makespan-budget", aliases=("budget",))
+@COLLECTION_OBJECTIVES.register("min-makespan-budget", aliases=("makespan", "budget"))
 def _min_makespan_budget(p: ObjectiveParams) -> CollectionObjective:
     from costopt.planning.collection import MinMakespanWithinBudget
 

@@ -55,6 +55,12 @@ def test_the_registries_name_every_objective() -> None:
         "budget": "min-time-budget",
     }
     assert COLLECTION_OBJECTIVES.names() == ("sweep-min-cost", "min-total-cost", "min-makespan-budget")
+    assert COLLECTION_OBJECTIVES.aliases() == {
+        "deadline": "sweep-min-cost",
+        "min-cost": "min-total-cost",
+        "makespan": "min-makespan-budget",
+        "budget": "min-makespan-budget",
+    }
     # every objective names itself as registered, so plans echo the canonical name
     built = {
         "min-cost": build_objective("min-cost"),
