@@ -120,6 +120,24 @@ def test_a_copy_that_exits_0_without_finishing_is_retried_a_bounded_number_of_ti
     assert len(h.local.history({TAG_JOB: job.id})) == 3
 
 
+def test_a_copy_stopped_outside_a_preemption_is_recovered_from_its_checkpoint(h: Harness) -> None:
+    job = h.submit(train_command(300, every=20, step_seconds=0.01), 300)
+    h.run_until(job.id, lambda j: j.state is JobState.RUNNING and j.steps_done >= 40)
+    first = h.migrator.job(job.id).instance_id
+    assert first is not None
+    h.local.terminate(first)  # not by the migrator: the agent checkpoints on SIGTERM and exits 75
+    assert h.local.exit_code(first) == 75 and h.local.describe(first).state is InstanceState.TERMINATED
+    done = h.run_until(job.id, _terminal)
+
+    assert done.state is JobState.SUCCEEDED, done.reason
+    kinds = [e.kind for e in h.repo.events(job.id)]
+    assert kinds.count("copy_lost") == 1 and kinds.count("recovery") == 1 and "preemption" not in kinds
+    assert "recovering" in h.states(job.id)
+    audit = control.audit_job(h.engine.checkpoint_uri(done), 300)
+    assert audit.ok and audit.lost_steps == 0, audit.problems
+    assert len(h.local.history({TAG_JOB: job.id})) == 2
+
+
 def test_cancel_checkpoints_terminates_and_keeps_the_record(h: Harness) -> None:
     job = h.submit(train_command(5000, every=1000, step_seconds=0.01), 5000)
     h.run_until(job.id, lambda j: j.state is JobState.RUNNING and j.steps_done >= 20)
@@ -171,7 +189,7 @@ def test_a_crash_mid_tick_then_a_new_engine_finishes_the_job_without_a_second_co
 
 
 def test_move_moves_the_job_and_records_the_event_with_its_cost(h: Harness) -> None:
-    job = h.submit(train_command(600, every=20, step_seconds=0.01), 600)
+    job = h.submit(train_command(300, every=20, step_seconds=0.01), 300)
     h.run_until(job.id, lambda j: j.state is JobState.RUNNING and j.steps_done >= 20)
     with pytest.raises(ValueError, match="at least one placement"):
         h.engine.move(job.id, [], reason="nowhere", expected_saving_usd=Decimal(0))
@@ -190,7 +208,7 @@ def test_move_moves_the_job_and_records_the_event_with_its_cost(h: Harness) -> N
     done = h.run_until(job.id, _terminal)
     assert done.state is JobState.SUCCEEDED
     assert [e.kind for e in h.repo.events(job.id)].count("move") == 1  # the tick did not record it again
-    assert control.audit_job(h.engine.checkpoint_uri(done), 600).ok
+    assert control.audit_job(h.engine.checkpoint_uri(done), 300).ok
     assert [m.kind for m in h.engine.view(job.id).moves] == ["move"]
     with pytest.raises(MoveRefused):
         h.engine.move(job.id, [placement(LOCAL_A)], reason="too late", expected_saving_usd=Decimal(0))
