@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 
 from costopt.agent import control
-from costopt.cloud import InstanceState
+from costopt.cloud import CapacityError, InstanceState
 from costopt.jobs.costs import job_cost
 from costopt.jobs.engine import CANCEL_PREFIX, ENV_JOB_STEPS, ENV_JOB_TYPE, ENV_STEPS_PER_SECOND, JobEngine, MoveRefused
 from costopt.jobs.model import JobState
 from costopt.jobs.records import NewJob
 from costopt.ledger.model import micro_to_usd, usd_to_micro
-from costopt.migration.machine import TAG_EPOCH, TAG_JOB, JobStatus, Migrator
+from costopt.migration.machine import ALIVE_STATES, TAG_EPOCH, TAG_JOB, JobStatus, Migrator
 from costopt.migration.watch import InterruptionWatcher, MemoryWatermark
+from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider
 from tests.jobs.engine_support import LOCAL_A, LOCAL_B, PRICES, Harness, placement, train_command
 
@@ -238,3 +239,70 @@ def test_the_engine_checks_its_arguments(engine, local, tmp_path: Path) -> None:
     m = Migrator(engine, local)
     with pytest.raises(ValueError, match="launch_attempts"):
         JobEngine(None, {"local": m}, None, lambda: datetime.now(UTC), tmp_path, launch_attempts=0)  # type: ignore[arg-type]
+
+
+class FlakyLocal(LocalProvider):
+    """The local provider, refusing launches on the offers in ``failing`` for capacity."""
+
+    failing: frozenset = frozenset()
+
+    def launch(self, spec, idempotency_token):  # type: ignore[no-untyped-def]
+        if spec.offer in self.failing:
+            raise CapacityError(f"no capacity for {spec.offer.instance_type}")
+        return super().launch(spec, idempotency_token)
+
+
+@pytest.fixture
+def flaky(tmp_path: Path) -> Iterator[FlakyLocal]:
+    prov = FlakyLocal(tmp_path / "flaky", cwd=PROJECT_ROOT, grace_seconds=3.0)
+    yield prov
+    for inst in prov.list({}):
+        if inst.state in ALIVE_STATES:
+            prov.terminate(inst.instance_id)
+    prov.close()
+
+
+def test_a_start_refused_on_the_best_offer_runs_on_the_next_and_one_refused_everywhere_fails(
+    engine, flaky: FlakyLocal, tmp_path: Path
+) -> None:
+    h = Harness(engine, flaky, tmp_path, workers=0, launch_attempts=2)
+    flaky.failing = frozenset({LOCAL_A})
+    job = h.submit(train_command(30), 30)
+    done = h.run_until(job.id, _terminal)
+    assert done.state is JobState.SUCCEEDED and done.offer == LOCAL_B and done.usd_per_hour == Decimal("7.2")
+
+    flaky.failing = frozenset({LOCAL_A, LOCAL_B})
+    nowhere = h.submit(train_command(30), 30)
+    failed = h.run_until(nowhere.id, _terminal)
+    assert failed.state is JobState.FAILED and "launched nowhere after 2 attempt(s)" in failed.reason
+    assert failed.reason.count("CapacityError") >= 2  # the reason of each refusal
+    assert flaky.history({TAG_JOB: nowhere.id}) == []
+
+
+def test_a_recovery_that_launches_nowhere_is_retried_then_the_job_fails(
+    engine, flaky: FlakyLocal, tmp_path: Path
+) -> None:
+    h = Harness(engine, flaky, tmp_path, launch_attempts=2)
+    watcher = InterruptionWatcher(
+        h.migrator,
+        lambda j: [LOCAL_A, LOCAL_B],
+        unavailable=h.unavailable,
+        watermark=MemoryWatermark(),
+        retry_base=0.0,
+    )
+    job = h.submit(train_command(2000, every=20, step_seconds=0.01), 2000)
+    h.run_until(job.id, lambda j: j.state is JobState.RUNNING and j.steps_done >= 20)
+    flaky.failing = frozenset({LOCAL_A, LOCAL_B})
+    first = h.migrator.job(job.id).instance_id
+    assert first is not None
+    flaky.preempt(first, notice_seconds=0)  # taken at once
+    done = h.run_until(job.id, _terminal, also=watcher.poll)
+
+    assert done.state is JobState.FAILED and "recovered nowhere after 2 attempt(s)" in done.reason
+    assert "recovering" in h.states(job.id)
+    assert [e.kind for e in h.repo.events(job.id)].count("recovery_failed") == 2
+    assert h.migrator.job(job.id).status is JobStatus.FINISHED
+    recoveries = len(h.migrator.history(job.id))
+    watcher.poll()
+    h.engine.tick()
+    assert len(h.migrator.history(job.id)) == recoveries  # nobody retries a failed job
