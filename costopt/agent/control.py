@@ -4,7 +4,9 @@
   next checkpoint is refused), idempotently;
 - :func:`request_checkpoint` asks the running copy for a checkpoint; :func:`request_served` tells
   when the latest checkpoint answers it;
-- :func:`latest` describes the latest checkpoint without handing its state around;
+- :func:`latest` describes the latest checkpoint without handing its state around: from its manifest
+  (a small JSON file the agent publishes next to it), so a poll never reads the checkpoint itself;
+  only a checkpoint without a manifest (an older agent's) is read, the old way;
 - :func:`progress` / :func:`audit_job` read the progress logs (is the new copy progressing? did the
   job do exactly the steps it asked for?).
 
@@ -23,9 +25,12 @@ from costopt.agent.errors import StaleEpoch
 from costopt.agent.layout import (
     REQUEST_FILE,
     Checkpoint,
+    Manifest,
     latest_checkpoint,
     list_checkpoints,
+    load_checkpoint,
     read_epoch_marker,
+    read_manifest,
     read_request,
     write_epoch_marker,
 )
@@ -93,7 +98,11 @@ def pending_request(location: str | Storage) -> dict[str, Any] | None:
 
 @dataclass(frozen=True, slots=True)
 class CheckpointInfo:
-    """The latest checkpoint, without its state."""
+    """The latest checkpoint, without its state.
+
+    ``served_request_ids``: requests it or an earlier checkpoint of its lineage answered (from its
+    manifest; only ``request_id`` for a checkpoint without one). ``size`` / ``sha256``: of the file /
+    its payload (None when read from a checkpoint without a manifest)."""
 
     epoch: int
     step: int
@@ -102,16 +111,47 @@ class CheckpointInfo:
     created_at: float
     request_id: str | None
     name: str
+    served_request_ids: tuple[str, ...] = ()
+    size: int | None = None
+    sha256: str | None = None
 
     @classmethod
     def of(cls, ckpt: Checkpoint) -> CheckpointInfo:
-        return cls(ckpt.epoch, ckpt.step, ckpt.job_id, ckpt.run_id, ckpt.created_at, ckpt.request_id, ckpt.name)
+        served = (ckpt.request_id,) if ckpt.request_id else ()
+        return cls(ckpt.epoch, ckpt.step, ckpt.job_id, ckpt.run_id, ckpt.created_at, ckpt.request_id, ckpt.name, served)
+
+    @classmethod
+    def of_manifest(cls, m: Manifest) -> CheckpointInfo:
+        return cls(
+            m.epoch,
+            m.step,
+            m.job_id,
+            m.run_id,
+            m.created_at,
+            m.request_id,
+            m.name,
+            m.served_request_ids,
+            m.size,
+            m.sha256,
+        )
 
 
 def latest(location: str | Storage) -> CheckpointInfo | None:
-    """The latest valid checkpoint (greatest ``(epoch, step)``), or None."""
-    ckpt = latest_checkpoint(_storage(location))
-    return CheckpointInfo.of(ckpt) if ckpt else None
+    """The latest checkpoint (greatest ``(epoch, step)``), or None.
+
+    Reads one directory listing and the newest checkpoint's manifest; a checkpoint without a
+    (readable) manifest is read and verified instead, and skipped when torn, as :func:`restore_latest`
+    does. The state is never verified through a manifest: the agent publishes a manifest only after
+    its checkpoint, and a restore verifies the checksum (falling back to an older checkpoint)."""
+    storage = _storage(location)
+    for ref in reversed(list_checkpoints(storage)):
+        manifest = read_manifest(storage, ref)
+        if manifest is not None:
+            return CheckpointInfo.of_manifest(manifest)
+        ckpt = load_checkpoint(storage, ref)
+        if ckpt is not None:
+            return CheckpointInfo.of(ckpt)
+    return None
 
 
 def restore_latest(location: str | Storage) -> Checkpoint | None:
@@ -126,7 +166,7 @@ def request_served(location: str | Storage, request_id: str) -> bool:
     info = latest(storage)
     if info is None:
         return False
-    if info.request_id == request_id:
+    if info.request_id == request_id or request_id in info.served_request_ids:
         return True
     req = read_request(storage)
     # A later checkpoint of the same or a newer epoch, written after the request, serves it too.

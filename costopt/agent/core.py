@@ -50,18 +50,25 @@ from costopt.agent.contract import (
 from costopt.agent.errors import AgentConfigError, CheckpointError, ForeignCheckpoint, StaleEpoch
 from costopt.agent.layout import (
     CHECKPOINT_DIR,
+    MAX_SERVED_IDS,
     Checkpoint,
     CheckpointRef,
+    Manifest,
     checkpoint_name,
+    delete_checkpoint,
     encode_checkpoint,
     encode_state,
     latest_checkpoint,
     list_checkpoints,
+    manifest_name,
+    payload_digest,
     progress_name,
     read_epoch_marker,
+    read_manifest,
     read_request,
     temp_epoch,
     write_epoch_marker,
+    write_manifest,
 )
 from costopt.agent.notices import CHECKPOINT_MARGIN_SECONDS, Clock, Notice, NoticeSource, sources_from_env
 from costopt.agent.storage import LocalStorage, Storage, open_storage
@@ -143,7 +150,7 @@ class Agent:
         self._floor = 0
         self._last_written: CheckpointRef | None = None
         self._stale = False
-        self._served: set[str] = set()
+        self._served: dict[str, None] = {}  # request ids answered (by this run or its lineage), oldest first
         self._pending_request: dict[str, Any] | None = None
         self._notice: Notice | None = None
         self._notice_checkpointed = False
@@ -315,8 +322,12 @@ class Agent:
         self._restored = ckpt
         self._restore_done = True
         self._floor = ckpt.step if ckpt else 0
-        if ckpt is not None and ckpt.request_id:
-            self._served.add(ckpt.request_id)  # the predecessor already answered that request
+        if ckpt is not None:
+            # The predecessor already answered these requests (its manifest lists its lineage's).
+            manifest = read_manifest(self.storage, ckpt.ref)
+            for rid in (*(manifest.served_request_ids if manifest else ()), ckpt.request_id):
+                if rid:
+                    self._served[rid] = None
         self._start(ckpt)
         if ckpt is not None:
             log.info("epoch %d restored step %d (written by epoch %d)", self.epoch, ckpt.step, ckpt.epoch)
@@ -414,18 +425,24 @@ class Agent:
             "meta": dict(meta or {}),
         }
         name = checkpoint_name(self.epoch, step)
-        self.storage.write_atomic(name, encode_checkpoint(header, payload), temp_tag=f"e{self.epoch}")
+        digest = payload_digest(payload)
+        data = encode_checkpoint(header, payload, sha256=digest)
+        # A manifest left by an earlier checkpoint of this name must never describe this one.
+        self.storage.delete(manifest_name(name))
+        self.storage.write_atomic(name, data, temp_tag=f"e{self.epoch}")
         marker = read_epoch_marker(self.storage)
         if marker > self.epoch:
             # Lost the race to a newer claim: withdraw the file so nobody restores it.
             self.storage.delete(name)
             self._mark_stale(marker, "the epoch marker (claimed while writing)", step)
         ref = CheckpointRef(self.epoch, step, name)
+        if request_id is not None:
+            self._served.pop(request_id, None)
+            self._served[request_id] = None
+        self._publish_manifest(ref, header, len(data), digest)
         self._last_written = ref
         self._floor = step
         self._prune(ref)
-        if request_id is not None:
-            self._served.add(request_id)
         self._pending_request = None
         self._checkpoint_signal = False
         if self._notice is not None:
@@ -450,10 +467,31 @@ class Agent:
         if refs and refs[-1].epoch > self.epoch:
             self._mark_stale(refs[-1].epoch, "the latest checkpoint", step)
 
+    def _publish_manifest(self, ref: CheckpointRef, header: Mapping[str, Any], size: int, digest: str) -> None:
+        """Publish the manifest of a just-published checkpoint (what polls read instead of it). A failure
+        only costs the pollers a full read of the checkpoint: it is logged, not raised."""
+        manifest = Manifest(
+            name=ref.name,
+            epoch=ref.epoch,
+            step=ref.step,
+            job_id=self.job_id,
+            run_id=self.run_id,
+            created_at=float(header["created_at"]),
+            request_id=header["request_id"],
+            served_request_ids=tuple(self._served)[-MAX_SERVED_IDS:],
+            size=size,
+            sha256=digest,
+            written_at=self.clock(),
+        )
+        try:
+            write_manifest(self.storage, manifest, temp_tag=f"e{self.epoch}")
+        except OSError as exc:
+            log.warning("could not publish the manifest of %s (pollers will read the checkpoint): %s", ref.name, exc)
+
     def _prune(self, newest: CheckpointRef) -> None:
         refs = sorted({r for r in list_checkpoints(self.storage) if r <= newest} | {newest})
         for ref in refs[: -self.keep]:
-            self.storage.delete(ref.name)
+            delete_checkpoint(self.storage, ref.name)
 
     # -- when to checkpoint, when to stop ------------------------------------------------------------
 

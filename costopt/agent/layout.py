@@ -5,6 +5,7 @@
     <checkpoint URI>/
         epoch.json                               fencing marker: the highest epoch that claimed the job
         checkpoints/ckpt-e<epoch>-s<step>.ckpt    one file per checkpoint (header line + payload)
+        checkpoints/ckpt-e<epoch>-s<step>.manifest.json   its manifest (what the migrator polls)
         progress/e<epoch>.jsonl                   progress log of the copies that ran with that epoch
         control/request.json                      a checkpoint request written by the migrator
 
@@ -12,6 +13,14 @@ A checkpoint file is ``MAGIC``, one JSON header line, then the payload. The head
 epoch, step, run, request served, encoding (``bytes`` or ``json``), payload size and SHA-256, so a
 torn or foreign file is recognised and skipped. The *latest* checkpoint is the valid one with the
 greatest ``(epoch, step)``: a newer epoch always supersedes an older one, whatever the steps.
+
+A *manifest* is a small JSON file the agent publishes (atomically) next to each checkpoint once the
+checkpoint itself is published: its name, epoch, step, job, run, size, payload SHA-256, the request
+ids it serves and when it was written. Polls (:func:`costopt.agent.control.latest`,
+:func:`~costopt.agent.control.request_served`) read the manifest of the newest checkpoint name and
+never the checkpoint; only a restore reads and verifies the checkpoint itself. A checkpoint without a
+manifest (written by an older agent, or by one that died between the two writes) is described by
+reading its header the old way. The agent deletes a checkpoint's manifest before the checkpoint.
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ import hashlib
 import json
 import logging
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from costopt.agent.errors import AgentError, CheckpointError
@@ -29,6 +38,10 @@ from costopt.agent.storage import Storage
 log = logging.getLogger("costopt.agent")
 
 MAGIC = b"COSTOPT-CKPT/1\n"
+MANIFEST_FORMAT = "costopt-manifest/1"
+MANIFEST_SUFFIX = ".manifest.json"
+MAX_SERVED_IDS = 32
+"""A manifest lists at most this many served request ids (the newest)."""
 EPOCH_MARKER = "epoch.json"
 CHECKPOINT_DIR = "checkpoints"
 PROGRESS_DIR = "progress"
@@ -99,9 +112,102 @@ def encode_state(state: Any) -> tuple[bytes, str]:
         ) from exc
 
 
-def encode_checkpoint(header: dict[str, Any], payload: bytes) -> bytes:
-    full = dict(header, size=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+def payload_digest(payload: bytes) -> str:
+    """The SHA-256 (hex) a checkpoint's header and manifest carry for its payload."""
+    return hashlib.sha256(payload).hexdigest()
+
+
+def encode_checkpoint(header: dict[str, Any], payload: bytes, *, sha256: str | None = None) -> bytes:
+    """A checkpoint file; ``sha256``: the payload's digest when the caller already computed it."""
+    full = dict(header, size=len(payload), sha256=sha256 or payload_digest(payload))
     return MAGIC + json.dumps(full, separators=(",", ":")).encode() + b"\n" + payload
+
+
+def manifest_name(checkpoint: str) -> str:
+    """The manifest's name of a checkpoint name (``...ckpt-e1-s10.ckpt`` -> ``...ckpt-e1-s10.manifest.json``)."""
+    return checkpoint.removesuffix(".ckpt") + MANIFEST_SUFFIX
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """What a poll needs to know of a checkpoint, without its state.
+
+    ``size``: bytes of the checkpoint file; ``sha256``: of its payload (as in its header);
+    ``served_request_ids``: the requests this checkpoint answers (``request_id``) or that an earlier
+    checkpoint of its lineage answered, newest last, at most :data:`MAX_SERVED_IDS`; times are Unix
+    seconds (``created_at``: when the checkpoint was started, ``written_at``: when it was published).
+    """
+
+    name: str
+    epoch: int
+    step: int
+    job_id: str
+    run_id: str
+    created_at: float
+    request_id: str | None
+    served_request_ids: tuple[str, ...]
+    size: int
+    sha256: str
+    written_at: float
+
+    def encode(self) -> bytes:
+        doc = {"format": MANIFEST_FORMAT, **asdict(self)}
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, name: str) -> Manifest:
+        """Parse a manifest; :class:`CorruptCheckpoint` when it is not one."""
+        try:
+            doc = json.loads(data)
+            if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+                raise CorruptCheckpoint(f"{name}: not a {MANIFEST_FORMAT} manifest")
+            rid = doc.get("request_id")
+            return cls(
+                name=str(doc["name"]),
+                epoch=int(doc["epoch"]),
+                step=int(doc["step"]),
+                job_id=str(doc.get("job_id", "")),
+                run_id=str(doc.get("run_id", "")),
+                created_at=float(doc.get("created_at", 0.0)),
+                request_id=None if rid is None else str(rid),
+                served_request_ids=tuple(str(r) for r in doc.get("served_request_ids") or ()),
+                size=int(doc["size"]),
+                sha256=str(doc["sha256"]),
+                written_at=float(doc.get("written_at", 0.0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, CorruptCheckpoint):
+                raise
+            raise CorruptCheckpoint(f"{name}: bad manifest ({exc})") from exc
+
+
+def write_manifest(storage: Storage, manifest: Manifest, *, temp_tag: str = "") -> None:
+    """Publish ``manifest`` next to its checkpoint (atomically)."""
+    storage.write_atomic(manifest_name(manifest.name), manifest.encode(), temp_tag=temp_tag)
+
+
+def read_manifest(storage: Storage, ref: CheckpointRef) -> Manifest | None:
+    """The manifest of checkpoint ``ref``; None when it has none, or one that is unreadable or names
+    another checkpoint (the caller then reads the checkpoint itself)."""
+    name = manifest_name(ref.name)
+    data = storage.read_bytes(name)
+    if data is None:
+        return None
+    try:
+        manifest = Manifest.decode(data, name)
+    except CorruptCheckpoint as exc:
+        log.warning("ignoring manifest %s: %s", name, exc)
+        return None
+    if (manifest.name, manifest.epoch, manifest.step) != (ref.name, ref.epoch, ref.step):
+        log.warning("ignoring manifest %s: it describes %s", name, manifest.name)
+        return None
+    return manifest
+
+
+def delete_checkpoint(storage: Storage, name: str) -> None:
+    """Remove a checkpoint and its manifest (the manifest first: no manifest outlives its checkpoint)."""
+    storage.delete(manifest_name(name))
+    storage.delete(name)
 
 
 class CorruptCheckpoint(AgentError, ValueError):
