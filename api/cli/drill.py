@@ -102,7 +102,12 @@ def drill(
         emit_object(record, fmt, title="Drill")
     if not record.get("ok"):
         if fmt is OutputFormat.table:
-            note(
-                "[red]the script's checkpointing is not sound:[/red] " + "; ".join(map(str, record.get("problems", [])))
-            )
+            from rich.markup import escape
+
+            from costopt.migration.drill import COMMAND_EXITS_AT_ONCE
+
+            problems = [str(p) for p in record.get("problems", [])]
+            runs = not (problems and problems[0].startswith(COMMAND_EXITS_AT_ONCE))
+            headline = "the script's checkpointing is not sound" if runs else "the command does not run"
+            note(f"[red]{headline}:[/red] " + escape("; ".join(problems)))
         raise typer.Exit(Exit.FAILED)

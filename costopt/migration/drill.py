@@ -97,6 +97,17 @@ class ProcessStatus(Protocol):
         """The job's process id (None: not started, or not known)."""
         ...
 
+    @property
+    def exit_code(self) -> int | None:
+        """The command's own exit code (negative: the signal that ended it); None while it runs, or when
+        it was killed from outside (terminated, preempted)."""
+        ...
+
+    @property
+    def stderr(self) -> Path:
+        """The file the command's standard error went to."""
+        ...
+
 
 class ProcessCloud(CloudProvider, Protocol):
     """A cloud whose instances are processes on this machine (``providers.local.LocalProvider``): what
@@ -516,6 +527,57 @@ class _GiveUp(Exception):
     """The job cannot go on (its recoveries keep failing): stop the drill and report."""
 
 
+COMMAND_EXITS_AT_ONCE = "the command exits at once"
+"""How the problem starts when the job's command ends on its own before its agent starts (a usage
+error, a missing file): the CLI says so instead of blaming the checkpointing."""
+STDERR_TAIL_LINES = 12
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    """The last ``lines`` non-empty lines of a text file (empty when it is missing)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 8192))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    return [line.rstrip() for line in text.splitlines() if line.strip()][-lines:]
+
+
+def command_exit(local: ProcessCloud, job_id: str, uri: str) -> str | None:
+    """Why the job cannot run at all, when that is so: its newest ended copy's command exited on its own
+    (an exit code, not a kill) before its agent reported a start. The message names the copy, the exit
+    code, how many copies did the same and the tail of its stderr. None otherwise (the copies start and
+    fail later: restoring, checkpointing)."""
+    ended = [i for i in local.list({TAG_JOB: job_id}) if i.state not in ALIVE_STATES]
+    if not ended:
+        return None
+
+    def exited_before_start(inst: Instance) -> int | None:
+        code = local.status(inst.instance_id).exit_code
+        if code is None or control.progress(uri, int(inst.tags.get(TAG_EPOCH, "0"))).started:
+            return None
+        return code
+
+    def launched(inst: Instance) -> tuple[int, float]:
+        at = inst.launched_at.timestamp() if inst.launched_at is not None else 0.0
+        return int(inst.tags.get(TAG_EPOCH, "0")), at
+
+    newest = max(ended, key=launched)
+    code = exited_before_start(newest)
+    if code is None:
+        return None
+    alike = sum(1 for i in ended if exited_before_start(i) is not None)
+    how = f"with code {code}" if code >= 0 else f"on signal {-code}"
+    tail = _tail(local.status(newest.instance_id).stderr, STDERR_TAIL_LINES)
+    said = "; its stderr ends with:\n" + "\n".join(f"  | {line}" for line in tail) if tail else "; its stderr is empty"
+    return (
+        f"{COMMAND_EXITS_AT_ONCE}: copy {newest.instance_id} (epoch {launched(newest)[0]}) exited {how} before its "
+        f"agent reported a start ({alike} of {len(ended)} copies did); run the command by hand to see why" + said
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class DrillOptions:
     """What a drill asks of the job (validated: :class:`DrillError` names what to fix).
@@ -618,7 +680,8 @@ def run_drill(
         tally.add(report, excused=market is not None and market.preemptions > before)
         if tally.failed_in_a_row >= o.max_failed_recoveries:
             raise _GiveUp(
-                f"{tally.failed_in_a_row} recoveries in a row failed (last: {tally.reasons[-1]}); the job cannot "
+                command_exit(local, job_id, uri)
+                or f"{tally.failed_in_a_row} recoveries in a row failed (last: {tally.reasons[-1]}); the job cannot "
                 "restart from its checkpoints"
             )
 
