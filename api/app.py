@@ -32,6 +32,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             seed_if_empty(store, settings)
         app.state.store = store
         install_job_service(app, store, settings)
+        from api.sim_clock import start_sim_clock
+
+        # the simulated cloud's time runs COSTOPT_SIM_TIME_SCALE x faster than real time (None: a real cloud)
+        app.state.sim_clock = start_sim_clock(settings, app.state.providers)
         issued = app.state.teams.bootstrap_admin()
         if issued is not None:
             # the one time this key is ever shown (only its hash is stored); never logged
@@ -56,6 +60,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if scheduler is not None:
                 scheduler.shutdown(wait=False)
+            if app.state.sim_clock is not None:
+                app.state.sim_clock.stop()
             store.engine.dispose()
 
     app = FastAPI(
@@ -67,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.store = None
+    app.state.sim_clock = None
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
     app.include_router(health.router)

@@ -9,6 +9,8 @@ else from api/ (the rest of api/ builds on it): what composes api/'s own service
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,16 +19,18 @@ from sqlalchemy import Engine
 
 from costopt.cloud import CloudProvider
 from costopt.db.engine import make_engine, migrate
-from costopt.domain import Cloud
+from costopt.domain import Cloud, OfferKey
 from costopt.settings import Settings
 from pricing.base import PriceSource
 from pricing.store import PriceStore
 
 if TYPE_CHECKING:
+    from costopt.ledger.prices import PriceView
     from costopt.migration.unavailable import UnavailableOffers
     from costopt.planning.model import Assumptions
     from costopt.risk.hazard import HazardModel
     from costopt.throughput.catalog import ThroughputCatalog
+    from providers.sim_agent import ThroughputFn
 
 log = logging.getLogger("costopt.wiring")
 
@@ -144,8 +148,49 @@ def build_cloud_provider(
         return build_provider(settings, name=chosen)
     from costopt.ledger.prices import StorePriceView
 
-    prices = StorePriceView(store if store is not None else build_store(settings))
-    return build_provider(settings, name="sim", prices=prices, hazards=build_hazards(settings))
+    if store is None:
+        store = build_store(settings)
+    with _SIM_LOCK:
+        shared = _SIM_CLOUDS.get(store)
+        if shared is None:
+            prices = StorePriceView(store)
+            shared = build_provider(
+                settings,
+                name="sim",
+                prices=prices,
+                hazards=build_hazards(settings),
+                overrides={"rate": build_sim_throughput(settings, prices, store.engine)},
+            )
+            _SIM_CLOUDS[store] = shared
+        return shared
+
+
+_SIM_CLOUDS: weakref.WeakKeyDictionary[PriceStore, CloudProvider] = weakref.WeakKeyDictionary()
+"""The simulated cloud of each price store: one per store in a process (it is a world of its own: two
+objects would be two clouds, and the job engine, the migrators and the job's output must see the same)."""
+_SIM_LOCK = threading.Lock()
+
+
+def build_sim_throughput(settings: Settings, prices: PriceView, engine: Engine | None = None) -> ThroughputFn:
+    """The simulated agents' throughput (``rate(job_type, gpus, offer)``, steps/s): the throughput catalog's
+    cell for the job type on the offer's accelerator (from ``prices``' instance shapes) and GPU count; None
+    when the catalog has no such cell (the launch is then refused, naming ``COSTOPT_STEPS_PER_SECOND``). The
+    catalog (:func:`build_catalog`) is loaded at the first launch that needs it."""
+    catalog: list[ThroughputCatalog] = []
+
+    def rate(job_type: str, gpus: int, offer: OfferKey) -> float | None:
+        shape = prices.shape(offer)
+        if shape is None:
+            return None
+        if not catalog:
+            catalog.append(build_catalog(settings, engine))
+        try:
+            cell = catalog[0].get(job_type, shape[0], gpus)
+        except ValueError:  # not a job type's name
+            return None
+        return None if cell is None or cell.steps_per_s <= 0 else cell.steps_per_s
+
+    return rate
 
 
 def build_cloud_providers(settings: Settings, store: PriceStore | None = None) -> dict[Cloud, CloudProvider]:

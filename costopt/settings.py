@@ -15,7 +15,7 @@ Durations are seconds or ISO 8601 (``PT6H``).
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal, get_args
@@ -211,6 +211,21 @@ class Settings(BaseSettings):
         description="Every provider the service uses (launches on, and the reconciler sweeps); `provider` is "
         "always one of them. Empty: `provider` alone.",
     )
+    sim_start: datetime = Field(
+        default=datetime(2020, 3, 1, tzinfo=UTC),
+        description="Where the service's simulated cloud's clock starts (tz-aware; default inside the seeded "
+        "real prices: AWS spot Dec 2019 - Mar 2020, Azure Feb - Mar 2020).",
+    )
+    sim_time_scale: float = Field(
+        default=600.0,
+        gt=0,
+        description="Simulated seconds per wall-clock second of the service's simulated cloud (600: ten "
+        "simulated minutes per second, so a job visibly progresses, moves and finishes within minutes).",
+    )
+    sim_tick: timedelta = Field(
+        default=timedelta(milliseconds=200),
+        description="How often (wall clock) the service moves its simulated cloud's clock forward.",
+    )
     local_provider_dir: Path = Field(
         default=PROJECT_ROOT / "var" / "local-provider",
         description="State folder of the local provider (instances, tokens, events): a restarted service finds "
@@ -346,6 +361,20 @@ class Settings(BaseSettings):
     def all_providers(self) -> list[str]:
         """``provider`` then every other name of ``providers``, each once."""
         return list(dict.fromkeys([self.provider, *self.providers]))
+
+    @field_validator("sim_start")
+    @classmethod
+    def _sim_start_aware(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            raise ValueError("COSTOPT_SIM_START must carry a time zone, e.g. 2020-03-01T00:00:00Z")
+        return value.astimezone(UTC)
+
+    @field_validator("sim_tick")
+    @classmethod
+    def _sim_tick_positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError(f"COSTOPT_SIM_TICK must be > 0, got {value}")
+        return value
 
     @field_validator("aws_regions", "gcp_regions", "azure_regions", "gcp_zones", "providers", mode="before")
     @classmethod

@@ -46,7 +46,7 @@ import threading
 from bisect import bisect_right
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -401,13 +401,12 @@ class SimCloud:
     ) -> SimCloud:
         """The service's simulated cloud over ``prices`` (the composition root passes the price store's
         view) and ``hazards`` (None: the model's documented defaults), its clock starting at ``start``
-        (None: now) unless ``clock`` is given; ``config`` None: :class:`SimConfig`'s documented defaults.
-        Nothing is read from ``settings`` yet (the signature is the one every provider has). The caller
+        (None: ``COSTOPT_SIM_START``) unless ``clock`` is given; ``config`` None: :class:`SimConfig`'s
+        documented defaults. The caller
         moves the clock (:meth:`run_until`, :meth:`run_to`, the service's ``api.sim_clock`` driver). ``rate``:
         the agents' throughput by job type (``api.wiring.build_sim_throughput``)."""
-        del settings
         if clock is None and start is None:
-            start = datetime.now(UTC)
+            start = settings.sim_start
         return cls(prices, hazards, clock=clock, start=start, seed=seed, config=config, rate=rate)
 
     # --- time -----------------------------------------------------------------------------------------

@@ -118,14 +118,15 @@ def _prices(offer: OfferKey, since: datetime) -> StepPrices:
     return StepPrices.from_history(frame, {(offer.cloud.value, offer.instance_type): ("v100", 1.0)})
 
 
-def test_sim_needs_prices_and_runs_over_them_from_now() -> None:
+def test_sim_needs_prices_and_runs_over_them_from_the_sim_start() -> None:
     with pytest.raises(ProviderConfigError, match="needs prices"):
         build_provider(Settings(provider="sim"))
     offer = OfferKey(Cloud.AWS, REGION, "us-east-1a", "p3.2xlarge", Market.SPOT)
-    before = datetime.now(UTC)
-    provider = build_provider(Settings(), prices=_prices(offer, before - timedelta(days=1)))
+    start = datetime(2020, 2, 20, 12, tzinfo=UTC)
+    provider = build_provider(Settings(sim_start=start), prices=_prices(offer, start - timedelta(days=1)))
     assert isinstance(provider, SimCloud)
-    assert before <= provider.now() <= datetime.now(UTC)
+    assert provider.now() == start
+    assert build_provider(Settings(), prices=_prices(offer, start)).now() == Settings().sim_start  # type: ignore[attr-defined]
     inst = provider.launch(spec(offer), "tok-f")
     assert [i.instance_id for i in provider.list(TAGS)] == [inst.instance_id]
 

@@ -1,0 +1,184 @@
+"""The service's simulated time: the driver moves the simulated cloud's clock by wall time x scale (an
+injected wall clock: no timed assertions), it is the service's clock over the simulated cloud, and the
+wiring gives the simulated agents their throughput from the catalog and shares one simulated cloud per
+price store."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from api.sim_clock import SimClockDriver, driver_for, service_clock, start_sim_clock
+from api.wiring import build_catalog, build_cloud_provider, build_sim_throughput, build_store
+from costopt.agent import control, job_env
+from costopt.agent.contract import contract_env
+from costopt.clock import ServiceClock, WallClock
+from costopt.cloud import LaunchSpec
+from costopt.domain import Cloud, Market, OfferKey
+from costopt.ledger import StepPrices
+from costopt.risk.hazard import HazardModel
+from costopt.settings import Settings
+from providers.sim import SimCloud
+
+START = datetime(2020, 3, 1, tzinfo=UTC)
+OFFER = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.ON_DEMAND)
+
+
+class Wall:
+    """Monotonic seconds moved by hand (or by ``step`` at every read)."""
+
+    def __init__(self, step: float = 0.0) -> None:
+        self.t = 1000.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+
+def _cloud() -> SimCloud:
+    frame = pd.DataFrame(
+        [
+            {
+                "cloud": "aws",
+                "region": OFFER.region,
+                "zone": OFFER.zone,
+                "instance_type": OFFER.instance_type,
+                "market": "on_demand",
+                "valid_from": START - timedelta(days=1),
+                "usd_per_hour": 3.06,
+            }
+        ]
+    )
+    prices = StepPrices.from_history(frame, {("aws", "p3.2xlarge"): ("v100", 1.0)})
+    return SimCloud(prices, HazardModel(defaults=dict.fromkeys(Cloud, 0.0)), start=START)
+
+
+def test_each_tick_moves_the_clock_by_the_wall_time_elapsed_times_the_scale(tmp_path: Path) -> None:
+    cloud = _cloud()
+    wall = Wall()
+    driver = SimClockDriver(cloud, scale=600.0, wall=wall)
+    assert driver.advance() == START  # the first tick only takes the wall clock's reading
+    wall.t += 1.5
+    assert driver.advance() == START + timedelta(seconds=900)
+    wall.t += 0.25
+    assert driver.advance() == START + timedelta(seconds=1050)
+    assert driver.advance() == START + timedelta(seconds=1050)  # no wall time, no simulated time
+
+
+def test_a_job_progresses_as_the_driver_ticks(tmp_path: Path) -> None:
+    cloud = _cloud()
+    uri = str(tmp_path / "ckpt")
+    spec = LaunchSpec(offer=OFFER, env={**contract_env("job-1", uri, 1), **job_env(3000, steps_per_second=1.0)})
+    inst = cloud.launch(spec, "t1")
+    wall = Wall()
+    driver = SimClockDriver(cloud, scale=600.0, wall=wall)
+    driver.advance()
+    seen = []
+    for _ in range(12):  # 12 wall seconds = 2 simulated hours
+        wall.t += 1.0
+        driver.advance()
+        seen.append(control.progress(uri, 1).last_step)
+    assert seen[0] == 1 and seen == sorted(seen) and seen[-1] == 3000  # booted by 10 min: its first step
+    assert cloud.describe(inst.instance_id).exit_code == 0
+
+
+def test_the_thread_ticks_until_stopped_and_sleepers_wait_for_it() -> None:
+    cloud = _cloud()
+    driver = SimClockDriver(cloud, scale=60.0, tick=0.001, wall=Wall(step=1.0))
+    driver.start()
+    try:
+        assert driver.running
+        driver.sleep(600.0)  # returns once the thread moved the clock ten simulated minutes
+        assert cloud.now() >= START + timedelta(seconds=600)
+    finally:
+        driver.stop()
+    assert not driver.running
+    assert cloud.now() == START + timedelta(seconds=60.0 * (driver.ticks - 1))
+    before = cloud.now()
+    driver.sleep(30.0)  # not running: the sleeper moves the clock itself
+    assert cloud.now() == before + timedelta(seconds=30)
+
+
+def test_bad_scales_and_ticks_are_refused() -> None:
+    with pytest.raises(ValueError, match="scale"):
+        SimClockDriver(_cloud(), scale=0.0)
+    with pytest.raises(ValueError, match="tick"):
+        SimClockDriver(_cloud(), scale=600.0, tick=float("nan"))
+
+
+def test_the_service_clock_is_the_driver_on_the_simulated_cloud_else_the_wall(tmp_path: Path) -> None:
+    cloud = _cloud()
+    settings = Settings(provider="sim", sim_time_scale=120.0)
+    clock = service_clock(settings, {"sim": cloud})
+    assert isinstance(clock, SimClockDriver) and isinstance(clock, ServiceClock)
+    assert clock is driver_for(settings, cloud) and clock.scale == 120.0
+    assert clock.now() == START
+    assert isinstance(service_clock(Settings(provider="local"), {"sim": cloud}), WallClock)
+    assert start_sim_clock(Settings(provider="local"), {"sim": cloud}) is None
+    started = start_sim_clock(settings, {"sim": cloud})
+    try:
+        assert started is clock and started.running
+    finally:
+        assert started is not None
+        started.stop()
+
+
+def test_wiring_shares_one_simulated_cloud_per_store_starting_at_the_setting(tmp_path: Path) -> None:
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'costopt.db'}",
+        availability_logs_dir=tmp_path / "no-logs",
+        sim_start=datetime(2020, 2, 15, 6, tzinfo=UTC),
+    )
+    store = build_store(settings)
+    sim = build_cloud_provider(settings, store)
+    assert isinstance(sim, SimCloud) and sim.now() == datetime(2020, 2, 15, 6, tzinfo=UTC)
+    assert build_cloud_provider(settings, store, name="sim") is sim
+    assert build_cloud_provider(settings, build_store(settings)) is not sim  # another store, another cloud
+
+
+def test_the_throughput_comes_from_the_catalog_by_job_type_accelerator_and_gpus(shared_data: Path) -> None:
+    settings = Settings(data_dir=shared_data)
+    frame = pd.DataFrame(
+        [
+            {
+                "cloud": "aws",
+                "region": OFFER.region,
+                "zone": OFFER.zone,
+                "instance_type": t,
+                "market": "on_demand",
+                "valid_from": START,
+                "usd_per_hour": 3.0,
+            }
+            for t in ("p3.2xlarge", "p3.8xlarge")
+        ]
+    )
+    prices = StepPrices.from_history(
+        frame, {("aws", "p3.2xlarge"): ("v100", 1.0), ("aws", "p3.8xlarge"): ("v100", 4.0)}
+    )
+    rate = build_sim_throughput(settings, prices)
+    catalog = build_catalog(settings)
+    job = "ResNet-50 (batch size 64)"
+    one, four = catalog.get(job, "v100", 1), catalog.get(job, "v100", 4)
+    assert one is not None and four is not None and one.steps_per_s != four.steps_per_s
+    assert rate(job, 1, OFFER) == one.steps_per_s
+    assert rate(job, 4, OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.8xlarge", Market.ON_DEMAND)) == (
+        four.steps_per_s
+    )
+    assert rate("No Such Model (batch size 1)", 1, OFFER) is None
+    assert rate("", 1, OFFER) is None  # not a job type: unknown, the launch names the override
+    unknown_shape = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "x9.large", Market.ON_DEMAND)
+    assert rate(job, 1, unknown_shape) is None
+
+
+def test_a_wall_clock_sleeps_on_the_wall() -> None:
+    clock = WallClock()
+    t0 = time.monotonic()
+    clock.sleep(0.0)
+    assert time.monotonic() >= t0 and clock.now().tzinfo is UTC
+    with pytest.raises(ValueError):
+        clock.sleep(-1.0)
