@@ -6,7 +6,9 @@ drill must catch: re-running the restored step, ignoring the checkpoint, skippin
 
 from __future__ import annotations
 
-from costopt.agent import control
+import pytest
+
+from costopt.agent import CheckpointError, control
 
 
 def _run(agent, start: int, stop: int, *, every: int | None = None, final: int | None = None, clock=None):
@@ -105,3 +107,56 @@ def test_audit_without_records():
 
     result = audit([], 10)
     assert not result.ok and result.to_dict()["steps_done"] == 0
+
+
+# -- coarse logs: one record for a range of steps (Agent.report_steps, the simulated cloud's agents) ------
+
+
+def test_ranged_records_audit_as_their_steps(make_agent, uri, clock):
+    a = make_agent(1)
+    a.restore()
+    a.report_steps(1, 25)
+    clock.advance(1)
+    a.report_steps(26, 30)
+    a.checkpoint(30, {"s": 30})
+    a.report_steps(31, 37)  # wasted: preempted before the next checkpoint
+    control.claim_epoch(uri, 2)
+    b = make_agent(2)
+    assert b.restore().step == 30
+    clock.advance(1)
+    b.report_steps(31, 60)
+    b.checkpoint(60, {"s": 60})
+    b.finish(60)
+    result = control.audit_job(uri, 60)
+    assert result.ok, result.problems
+    assert (result.steps_done, result.lost_steps, result.repeated_steps, result.wasted_steps) == (60, 0, 0, 7)
+    assert control.progress(uri, 2).last_step == 60
+
+
+def test_a_range_that_reruns_the_restored_steps_or_leaves_a_gap_is_caught(make_agent, uri, clock):
+    a = make_agent(1)
+    a.restore()
+    a.report_steps(1, 20)
+    a.checkpoint(20, {"s": 20})
+    control.claim_epoch(uri, 2)
+    b = make_agent(2)
+    b.restore()
+    clock.advance(1)
+    b.report_steps(18, 30)  # steps 18..20 again
+    b.report_steps(33, 40)  # 31, 32 skipped
+    b.checkpoint(40, {"s": 40})
+    b.finish(40)
+    result = control.audit_job(uri, 40)
+    assert not result.ok
+    assert result.repeated_steps == 3 and result.lost_steps == 2 and result.steps_done == 41
+    assert any("steps 18..20 again" in p for p in result.problems)
+    assert any("first [31, 32]" in p for p in result.problems)
+
+
+@pytest.mark.parametrize(("first", "last"), [(0, 5), (6, 5)])
+def test_a_bad_range_is_refused(make_agent, uri, first, last):
+    a = make_agent(1)
+    a.restore()
+    with pytest.raises(CheckpointError, match="first <= last"):
+        a.report_steps(first, last)
+    assert control.progress(uri, 1).last_step == 0
