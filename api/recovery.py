@@ -15,7 +15,7 @@ import pandas as pd
 
 from api.planning import offers_at
 from costopt.domain import Cloud, Market, OfferKey
-from costopt.migration.machine import JobRecord
+from costopt.migration.records import JobRecord
 from costopt.settings import Settings
 from pricing.store import PriceStore
 

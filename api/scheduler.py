@@ -37,7 +37,9 @@ from sqlalchemy import Engine, select
 from costopt.cloud import CloudProvider, Instance, InstanceState, Interruption, LaunchSpec
 from costopt.db.migration_schema import migration_jobs
 from costopt.domain import Cloud, Market, OfferKey
-from costopt.migration.machine import JobRecord, Migrator, ReconcileReport, reconcile
+from costopt.migration.machine import Migrator
+from costopt.migration.reconcile import ReconcileReport, reconcile
+from costopt.migration.records import JobRecord
 from costopt.migration.unavailable import UnavailableOffers
 from costopt.migration.watch import InterruptionWatcher, OffersFor, WatchReport
 from costopt.settings import Settings
@@ -108,7 +110,7 @@ def add_price_jobs(
 class _OwnJobsView:
     """``provider`` as one reconciler pass should see it when several providers share the database.
 
-    :func:`costopt.migration.machine.reconcile` describes the instance of *every* running job with the
+    :func:`costopt.migration.reconcile.reconcile` describes the instance of *every* running job with the
     provider it is given, so a job on another cloud would look vanished. Here ``describe`` of an
     instance that belongs to a job of another provider answers ``running`` (that job is left to its own
     provider's pass); everything else goes to ``provider``.

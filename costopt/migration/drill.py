@@ -48,16 +48,9 @@ from sqlalchemy import Engine
 from costopt.agent import control
 from costopt.cloud import CapacityError, CloudProvider, Instance, Interruption, LaunchSpec
 from costopt.domain import Cloud, Market, OfferKey
-from costopt.migration.machine import (
-    ALIVE_STATES,
-    TAG_EPOCH,
-    TAG_JOB,
-    TAG_MANAGED,
-    JobStatus,
-    Migrator,
-    State,
-    reconcile,
-)
+from costopt.migration.machine import Migrator
+from costopt.migration.reconcile import reconcile
+from costopt.migration.records import ALIVE_STATES, TAG_EPOCH, TAG_JOB, TAG_MANAGED, JobStatus, State
 from costopt.migration.unavailable import DEFAULT_TTL, UnavailableOffers
 from costopt.migration.watch import InterruptionWatcher, WatchReport
 

@@ -1,4 +1,5 @@
-"""The migration execution state machine: move one job, or recover it, persisted and crash-safe.
+"""The migration execution state machine (:class:`Migrator`): move one job, or recover it, persisted
+and crash-safe.
 
 A move goes through::
 
@@ -9,7 +10,8 @@ marked ``recovering`` when the old copy can no longer run). A recovery (after a 
 copy is gone) skips the checkpoint request: ``planned`` terminates whatever is left of the old copy
 (idempotent) and goes straight to ``checkpointed``: the new epoch restores the last checkpoint.
 
-Every state is a row in ``migrations`` (:mod:`costopt.db.migration_schema`); every transition is a
+Every state is a row in ``migrations`` (:mod:`costopt.db.migration_schema`; the records, states and keys
+are in :mod:`costopt.migration.records`); every transition is a
 compare-and-set on that row, committed *before* the next side effect, and every side effect is
 idempotent, so :meth:`Migrator.resume` continues from whatever state a crash left:
 
@@ -30,26 +32,17 @@ The epoch is claimed only *after* a successful launch, so a move whose launches 
 old copy running, unfenced: that is the rollback. A new copy that does not progress is terminated and
 the job is marked ``recovering`` (its old copy is fenced by then).
 
-Billing (optional ``ledger``): every copy of a job (one instance of one epoch) is an interval in the
-ledger, keyed ``<provider>:<job>:e<epoch>:<instance>``, opened at its launch (the provider's launch time)
-and closed when it is terminated, found preempted or gone (the provider's end time when it knows it,
-else now), with an end reason (:class:`EndReason`). The facts are first written to ``migration_copies``
-in the same transaction as the transition that learned them, so a crash never changes them; they are
-then copied to the ledger (:func:`sync_ledger`, after every transition, on :meth:`Migrator.resume` and
-by the reconciler), and the copy row's flags record what the ledger holds. Ledger writes are idempotent
-by key, so a crash between a ledger write and its flag repeats nothing. A migration given the checkpoint's
-size (``checkpoint_gb``) records its egress when its new copy is launched (an additive charge keyed by the
-migration id: GB x the ``egress`` rate from the old copy's place to the new one's; none within a region);
-each copy's boot-and-restore time (``restart``) and a moved copy's overlap with its successor
-(``overlap``) are memo lines. The migrator records facts only: the ledger prices an interval when it
-closes, from its own price view (``SqlLedger(engine, prices)``). A ledger failure (e.g. no price known
-for the offer) never stops a migration: it is logged, kept in ``migration_copies.ledger_error`` and
-retried at the next sync.
+Billing (optional ``ledger``): every copy's facts (launch, end and its reason, verification) are
+written to ``migration_copies`` in the same transaction as the transition that learned them, then synced
+to the ledger after every transition, on :meth:`Migrator.resume` and by the reconciler
+(:mod:`costopt.migration.ledger_sync`). A ledger failure never stops a migration.
 
 Unavailable offers (optional ``unavailable``, :mod:`costopt.migration.unavailable`): a launch refused
 for capacity or quota marks its offer; a copy found preempted marks its offer. A plan skips offers
 marked unavailable (a recovery keeps them at the end as a last resort); when every candidate is
 marked, they are all tried anyway, in order, and the migration's reason says so.
+
+The reconciler is :mod:`costopt.migration.reconcile`.
 
 Fault injection: ``hook(point)`` is called after each committed transition (``"enter:<state>"``),
 right after ``launch`` returned (``"launch:returned"``), and right after each ledger write, before its
@@ -59,299 +52,73 @@ when ``COSTOPT_MIGRATOR_KILL_AT`` names the point (the crash tests run the migra
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Engine, and_, insert, not_, or_, select, update
-from sqlalchemy.engine import Connection
+from sqlalchemy import Engine, insert, select, update
 
 from costopt.agent import control
 from costopt.agent.contract import contract_env
 from costopt.agent.errors import StaleEpoch
 from costopt.cloud import (
-    ACTIVE_STATES,
     HELD_STATES,
     CloudError,
     CloudProvider,
-    Instance,
     InstanceState,
     LaunchSpec,
-    NotFoundError,
     ProviderConfigError,
 )
-from costopt.db.migration_schema import migration_copies, migration_jobs, migrations
+from costopt.db.migration_schema import migration_jobs, migrations
 from costopt.domain import OfferKey
-from costopt.errors import CostoptError
 from costopt.ledger.book import Ledger
-from costopt.ledger.model import ChargeKind, ChargeRecord, IntervalRecord, LedgerError
-from costopt.migration.unavailable import REASON_PREEMPTED, UnavailableOffers, reason_for_launch_error
+from costopt.migration.ledger_sync import (
+    LedgerSync,
+    copies,
+    copy_end,
+    describe_or_none,
+    end_reason_of,
+    mark_preempted,
+    sync_ledger,
+    write_copy_end,
+    write_copy_start,
+    write_verified,
+)
+from costopt.migration.reconcile import ReconcileReport, reconcile
+from costopt.migration.records import (
+    ALIVE_STATES,
+    TAG_EPOCH,
+    TAG_JOB,
+    ConcurrentTransition,
+    CopyEnd,
+    CopyRecord,
+    CopyStart,
+    EndReason,
+    JobRecord,
+    JobStatus,
+    Kind,
+    MigrationError,
+    MigrationRecord,
+    State,
+    active_condition,
+    job_tags,
+    launch_token,
+    request_id,
+)
+from costopt.migration.unavailable import UnavailableOffers, reason_for_launch_error
 from costopt.planning.model import DEFAULT_EGRESS, EgressRates
 
 log = logging.getLogger("costopt.migration.machine")
 
 ENV_KILL_AT = "COSTOPT_MIGRATOR_KILL_AT"
-
-TAG_MANAGED = "costopt-managed"
-TAG_JOB = "costopt-job"
-TAG_EPOCH = "costopt-epoch"
-
-ALIVE_STATES = ACTIVE_STATES
-"""A copy in these states may still run (and write): see :data:`costopt.cloud.ACTIVE_STATES`. A STOPPED
-copy is not alive (the job is recovered elsewhere) but is still terminated as a leftover or an orphan
-(:data:`costopt.cloud.HELD_STATES`): it bills for its disks."""
-
-
-class State(StrEnum):
-    PLANNED = "planned"
-    CHECKPOINTING = "checkpointing"
-    CHECKPOINTED = "checkpointed"
-    LAUNCHING = "launching"
-    LAUNCHED = "launched"
-    VERIFYING = "verifying"
-    TERMINATING_OLD = "terminating_old"
-    DONE = "done"
-    ROLLED_BACK = "rolled_back"
-
-
-TERMINAL = (State.DONE, State.ROLLED_BACK)
-TRANSITIONS: tuple[State, ...] = tuple(s for s in State if s is not State.ROLLED_BACK)
-"""The states a successful move goes through, in order (the fault-injection points)."""
-
-
-class Kind(StrEnum):
-    MOVE = "move"
-    RECOVER = "recover"
-
-
-class JobStatus(StrEnum):
-    PENDING = "pending"  # registered, never launched
-    RUNNING = "running"
-    MIGRATING = "migrating"
-    RECOVERING = "recovering"  # needs a new copy from the last checkpoint
-    FINISHED = "finished"
-
-
-class MigrationError(CostoptError):
-    """A move cannot be planned (unknown job, wrong status) or another migrator advanced it."""
-
-
-class ConcurrentTransition(MigrationError):
-    """The row was not in the expected state: another migrator advanced it."""
-
-
-class EndReason(StrEnum):
-    """Why a copy's interval ended (the ledger's ``end_reason``)."""
-
-    MOVED = "moved"  # terminated once its successor was verified
-    PREEMPTED = "preempted"  # taken back by the cloud
-    GONE = "gone"  # exited or vanished without a preemption, the job not done
-    FINISHED = "finished"  # exited after finishing the job
-    FAILED_VERIFICATION = "failed_verification"  # stopped because a move's new copy did not progress
-    ROLLBACK = "rollback"  # a new copy stopped because its move rolled back (a newer epoch owns the job)
-    REPLACED = "replaced"  # still alive when a recovery replaced it
-    FAILED_LAUNCH = "failed_launch"  # left by a launch attempt that failed
-    ORPHAN = "orphan"  # a stale epoch's copy, or one of no job, terminated by the reconciler
-
-
-# -- records ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    job_id: str
-    provider: str
-    command: tuple[str, ...]
-    env: Mapping[str, str]
-    checkpoint_uri: str
-    epoch: int
-    instance_id: str | None
-    offer: OfferKey | None
-    status: JobStatus
-    reason: str
-
-    @classmethod
-    def of(cls, row: Any) -> JobRecord:
-        return cls(
-            job_id=row.job_id,
-            provider=row.provider,
-            command=tuple(json.loads(row.command)),
-            env=json.loads(row.env or "{}"),
-            checkpoint_uri=row.checkpoint_uri,
-            epoch=int(row.epoch),
-            instance_id=row.instance_id,
-            offer=OfferKey.from_doc(json.loads(row.offer)) if row.offer else None,
-            status=JobStatus(row.status),
-            reason=row.reason or "",
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class MigrationRecord:
-    id: int
-    job_id: str
-    kind: Kind
-    state: State
-    from_epoch: int
-    to_epoch: int
-    old_instance_id: str | None
-    new_instance_id: str | None
-    request_id: str | None
-    token: str | None
-    offers: tuple[OfferKey, ...]
-    offer_index: int
-    attempts: int
-    reason: str
-    deadline_at: datetime | None
-    checkpoint_gb: Decimal | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.state in TERMINAL
-
-    @classmethod
-    def of(cls, row: Any) -> MigrationRecord:
-        return cls(
-            id=int(row.id),
-            job_id=row.job_id,
-            kind=Kind(row.kind),
-            state=State(row.state),
-            from_epoch=int(row.from_epoch),
-            to_epoch=int(row.to_epoch),
-            old_instance_id=row.old_instance_id,
-            new_instance_id=row.new_instance_id,
-            request_id=row.request_id,
-            token=row.token,
-            offers=tuple(OfferKey.from_doc(d) for d in json.loads(row.offers)),
-            offer_index=int(row.offer_index),
-            attempts=int(row.attempts),
-            reason=row.reason or "",
-            deadline_at=row.deadline_at,
-            checkpoint_gb=row.checkpoint_gb,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class CopyRecord:
-    """One copy of a job (an instance of one epoch) with the facts the ledger bills (``migration_copies``).
-
-    ``[started_at, ended_at)`` is the ledger interval ``interval_key`` (open while ``ended_at`` is None);
-    ``verified_at``: when it was first seen progressing; ``source_offer``/``egress_gb``: where the
-    checkpoint it restores came from and its size (the move's egress). ``ledger_*``: what the ledger
-    already holds (opened, the restart memo, closed) and the last error recording it.
-    """
-
-    interval_key: str
-    job_id: str
-    epoch: int
-    instance_id: str
-    provider: str
-    offer: OfferKey
-    migration_id: int | None
-    source_offer: OfferKey | None
-    egress_gb: Decimal | None
-    started_at: datetime
-    verified_at: datetime | None
-    ended_at: datetime | None
-    end_reason: str | None
-    ledger_opened: bool
-    ledger_memo: bool
-    ledger_closed: bool
-    ledger_error: str | None
-
-    @property
-    def synced(self) -> bool:
-        """True when the ledger holds everything known about this copy."""
-        memo_due = self.verified_at is not None or self.ended_at is not None
-        return (
-            self.ledger_opened and (self.ledger_memo or not memo_due) and (self.ledger_closed or self.ended_at is None)
-        )
-
-    @classmethod
-    def of(cls, row: Any) -> CopyRecord:
-        return cls(
-            interval_key=row.interval_key,
-            job_id=row.job_id,
-            epoch=int(row.epoch),
-            instance_id=row.instance_id,
-            provider=row.provider,
-            offer=OfferKey.from_doc(json.loads(row.offer)),
-            migration_id=None if row.migration_id is None else int(row.migration_id),
-            source_offer=OfferKey.from_doc(json.loads(row.source_offer)) if row.source_offer else None,
-            egress_gb=row.egress_gb,
-            started_at=row.started_at,
-            verified_at=row.verified_at,
-            ended_at=row.ended_at,
-            end_reason=row.end_reason,
-            ledger_opened=bool(row.ledger_opened),
-            ledger_memo=bool(row.ledger_memo),
-            ledger_closed=bool(row.ledger_closed),
-            ledger_error=row.ledger_error,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class CopyStart:
-    """A copy just launched (written with the transition to ``launched``)."""
-
-    job_id: str
-    epoch: int
-    instance_id: str
-    offer: OfferKey
-    started_at: datetime
-    migration_id: int | None = None
-    source_offer: OfferKey | None = None
-    egress_gb: Decimal | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CopyEnd:
-    """A copy found ended (written with the transition that ended it). ``offer``/``launched_at`` (from
-    the provider) are only used when no row of the copy exists yet (an orphan nobody recorded)."""
-
-    job_id: str
-    epoch: int
-    instance_id: str
-    offer: OfferKey | None
-    launched_at: datetime | None
-    ended_at: datetime
-    reason: EndReason
-
-
-def launch_token(job_id: str, epoch: int, attempt: int) -> str:
-    """The idempotency token of one launch attempt: derived from job id, epoch and attempt number
-    (at most 64 characters, AWS's ClientToken limit)."""
-    raw = f"costopt:{job_id}:e{epoch}:a{attempt}"
-    if len(raw) <= 64:
-        return raw
-    return f"costopt:{hashlib.sha256(raw.encode()).hexdigest()[:40]}:e{epoch}:a{attempt}"[:64]
-
-
-def request_id(job_id: str, epoch: int) -> str:
-    """The id of the checkpoint request of the move to ``epoch`` (stored before it is sent)."""
-    raw = f"mig-{job_id}-e{epoch}"
-    return raw if len(raw) <= 64 else f"mig-{hashlib.sha256(raw.encode()).hexdigest()[:40]}-e{epoch}"
-
-
-def interval_key(provider: str, job_id: str, epoch: int, instance_id: str) -> str:
-    """The ledger key of one copy: provider, job, epoch and instance (at most 255 characters)."""
-    raw = f"{provider}:{job_id}:e{epoch}:{instance_id}"
-    if len(raw) <= 255:
-        return raw
-    return f"{provider[:32]}:{hashlib.sha256(raw.encode()).hexdigest()[:40]}:e{epoch}:{instance_id}"[:255]
-
-
-def job_tags(job_id: str, epoch: int) -> dict[str, str]:
-    return {TAG_MANAGED: "true", TAG_JOB: job_id, TAG_EPOCH: str(epoch)}
 
 
 def env_kill_hook(point: str) -> None:
@@ -363,303 +130,6 @@ def env_kill_hook(point: str) -> None:
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-# -- copies: the facts the ledger bills ---------------------------------------------------------------
-
-
-def _describe(provider: CloudProvider, instance_id: str) -> Instance | None:
-    try:
-        return provider.describe(instance_id)
-    except NotFoundError:
-        return None
-
-
-def _copy_end(
-    inst: Instance | None, job_id: str, epoch: int, instance_id: str, reason: EndReason, now: datetime
-) -> CopyEnd:
-    """The end of a copy from the provider's view: its end time when the provider knows it, else ``now``."""
-    ended = inst.terminated_at if inst is not None and inst.terminated_at is not None else now
-    return CopyEnd(
-        job_id=job_id,
-        epoch=epoch,
-        instance_id=instance_id,
-        offer=inst.offer if inst is not None else None,
-        launched_at=inst.launched_at if inst is not None else None,
-        ended_at=ended,
-        reason=reason,
-    )
-
-
-def _dead_reason(inst: Instance | None, checkpoint_uri: str | None, epoch: int) -> EndReason:
-    """Why a copy that is no longer alive ended: preempted, finished the job, or gone."""
-    if inst is not None and inst.state is InstanceState.PREEMPTED:
-        return EndReason.PREEMPTED
-    if checkpoint_uri is not None and epoch >= 1 and control.progress(checkpoint_uri, epoch).done:
-        return EndReason.FINISHED
-    return EndReason.GONE
-
-
-def _write_copy_start(conn: Connection, provider: str, start: CopyStart, now: datetime) -> None:
-    key = interval_key(provider, start.job_id, start.epoch, start.instance_id)
-    if conn.execute(select(migration_copies.c.interval_key).where(migration_copies.c.interval_key == key)).first():
-        return
-    conn.execute(
-        insert(migration_copies).values(
-            interval_key=key,
-            job_id=start.job_id,
-            epoch=start.epoch,
-            instance_id=start.instance_id,
-            provider=provider,
-            offer=json.dumps(start.offer.to_doc()),
-            migration_id=start.migration_id,
-            source_offer=json.dumps(start.source_offer.to_doc()) if start.source_offer else None,
-            egress_gb=start.egress_gb,
-            started_at=start.started_at,
-            ledger_opened=False,
-            ledger_memo=False,
-            ledger_closed=False,
-            updated_at=now,
-        )
-    )
-
-
-def _write_copy_end(conn: Connection, provider: str, end: CopyEnd, now: datetime) -> bool:
-    """Close the copy's row (first end wins; never before it started), or insert it closed when nobody
-    recorded it (an orphan). False when there was nothing to write."""
-    c = migration_copies.c
-    row = conn.execute(
-        select(c.interval_key, c.started_at, c.ended_at).where(
-            c.job_id == end.job_id, c.instance_id == end.instance_id, c.provider == provider
-        )
-    ).first()
-    if row is not None:
-        if row.ended_at is not None:
-            return False
-        conn.execute(
-            update(migration_copies)
-            .where(c.interval_key == row.interval_key, c.ended_at.is_(None))
-            .values(ended_at=max(end.ended_at, row.started_at), end_reason=end.reason.value, updated_at=now)
-        )
-        return True
-    if end.offer is None:
-        log.warning(
-            "copy %s of %s (epoch %d) ended unseen: no offer known, not billed", end.instance_id, end.job_id, end.epoch
-        )
-        return False
-    started = min(end.launched_at or end.ended_at, end.ended_at)
-    _write_copy_start(conn, provider, CopyStart(end.job_id, end.epoch, end.instance_id, end.offer, started), now)
-    return _write_copy_end(conn, provider, end, now)
-
-
-def _write_verified(
-    conn: Connection, provider: str, job_id: str, instance_id: str, at: datetime, now: datetime
-) -> None:
-    c = migration_copies.c
-    conn.execute(
-        update(migration_copies)
-        .where(c.job_id == job_id, c.instance_id == instance_id, c.provider == provider, c.verified_at.is_(None))
-        .values(verified_at=at, updated_at=now)
-    )
-
-
-def copies(engine: Engine, job_id: str | None = None, *, open_only: bool = False) -> list[CopyRecord]:
-    """The copies of ``job_id`` (or of every job), by job, epoch and launch time; only those not known
-    to have ended with ``open_only``."""
-    c = migration_copies.c
-    query = select(migration_copies).order_by(c.job_id, c.epoch, c.started_at, c.interval_key)
-    if job_id is not None:
-        query = query.where(c.job_id == job_id)
-    if open_only:
-        query = query.where(c.ended_at.is_(None))
-    with engine.connect() as conn:
-        return [CopyRecord.of(r) for r in conn.execute(query).all()]
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerSync:
-    """What one :func:`sync_ledger` pass did: ledger writes made, copies still pending, errors met."""
-
-    written: int
-    pending: int
-    errors: tuple[str, ...]
-
-
-def _pending_condition() -> Any:
-    c = migration_copies.c
-    return or_(
-        not_(c.ledger_opened),
-        and_(not_(c.ledger_memo), or_(c.verified_at.is_not(None), c.ended_at.is_not(None))),
-        and_(not_(c.ledger_closed), c.ended_at.is_not(None)),
-    )
-
-
-def sync_ledger(
-    engine: Engine,
-    ledger: Ledger,
-    *,
-    job_id: str | None = None,
-    egress: EgressRates = DEFAULT_EGRESS,
-    hook: Callable[[str], None] | None = None,
-) -> LedgerSync:
-    """Copy the facts of ``migration_copies`` the ledger does not hold yet into ``ledger`` (idempotent).
-
-    Per copy: open its interval (and record its move's egress), record its restart memo once it
-    progressed or ended, close its interval once it ended (and record a moved copy's overlap memo).
-    A :class:`~costopt.ledger.model.LedgerError` (no price, a conflict) is logged and kept on the row;
-    the copy stays pending and is retried by the next pass. ``hook`` gets ``"ledger:opened"`` and
-    ``"ledger:closed"`` right after those writes, before their flags are committed (fault injection).
-    """
-    c = migration_copies.c
-    query = select(migration_copies).where(_pending_condition()).order_by(c.started_at, c.interval_key)
-    if job_id is not None:
-        query = query.where(c.job_id == job_id)
-    with engine.connect() as conn:
-        pending = [CopyRecord.of(r) for r in conn.execute(query).all()]
-    written = 0
-    errors: list[str] = []
-    left = 0
-    for copy in pending:
-        try:
-            written += _sync_copy(engine, ledger, copy, egress, hook)
-        except LedgerError as exc:
-            left += 1
-            msg = f"{copy.interval_key}: {type(exc).__name__}: {exc}"
-            errors.append(msg)
-            if copy.ledger_error != str(exc):
-                log.warning("ledger: cannot record copy %s yet (retried at the next sync)", msg)
-            with engine.begin() as conn:
-                conn.execute(
-                    update(migration_copies).where(c.interval_key == copy.interval_key).values(ledger_error=str(exc))
-                )
-    return LedgerSync(written, left, tuple(errors))
-
-
-def _set_flags(engine: Engine, key: str, **flags: bool) -> None:
-    with engine.begin() as conn:
-        conn.execute(
-            update(migration_copies)
-            .where(migration_copies.c.interval_key == key)
-            .values(ledger_error=None, updated_at=_utcnow(), **flags)
-        )
-
-
-def _sync_copy(
-    engine: Engine, ledger: Ledger, copy: CopyRecord, egress: EgressRates, hook: Callable[[str], None] | None
-) -> int:
-    written = 0
-    interval = IntervalRecord(
-        interval_key=copy.interval_key,
-        job_id=copy.job_id,
-        instance_id=copy.instance_id,
-        offer=copy.offer,
-        started_at=copy.started_at,
-        provider=copy.provider,
-    )
-    if not copy.ledger_opened:
-        ledger.record_interval(interval)
-        charge = _egress_charge(copy, egress)
-        if charge is not None:
-            ledger.record_charge(charge)
-        written += 1
-        if hook is not None:
-            hook("ledger:opened")
-        _set_flags(engine, copy.interval_key, ledger_opened=True)
-    memo_end = copy.verified_at or copy.ended_at
-    if not copy.ledger_memo and memo_end is not None:
-        if memo_end > copy.started_at:
-            progressed = copy.verified_at is not None
-            ledger.record_charge(
-                ChargeRecord(
-                    charge_key=f"{copy.interval_key}:restart",
-                    job_id=copy.job_id,
-                    kind=ChargeKind.RESTART,
-                    at=memo_end,
-                    offer=copy.offer,
-                    interval_key=copy.interval_key,
-                    span=(copy.started_at, memo_end),
-                    note="boot and restore, before the copy progressed"
-                    if progressed
-                    else "boot, the copy never progressed",
-                )
-            )
-            written += 1
-        _set_flags(engine, copy.interval_key, ledger_memo=True)
-    if not copy.ledger_closed and copy.ended_at is not None:
-        ledger.record_interval(replace(interval, ended_at=copy.ended_at, end_reason=copy.end_reason))
-        overlap = _overlap_charge(engine, copy)
-        if overlap is not None:
-            ledger.record_charge(overlap)
-        written += 1
-        if hook is not None:
-            hook("ledger:closed")
-        _set_flags(engine, copy.interval_key, ledger_closed=True)
-    return written
-
-
-def _egress_charge(copy: CopyRecord, egress: EgressRates) -> ChargeRecord | None:
-    """The move's egress: the checkpoint shipped from the source place to the copy's (None: same place,
-    or no size given)."""
-    src, dst = copy.source_offer, copy.offer
-    if copy.egress_gb is None or copy.egress_gb <= 0 or src is None or copy.migration_id is None:
-        return None
-    if (src.cloud, src.region) == (dst.cloud, dst.region):
-        return None
-    rate = egress.rate(src.cloud, src.region, dst.cloud, dst.region)
-    return ChargeRecord(
-        charge_key=f"{copy.job_id}:m{copy.migration_id}:egress",
-        job_id=copy.job_id,
-        kind=ChargeKind.EGRESS,
-        at=copy.started_at,
-        quantity=copy.egress_gb,
-        unit="GB",
-        rate_usd=Decimal(repr(rate)),
-        offer=src,
-        interval_key=copy.interval_key,
-        note=f"checkpoint {src.cloud.value} {src.region} -> {dst.cloud.value} {dst.region}"
-        f" (migration {copy.migration_id})",
-    )
-
-
-def _overlap_charge(engine: Engine, copy: CopyRecord) -> ChargeRecord | None:
-    """A moved copy billed while its successor booted and was verified: ``[successor start, its end)``."""
-    if copy.end_reason != EndReason.MOVED.value or copy.ended_at is None:
-        return None
-    c = migration_copies.c
-    with engine.connect() as conn:
-        succ = conn.execute(
-            select(c.started_at, c.epoch)
-            .where(c.job_id == copy.job_id, c.epoch > copy.epoch, c.migration_id.is_not(None))
-            .order_by(c.epoch, c.started_at)
-        ).first()
-    if succ is None or succ.started_at >= copy.ended_at:
-        return None
-    start = max(succ.started_at, copy.started_at)
-    return ChargeRecord(
-        charge_key=f"{copy.interval_key}:overlap",
-        job_id=copy.job_id,
-        kind=ChargeKind.OVERLAP,
-        at=copy.ended_at,
-        offer=copy.offer,
-        interval_key=copy.interval_key,
-        span=(start, copy.ended_at),
-        note=f"billed while epoch {succ.epoch} booted and was verified",
-    )
-
-
-# -- the migrator -------------------------------------------------------------------------------------
-
-
-def _active_condition() -> Any:
-    """The migrations not finished yet (done or rolled back)."""
-    return migrations.c.state.notin_([s.value for s in TERMINAL])
-
-
-def _mark_preempted(unavailable: UnavailableOffers | None, end: CopyEnd) -> None:
-    """Mark the offer of a copy found preempted unavailable (when there is a cache)."""
-    if unavailable is None or end.reason is not EndReason.PREEMPTED or end.offer is None:
-        return
-    unavailable.mark(end.offer, REASON_PREEMPTED, at=end.ended_at, detail=f"{end.instance_id} preempted")
 
 
 def _gb(value: float | Decimal | None) -> Decimal | None:
@@ -760,13 +230,13 @@ class Migrator:
     def active_migration(self, job_id: str) -> MigrationRecord | None:
         with self.engine.connect() as conn:
             row = conn.execute(
-                select(migrations).where(migrations.c.job_id == job_id, _active_condition()).order_by(migrations.c.id)
+                select(migrations).where(migrations.c.job_id == job_id, active_condition()).order_by(migrations.c.id)
             ).first()
         return MigrationRecord.of(row) if row is not None else None
 
     def active_migrations(self) -> list[MigrationRecord]:
         with self.engine.connect() as conn:
-            rows = conn.execute(select(migrations).where(_active_condition()).order_by(migrations.c.id)).all()
+            rows = conn.execute(select(migrations).where(active_condition()).order_by(migrations.c.id)).all()
         return [MigrationRecord.of(r) for r in rows]
 
     def history(self, job_id: str) -> list[MigrationRecord]:
@@ -814,7 +284,7 @@ class Migrator:
         gb = _gb(checkpoint_gb)
         ordered, note = self._order_offers(offers, kind)
         with self.engine.begin() as conn:
-            active = conn.execute(select(migrations).where(migrations.c.job_id == job_id, _active_condition())).first()
+            active = conn.execute(select(migrations).where(migrations.c.job_id == job_id, active_condition())).first()
             if active is not None:
                 return MigrationRecord.of(active)
             row = conn.execute(select(migration_jobs).where(migration_jobs.c.job_id == job_id)).first()
@@ -924,11 +394,11 @@ class Migrator:
             if job:
                 self._set_job(conn, mig.job_id, **job)
             if started is not None:
-                _write_copy_start(conn, pname, started, now)
+                write_copy_start(conn, pname, started, now)
             for end in ended:
-                _write_copy_end(conn, pname, end, now)
+                write_copy_end(conn, pname, end, now)
             if verified is not None:
-                _write_verified(conn, pname, mig.job_id, verified, now, now)
+                write_verified(conn, pname, mig.job_id, verified, now, now)
         log.info("migration %d (%s): %s -> %s %s", mig.id, mig.job_id, mig.state.value, state.value, values or "")
         if state is not mig.state:
             self.hook(f"enter:{state.value}")
@@ -948,7 +418,7 @@ class Migrator:
     def _alive(self, instance_id: str | None) -> bool:
         if instance_id is None:
             return False
-        inst = _describe(self.provider, instance_id)
+        inst = describe_or_none(self.provider, instance_id)
         return inst is not None and inst.state in ALIVE_STATES
 
     def _stop(
@@ -963,20 +433,20 @@ class Migrator:
     ) -> CopyEnd:
         """Terminate a copy (idempotent) and say how it ended: ``alive_reason`` when it was still alive,
         else ``preempted`` if the cloud took it, else ``dead_reason`` (default: finished or gone)."""
-        inst = _describe(self.provider, instance_id)
+        inst = describe_or_none(self.provider, instance_id)
         was_alive = inst is not None and inst.state in ALIVE_STATES
         if terminate:
             self.provider.terminate(instance_id)
             if was_alive:
-                inst = _describe(self.provider, instance_id)
+                inst = describe_or_none(self.provider, instance_id)
         if inst is not None and inst.state is InstanceState.PREEMPTED:
             reason = EndReason.PREEMPTED
         elif was_alive:
             reason = alive_reason
         else:
-            reason = dead_reason or _dead_reason(inst, job.checkpoint_uri, epoch)
-        end = _copy_end(inst, job.job_id, epoch, instance_id, reason, self.now())
-        _mark_preempted(self.unavailable, end)
+            reason = dead_reason or end_reason_of(inst, job.checkpoint_uri, epoch)
+        end = copy_end(inst, job.job_id, epoch, instance_id, reason, self.now())
+        mark_preempted(self.unavailable, end)
         return end
 
     # planned: ask the old copy for a checkpoint (move) or make sure it is gone (recover).
@@ -1212,124 +682,3 @@ def _join(*parts: str) -> str:
 def _offer_name(key: OfferKey) -> str:
     zone = f"/{key.zone}" if key.zone else ""
     return f"{key.cloud.value} {key.region}{zone} {key.instance_type} ({key.market.value})"
-
-
-# -- the reconciler -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ReconcileReport:
-    """What a reconciler pass did. ``copies_closed``: interval keys of copies it found ended (orphans
-    included); ``ledger``: the ledger sync after it (None without a ledger)."""
-
-    orphans_terminated: tuple[str, ...]
-    marked_for_recovery: tuple[str, ...]
-    finished: tuple[str, ...]
-    copies_closed: tuple[str, ...] = ()
-    ledger: LedgerSync | None = None
-
-
-def reconcile(
-    engine: Engine,
-    provider: CloudProvider,
-    *,
-    dry_run: bool = False,
-    ledger: Ledger | None = None,
-    unavailable: UnavailableOffers | None = None,
-    egress: EgressRates = DEFAULT_EGRESS,
-) -> ReconcileReport:
-    """List the instances carrying costopt's tags on ``provider``; terminate orphans (no job, an epoch
-    below the job's, or an epoch no active migration launched); mark this provider's jobs (registered
-    with its name) whose instance vanished for recovery (or finished, when the copy wrote its ``done``
-    record).
-
-    Billing: every copy it finds ended (orphans it terminated, a job's vanished instance, any recorded
-    copy of a job without an active migration that is no longer alive) is closed in
-    ``migration_copies`` with the provider's end time, then the ledger is synced (when given). A copy
-    found preempted marks its offer in ``unavailable`` (when given)."""
-    now = _utcnow()
-    pname = provider.name
-    with engine.connect() as conn:
-        jobs = {r.job_id: JobRecord.of(r) for r in conn.execute(select(migration_jobs)).all()}
-        active = {
-            r.job_id: MigrationRecord.of(r) for r in conn.execute(select(migrations).where(_active_condition())).all()
-        }
-    ends: list[CopyEnd] = []
-    orphans: list[str] = []
-    for inst in provider.list({TAG_MANAGED: "true"}):
-        if inst.state not in HELD_STATES:
-            continue  # ended (a preempted copy is the cloud's to remove); a STOPPED one still bills
-        job = jobs.get(inst.tags.get(TAG_JOB, ""))
-        try:
-            epoch = int(inst.tags.get(TAG_EPOCH, "-1"))
-        except ValueError:
-            epoch = -1
-        mig = active.get(job.job_id) if job else None
-        if job is None:
-            why = "no such job"
-        elif epoch < job.epoch:
-            why = f"stale epoch {epoch} < {job.epoch}"
-        elif mig is not None and epoch in (mig.from_epoch, mig.to_epoch):
-            continue  # in flight: the migrator owns it
-        elif epoch > job.epoch:
-            why = f"epoch {epoch} launched by no active migration"
-        elif inst.instance_id != job.instance_id:
-            why = f"a second copy of epoch {epoch}"
-        else:
-            continue
-        log.warning("orphan %s (%s): terminating", inst.instance_id, why)
-        orphans.append(inst.instance_id)
-        if not dry_run:
-            provider.terminate(inst.instance_id)
-            gone = _describe(provider, inst.instance_id) or inst
-            job_id = inst.tags.get(TAG_JOB) or "(untagged)"
-            ends.append(_copy_end(gone, job_id, epoch, inst.instance_id, EndReason.ORPHAN, _utcnow()))
-
-    recover: list[str] = []
-    finished: list[str] = []
-    for job in jobs.values():
-        if job.status is not JobStatus.RUNNING or job.job_id in active or job.instance_id is None:
-            continue
-        if job.provider != pname:
-            continue  # another provider's job: its instance is not this provider's to describe
-        found = _describe(provider, job.instance_id)
-        state = found.state if found is not None else None
-        if state in ALIVE_STATES:
-            continue
-        end_reason = _dead_reason(found, job.checkpoint_uri, job.epoch)
-        if end_reason is EndReason.FINISHED:
-            finished.append(job.job_id)
-            status, reason = JobStatus.FINISHED, f"instance {job.instance_id} finished the job"
-        else:
-            recover.append(job.job_id)
-            status, reason = JobStatus.RECOVERING, f"instance {job.instance_id} vanished ({state or 'not found'})"
-        if not dry_run:
-            ends.append(_copy_end(found, job.job_id, job.epoch, job.instance_id, end_reason, _utcnow()))
-            with engine.begin() as conn:
-                conn.execute(
-                    update(migration_jobs)
-                    .where(migration_jobs.c.job_id == job.job_id, migration_jobs.c.status == JobStatus.RUNNING.value)
-                    .values(status=status.value, reason=reason, updated_at=_utcnow())
-                )
-
-    # Any other recorded copy still open whose instance is gone (jobs in flight are their migrator's).
-    seen = {e.instance_id for e in ends}
-    for copy in copies(engine, open_only=True):
-        if copy.job_id in active or copy.instance_id in seen or copy.provider != pname:
-            continue
-        found = _describe(provider, copy.instance_id)
-        if found is not None and found.state in ALIVE_STATES:
-            continue
-        job = jobs.get(copy.job_id)
-        reason = _dead_reason(found, job.checkpoint_uri if job else None, copy.epoch)
-        ends.append(_copy_end(found, copy.job_id, copy.epoch, copy.instance_id, reason, now))
-
-    closed: list[str] = []
-    if not dry_run:
-        for end in ends:
-            _mark_preempted(unavailable, end)
-            with engine.begin() as conn:
-                if _write_copy_end(conn, pname, end, _utcnow()):
-                    closed.append(interval_key(pname, end.job_id, end.epoch, end.instance_id))
-    synced = sync_ledger(engine, ledger, egress=egress) if ledger is not None and not dry_run else None
-    return ReconcileReport(tuple(orphans), tuple(recover), tuple(finished), tuple(closed), synced)

@@ -47,7 +47,8 @@ from costopt.agent import control
 from costopt.cloud import CloudProvider, Interruption, NotFoundError
 from costopt.db.schema import store_meta
 from costopt.domain import OfferKey, utc
-from costopt.migration.machine import ALIVE_STATES, JobRecord, JobStatus, Migrator, State
+from costopt.migration.machine import Migrator
+from costopt.migration.records import ALIVE_STATES, JobRecord, JobStatus, State
 from costopt.migration.unavailable import REASON_PREEMPTED, UnavailableOffers
 
 log = logging.getLogger("costopt.migration.watch")

@@ -13,7 +13,7 @@ from api.recovery import recovery_offers
 from api.scheduler import RECONCILE_JOB_ID, WATCH_JOB_ID, build_migration_jobs
 from api.wiring import build_store, seed_catalog
 from costopt.domain import Cloud, Market, OfferKey, PricePoint
-from costopt.migration.machine import JobRecord, JobStatus
+from costopt.migration.records import JobRecord, JobStatus
 from costopt.migration.unavailable import REASON_CAPACITY, REASON_PREEMPTED, REASON_QUOTA
 from costopt.settings import Settings
 from pricing.store import PriceStore

@@ -28,7 +28,8 @@ from api.scheduler import (
 from costopt.agent.contract import ENV_CHECKPOINT_URI, ENV_EPOCH, ENV_JOB_ID
 from costopt.cloud import CloudError, Instance, Interruption, LaunchSpec
 from costopt.errors import SourceUnavailable
-from costopt.migration.machine import JobRecord, JobStatus, Kind, Migrator, State, job_tags
+from costopt.migration.machine import Migrator
+from costopt.migration.records import JobRecord, JobStatus, Kind, State, job_tags
 from costopt.settings import Settings
 from pricing.base import FetchResult
 from pricing.store import PriceStore

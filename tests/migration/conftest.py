@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from costopt.migration.machine import ALIVE_STATES
+from costopt.migration.records import ALIVE_STATES
 from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider
 

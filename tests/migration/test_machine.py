@@ -25,18 +25,9 @@ from costopt.domain import Cloud, Market, OfferKey
 from costopt.ledger.model import IntervalLine, segment_micro_usd
 from costopt.ledger.prices import StepPrices
 from costopt.ledger.sql import SqlLedger
-from costopt.migration.machine import (
-    ALIVE_STATES,
-    TAG_JOB,
-    TAG_MANAGED,
-    EndReason,
-    JobStatus,
-    Kind,
-    Migrator,
-    State,
-    job_tags,
-    reconcile,
-)
+from costopt.migration.machine import Migrator
+from costopt.migration.reconcile import reconcile
+from costopt.migration.records import ALIVE_STATES, TAG_JOB, TAG_MANAGED, EndReason, JobStatus, Kind, State, job_tags
 from costopt.planning.model import EgressRates
 from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider

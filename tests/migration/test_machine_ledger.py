@@ -14,13 +14,7 @@ from sqlalchemy import Engine
 from costopt.cloud import LaunchSpec
 from costopt.ledger.model import ChargeKind
 from costopt.ledger.sql import SqlLedger
-from costopt.migration.machine import (
-    EndReason,
-    JobStatus,
-    State,
-    interval_key,
-    job_tags,
-)
+from costopt.migration.records import EndReason, JobStatus, State, interval_key, job_tags
 from providers.local import LocalProvider
 from tests.migration.test_machine import (
     ENDLESS,

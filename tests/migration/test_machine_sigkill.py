@@ -24,7 +24,8 @@ import pytest
 from costopt.agent import control
 from costopt.db.engine import make_engine, migrate
 from costopt.ledger.sql import SqlLedger
-from costopt.migration.machine import ENV_KILL_AT, State
+from costopt.migration.machine import ENV_KILL_AT
+from costopt.migration.records import State
 from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider
 from tests.conftest import PG_ADMIN_URL, pg_schema

@@ -14,7 +14,8 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from costopt.cloud import Instance, InstanceState, Interruption, LaunchSpec, ProviderConfigError
-from costopt.migration.machine import JobStatus, State, job_tags, reconcile
+from costopt.migration.reconcile import reconcile
+from costopt.migration.records import JobStatus, State, job_tags
 from providers.local import LocalProvider
 from tests.migration.test_machine import (
     OFFER_A,

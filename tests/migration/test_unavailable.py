@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 from costopt.cloud import AuthError, CapacityError, Instance, LaunchSpec, QuotaError
 from costopt.domain import Cloud, Market, OfferKey
-from costopt.migration.machine import State
+from costopt.migration.records import State
 from costopt.migration.unavailable import (
     DEFAULT_TTL,
     UnavailableEntry,

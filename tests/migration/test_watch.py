@@ -20,7 +20,9 @@ from costopt.agent.contract import ENV_CHECKPOINT_URI, ENV_EPOCH, ENV_JOB_ID
 from costopt.cloud import CapacityError, Instance, InstanceState, Interruption, LaunchSpec, NotFoundError
 from costopt.db.migration_schema import migration_jobs, migrations
 from costopt.domain import Cloud, Market, OfferKey
-from costopt.migration.machine import ALIVE_STATES, JobRecord, JobStatus, Kind, Migrator, State, reconcile
+from costopt.migration.machine import Migrator
+from costopt.migration.reconcile import reconcile
+from costopt.migration.records import ALIVE_STATES, JobRecord, JobStatus, Kind, State
 from costopt.migration.unavailable import UnavailableOffers
 from costopt.migration.watch import DbWatermark, InterruptionWatcher, MemoryWatermark, notice_request_id
 from costopt.settings import PROJECT_ROOT

@@ -1,0 +1,336 @@
+"""The copies' facts and their sync to the ledger.
+
+Every copy of a job (one instance of one epoch) is an interval in the ledger, keyed
+``<provider>:<job>:e<epoch>:<instance>`` (:func:`~costopt.migration.records.interval_key`), opened at
+its launch (the provider's launch time) and closed when it is terminated, found preempted or gone (the
+provider's end time when it knows it, else now), with an end reason
+(:class:`~costopt.migration.records.EndReason`). The facts are first written to ``migration_copies``
+(:func:`write_copy_start`, :func:`write_copy_end`, :func:`write_verified`, on the caller's connection:
+the migrator and the reconciler write them in the same transaction as what they learned), so a crash
+never changes them: the table is the ledger's outbox. :func:`sync_ledger` then copies them to the ledger,
+and the copy row's flags record what the ledger holds. Ledger writes are idempotent by key, so a crash
+between a ledger write and its flag repeats nothing.
+
+A copy given the checkpoint's size (a move's ``checkpoint_gb``) records its egress when it is launched
+(an additive charge keyed by the migration id: GB x the ``egress`` rate from the old copy's place to the
+new one's; none within a region); each copy's boot-and-restore time (``restart``) and a moved copy's
+overlap with its successor (``overlap``) are memo lines. Only facts are recorded here: the ledger prices
+an interval when it closes, from its own price view (``SqlLedger(engine, prices)``). A ledger failure
+(e.g. no price known for the offer) is logged, kept in ``migration_copies.ledger_error`` and retried at
+the next sync.
+
+Also here: how a copy ended from the provider's view (:func:`describe_or_none`, :func:`copy_end`,
+:func:`end_reason_of`) and what a preempted copy's end marks (:func:`mark_preempted`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Engine, and_, insert, not_, or_, select, update
+from sqlalchemy.engine import Connection
+
+from costopt.agent import control
+from costopt.cloud import CloudProvider, Instance, InstanceState, NotFoundError
+from costopt.db.migration_schema import migration_copies
+from costopt.ledger.book import Ledger
+from costopt.ledger.model import ChargeKind, ChargeRecord, IntervalRecord, LedgerError
+from costopt.migration.records import CopyEnd, CopyRecord, CopyStart, EndReason, interval_key
+from costopt.migration.unavailable import REASON_PREEMPTED, UnavailableOffers
+from costopt.planning.model import DEFAULT_EGRESS, EgressRates
+
+log = logging.getLogger("costopt.migration.ledger_sync")
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def describe_or_none(provider: CloudProvider, instance_id: str) -> Instance | None:
+    try:
+        return provider.describe(instance_id)
+    except NotFoundError:
+        return None
+
+
+def copy_end(
+    inst: Instance | None, job_id: str, epoch: int, instance_id: str, reason: EndReason, now: datetime
+) -> CopyEnd:
+    """The end of a copy from the provider's view: its end time when the provider knows it, else ``now``."""
+    ended = inst.terminated_at if inst is not None and inst.terminated_at is not None else now
+    return CopyEnd(
+        job_id=job_id,
+        epoch=epoch,
+        instance_id=instance_id,
+        offer=inst.offer if inst is not None else None,
+        launched_at=inst.launched_at if inst is not None else None,
+        ended_at=ended,
+        reason=reason,
+    )
+
+
+def end_reason_of(inst: Instance | None, checkpoint_uri: str | None, epoch: int) -> EndReason:
+    """Why a copy that is no longer alive ended: preempted, finished the job, or gone."""
+    if inst is not None and inst.state is InstanceState.PREEMPTED:
+        return EndReason.PREEMPTED
+    if checkpoint_uri is not None and epoch >= 1 and control.progress(checkpoint_uri, epoch).done:
+        return EndReason.FINISHED
+    return EndReason.GONE
+
+
+def write_copy_start(conn: Connection, provider: str, start: CopyStart, now: datetime) -> None:
+    key = interval_key(provider, start.job_id, start.epoch, start.instance_id)
+    if conn.execute(select(migration_copies.c.interval_key).where(migration_copies.c.interval_key == key)).first():
+        return
+    conn.execute(
+        insert(migration_copies).values(
+            interval_key=key,
+            job_id=start.job_id,
+            epoch=start.epoch,
+            instance_id=start.instance_id,
+            provider=provider,
+            offer=json.dumps(start.offer.to_doc()),
+            migration_id=start.migration_id,
+            source_offer=json.dumps(start.source_offer.to_doc()) if start.source_offer else None,
+            egress_gb=start.egress_gb,
+            started_at=start.started_at,
+            ledger_opened=False,
+            ledger_memo=False,
+            ledger_closed=False,
+            updated_at=now,
+        )
+    )
+
+
+def write_copy_end(conn: Connection, provider: str, end: CopyEnd, now: datetime) -> bool:
+    """Close the copy's row (first end wins; never before it started), or insert it closed when nobody
+    recorded it (an orphan). False when there was nothing to write."""
+    c = migration_copies.c
+    row = conn.execute(
+        select(c.interval_key, c.started_at, c.ended_at).where(
+            c.job_id == end.job_id, c.instance_id == end.instance_id, c.provider == provider
+        )
+    ).first()
+    if row is not None:
+        if row.ended_at is not None:
+            return False
+        conn.execute(
+            update(migration_copies)
+            .where(c.interval_key == row.interval_key, c.ended_at.is_(None))
+            .values(ended_at=max(end.ended_at, row.started_at), end_reason=end.reason.value, updated_at=now)
+        )
+        return True
+    if end.offer is None:
+        log.warning(
+            "copy %s of %s (epoch %d) ended unseen: no offer known, not billed", end.instance_id, end.job_id, end.epoch
+        )
+        return False
+    started = min(end.launched_at or end.ended_at, end.ended_at)
+    write_copy_start(conn, provider, CopyStart(end.job_id, end.epoch, end.instance_id, end.offer, started), now)
+    return write_copy_end(conn, provider, end, now)
+
+
+def write_verified(conn: Connection, provider: str, job_id: str, instance_id: str, at: datetime, now: datetime) -> None:
+    c = migration_copies.c
+    conn.execute(
+        update(migration_copies)
+        .where(c.job_id == job_id, c.instance_id == instance_id, c.provider == provider, c.verified_at.is_(None))
+        .values(verified_at=at, updated_at=now)
+    )
+
+
+def copies(engine: Engine, job_id: str | None = None, *, open_only: bool = False) -> list[CopyRecord]:
+    """The copies of ``job_id`` (or of every job), by job, epoch and launch time; only those not known
+    to have ended with ``open_only``."""
+    c = migration_copies.c
+    query = select(migration_copies).order_by(c.job_id, c.epoch, c.started_at, c.interval_key)
+    if job_id is not None:
+        query = query.where(c.job_id == job_id)
+    if open_only:
+        query = query.where(c.ended_at.is_(None))
+    with engine.connect() as conn:
+        return [CopyRecord.of(r) for r in conn.execute(query).all()]
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSync:
+    """What one :func:`sync_ledger` pass did: ledger writes made, copies still pending, errors met."""
+
+    written: int
+    pending: int
+    errors: tuple[str, ...]
+
+
+def _pending_condition() -> Any:
+    c = migration_copies.c
+    return or_(
+        not_(c.ledger_opened),
+        and_(not_(c.ledger_memo), or_(c.verified_at.is_not(None), c.ended_at.is_not(None))),
+        and_(not_(c.ledger_closed), c.ended_at.is_not(None)),
+    )
+
+
+def sync_ledger(
+    engine: Engine,
+    ledger: Ledger,
+    *,
+    job_id: str | None = None,
+    egress: EgressRates = DEFAULT_EGRESS,
+    hook: Callable[[str], None] | None = None,
+) -> LedgerSync:
+    """Copy the facts of ``migration_copies`` the ledger does not hold yet into ``ledger`` (idempotent).
+
+    Per copy: open its interval (and record its move's egress), record its restart memo once it
+    progressed or ended, close its interval once it ended (and record a moved copy's overlap memo).
+    A :class:`~costopt.ledger.model.LedgerError` (no price, a conflict) is logged and kept on the row;
+    the copy stays pending and is retried by the next pass. ``hook`` gets ``"ledger:opened"`` and
+    ``"ledger:closed"`` right after those writes, before their flags are committed (fault injection).
+    """
+    c = migration_copies.c
+    query = select(migration_copies).where(_pending_condition()).order_by(c.started_at, c.interval_key)
+    if job_id is not None:
+        query = query.where(c.job_id == job_id)
+    with engine.connect() as conn:
+        pending = [CopyRecord.of(r) for r in conn.execute(query).all()]
+    written = 0
+    errors: list[str] = []
+    left = 0
+    for copy in pending:
+        try:
+            written += _sync_copy(engine, ledger, copy, egress, hook)
+        except LedgerError as exc:
+            left += 1
+            msg = f"{copy.interval_key}: {type(exc).__name__}: {exc}"
+            errors.append(msg)
+            if copy.ledger_error != str(exc):
+                log.warning("ledger: cannot record copy %s yet (retried at the next sync)", msg)
+            with engine.begin() as conn:
+                conn.execute(
+                    update(migration_copies).where(c.interval_key == copy.interval_key).values(ledger_error=str(exc))
+                )
+    return LedgerSync(written, left, tuple(errors))
+
+
+def _set_flags(engine: Engine, key: str, **flags: bool) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            update(migration_copies)
+            .where(migration_copies.c.interval_key == key)
+            .values(ledger_error=None, updated_at=_utcnow(), **flags)
+        )
+
+
+def _sync_copy(
+    engine: Engine, ledger: Ledger, copy: CopyRecord, egress: EgressRates, hook: Callable[[str], None] | None
+) -> int:
+    written = 0
+    interval = IntervalRecord(
+        interval_key=copy.interval_key,
+        job_id=copy.job_id,
+        instance_id=copy.instance_id,
+        offer=copy.offer,
+        started_at=copy.started_at,
+        provider=copy.provider,
+    )
+    if not copy.ledger_opened:
+        ledger.record_interval(interval)
+        charge = _egress_charge(copy, egress)
+        if charge is not None:
+            ledger.record_charge(charge)
+        written += 1
+        if hook is not None:
+            hook("ledger:opened")
+        _set_flags(engine, copy.interval_key, ledger_opened=True)
+    memo_end = copy.verified_at or copy.ended_at
+    if not copy.ledger_memo and memo_end is not None:
+        if memo_end > copy.started_at:
+            progressed = copy.verified_at is not None
+            ledger.record_charge(
+                ChargeRecord(
+                    charge_key=f"{copy.interval_key}:restart",
+                    job_id=copy.job_id,
+                    kind=ChargeKind.RESTART,
+                    at=memo_end,
+                    offer=copy.offer,
+                    interval_key=copy.interval_key,
+                    span=(copy.started_at, memo_end),
+                    note="boot and restore, before the copy progressed"
+                    if progressed
+                    else "boot, the copy never progressed",
+                )
+            )
+            written += 1
+        _set_flags(engine, copy.interval_key, ledger_memo=True)
+    if not copy.ledger_closed and copy.ended_at is not None:
+        ledger.record_interval(replace(interval, ended_at=copy.ended_at, end_reason=copy.end_reason))
+        overlap = _overlap_charge(engine, copy)
+        if overlap is not None:
+            ledger.record_charge(overlap)
+        written += 1
+        if hook is not None:
+            hook("ledger:closed")
+        _set_flags(engine, copy.interval_key, ledger_closed=True)
+    return written
+
+
+def _egress_charge(copy: CopyRecord, egress: EgressRates) -> ChargeRecord | None:
+    """The move's egress: the checkpoint shipped from the source place to the copy's (None: same place,
+    or no size given)."""
+    src, dst = copy.source_offer, copy.offer
+    if copy.egress_gb is None or copy.egress_gb <= 0 or src is None or copy.migration_id is None:
+        return None
+    if (src.cloud, src.region) == (dst.cloud, dst.region):
+        return None
+    rate = egress.rate(src.cloud, src.region, dst.cloud, dst.region)
+    return ChargeRecord(
+        charge_key=f"{copy.job_id}:m{copy.migration_id}:egress",
+        job_id=copy.job_id,
+        kind=ChargeKind.EGRESS,
+        at=copy.started_at,
+        quantity=copy.egress_gb,
+        unit="GB",
+        rate_usd=Decimal(repr(rate)),
+        offer=src,
+        interval_key=copy.interval_key,
+        note=f"checkpoint {src.cloud.value} {src.region} -> {dst.cloud.value} {dst.region}"
+        f" (migration {copy.migration_id})",
+    )
+
+
+def _overlap_charge(engine: Engine, copy: CopyRecord) -> ChargeRecord | None:
+    """A moved copy billed while its successor booted and was verified: ``[successor start, its end)``."""
+    if copy.end_reason != EndReason.MOVED.value or copy.ended_at is None:
+        return None
+    c = migration_copies.c
+    with engine.connect() as conn:
+        succ = conn.execute(
+            select(c.started_at, c.epoch)
+            .where(c.job_id == copy.job_id, c.epoch > copy.epoch, c.migration_id.is_not(None))
+            .order_by(c.epoch, c.started_at)
+        ).first()
+    if succ is None or succ.started_at >= copy.ended_at:
+        return None
+    start = max(succ.started_at, copy.started_at)
+    return ChargeRecord(
+        charge_key=f"{copy.interval_key}:overlap",
+        job_id=copy.job_id,
+        kind=ChargeKind.OVERLAP,
+        at=copy.ended_at,
+        offer=copy.offer,
+        interval_key=copy.interval_key,
+        span=(start, copy.ended_at),
+        note=f"billed while epoch {succ.epoch} booted and was verified",
+    )
+
+
+def mark_preempted(unavailable: UnavailableOffers | None, end: CopyEnd) -> None:
+    """Mark the offer of a copy found preempted unavailable (when there is a cache)."""
+    if unavailable is None or end.reason is not EndReason.PREEMPTED or end.offer is None:
+        return
+    unavailable.mark(end.offer, REASON_PREEMPTED, at=end.ended_at, detail=f"{end.instance_id} preempted")
