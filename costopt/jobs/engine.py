@@ -55,6 +55,7 @@ from typing import Any
 from sqlalchemy import update
 
 from costopt.agent import control
+from costopt.agent.contract import job_env as contract_job_env
 from costopt.agent.storage import is_local_uri
 from costopt.cloud import ACTIVE_STATES as ALIVE_STATES
 from costopt.cloud import CloudError, Instance, InstanceState, NotFoundError
@@ -82,9 +83,6 @@ from costopt.migration.machine import JobRecord as MigratorJob
 log = logging.getLogger("costopt.jobs.engine")
 
 __all__ = [
-    "ENV_JOB_STEPS",
-    "ENV_JOB_TYPE",
-    "ENV_STEPS_PER_SECOND",
     "RESUMABLE_EXIT_CODES",
     "EngineError",
     "JobEngine",
@@ -92,13 +90,6 @@ __all__ = [
     "TickReport",
     "job_env",
 ]
-
-ENV_JOB_TYPE = "COSTOPT_JOB_TYPE"
-"""The job's catalog type (e.g. ``ResNet-50 (batch size 128)``), for jobs given by type."""
-ENV_JOB_STEPS = "COSTOPT_JOB_STEPS"
-"""The steps the job must do in total (an integer)."""
-ENV_STEPS_PER_SECOND = "COSTOPT_STEPS_PER_SECOND"
-"""For jobs given by throughput: the job's steps/s (a float)."""
 
 RESUMABLE_EXIT_CODES: frozenset[int] = frozenset({0, 75})
 """Exit codes after which a copy that did not finish is recovered from its last checkpoint: 0, and 75
@@ -118,21 +109,21 @@ class MoveRefused(EngineError):
 
 
 def job_env(job: JobRecord, first: Placement | None = None) -> dict[str, str]:
-    """The environment the job's copies get beyond the agent contract: its steps, its catalog type, and
-    for a job given by throughput its steps/s (the one accelerator's, or on several the first placement's:
-    the migrator keeps one environment per job)."""
-    env = {ENV_JOB_STEPS: str(int(job.steps_total))}
-    job_type = job.spec.get("job_type")
-    if job_type:
-        env[ENV_JOB_TYPE] = str(job_type)
+    """The environment the job's copies get beyond the agent contract (:func:`costopt.agent.contract.job_env`):
+    its steps, its catalog type, and for a job given by throughput its steps/s (the one accelerator's, or
+    on several the first placement's: the migrator keeps one environment per job)."""
+    job_type = job.spec.get("job_type") or None
     throughput = {str(k): float(v) for k, v in dict(job.spec.get("throughput") or {}).items()}
+    sps: float | None = None
     if throughput:
         sps = next(iter(throughput.values())) if len(throughput) == 1 else None
         if sps is None and first is not None:
             sps = first.steps_per_s
-        if sps is not None and sps > 0:
-            env[ENV_STEPS_PER_SECOND] = repr(float(sps))
-    return env
+    return contract_job_env(
+        int(job.steps_total),
+        job_type=str(job_type) if job_type else None,
+        steps_per_second=sps if sps is not None and sps > 0 else None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -963,24 +954,12 @@ class JobEngine:
 
     @staticmethod
     def _exit_code(migrator: Migrator, instance_id: str, inst: Instance | None) -> int | None:
-        """The copy's exit code: ``Instance.exit_code`` when the provider reports it, else the provider's
-        own ``exit_code(instance_id)`` (the local provider), else None (unknown)."""
-        code = getattr(inst, "exit_code", None) if inst is not None else None
-        if code is None:
-            read = getattr(migrator.provider, "exit_code", None)
-            if callable(read):
-                try:
-                    code = read(instance_id)
-                except (CloudError, OSError):
-                    code = None
-        return int(code) if code is not None else None
+        """The copy's exit code (:attr:`Instance.exit_code`; None: unknown, or killed without one)."""
+        return inst.exit_code if inst is not None else None
 
     def _output(self, migrator: Migrator, instance_id: str) -> str:
-        read = getattr(migrator.provider, "output", None)
-        if not callable(read):
-            return ""
         try:
-            text = read(instance_id, tail=self.output_tail)
+            text = migrator.provider.output(instance_id, tail=self.output_tail)
         except (CloudError, OSError, ValueError) as exc:
             log.warning("engine: cannot read the output of %s: %s", instance_id, exc)
             return ""

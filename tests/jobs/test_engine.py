@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from costopt.agent import control
+from costopt.agent.contract import ENV_JOB_STEPS, ENV_JOB_TYPE, ENV_STEPS_PER_SECOND
 from costopt.cloud import CapacityError, InstanceState
 from costopt.jobs.costs import job_cost
-from costopt.jobs.engine import CANCEL_PREFIX, ENV_JOB_STEPS, ENV_JOB_TYPE, ENV_STEPS_PER_SECOND, JobEngine, MoveRefused
+from costopt.jobs.engine import CANCEL_PREFIX, JobEngine, MoveRefused
 from costopt.jobs.model import JobState
 from costopt.jobs.records import NewJob
 from costopt.ledger.model import micro_to_usd, usd_to_micro
