@@ -35,14 +35,14 @@ from costopt.migration.decision import MigrationRule, decide_many, egress_matrix
 from costopt.planning.model import money
 
 __all__ = [
+    "BacktestResult",
     "CostCube",
     "JobBatch",
     "MoveLog",
-    "Policy",
-    "SimResult",
+    "PlacementPolicy",
     "build_cost_cube",
     "mean_usd",
-    "simulate",
+    "run_backtest",
     "total_usd",
 ]
 
@@ -135,7 +135,7 @@ class JobBatch:
 
 
 @dataclass(frozen=True, eq=False)
-class Policy:
+class PlacementPolicy:
     """A placement policy. ``allowed``: offers it may use (mask over the offer set). ``mode``:
     ``static`` (placed at the start, kept), ``free`` (re-placed every ``every_periods`` periods at no
     cost), ``rule`` (the migration decision rule every ``every_periods`` periods, moves paid)."""
@@ -173,7 +173,7 @@ class MoveLog:
 
 
 @dataclass(frozen=True, eq=False)
-class SimResult:
+class BacktestResult:
     """Per job: ``cost`` (USD, moves included), ``finish_hours`` (from the grid's start), the first and
     last offer, ``moves``, ``move_cost`` (USD: egress, overlap and restart hours), ``outlived`` (ran past
     the data's end, on the last known prices)."""
@@ -198,7 +198,7 @@ def _best(cps: FloatArray, tput: FloatArray) -> tuple[IntArray, BoolArray]:
     return pick, ok
 
 
-def simulate(cube: CostCube, jobs: JobBatch, policy: Policy) -> SimResult:
+def run_backtest(cube: CostCube, jobs: JobBatch, policy: PlacementPolicy) -> BacktestResult:
     """Run ``jobs`` under ``policy`` through ``cube``'s grid (see the module docstring).
 
     Raises :class:`BacktestError` when a job cannot be placed at its start (no allowed offer with a
@@ -324,7 +324,7 @@ def simulate(cube: CostCube, jobs: JobBatch, policy: Policy) -> SimResult:
     else:
         empty_i, empty_f = np.zeros(0, dtype=np.int64), np.zeros(0)
         log_arrays = MoveLog(empty_i, empty_i, empty_i, empty_i, empty_f, empty_f, empty_f, empty_f)
-    return SimResult(
+    return BacktestResult(
         policy=policy.name,
         cost=cost,
         finish_hours=finish,

@@ -29,7 +29,7 @@ from decimal import Decimal
 import numpy as np
 import pandas as pd
 
-from costopt.backtest.engine import Policy, SimResult, mean_usd, simulate
+from costopt.backtest.engine import BacktestResult, PlacementPolicy, mean_usd, run_backtest
 from costopt.backtest.grid import BacktestError
 from costopt.backtest.paper import (
     PAPER_CHECKPOINT_GB,
@@ -113,21 +113,21 @@ def interval_sweep(
             if offer_set not in setup.policies:
                 raise BacktestError(f"unknown offer set {offer_set!r}")
             allowed = setup.policies[offer_set].allowed
-            runs: dict[tuple[int | None, str], SimResult] = {
-                (None, "static"): simulate(setup.cube, jobs, Policy(offer_set, allowed))
+            runs: dict[tuple[int | None, str], BacktestResult] = {
+                (None, "static"): run_backtest(setup.cube, jobs, PlacementPolicy(offer_set, allowed))
             }
             for k in intervals:
                 if k is None:
                     continue
                 for mode, rule in modes.items():
-                    policy = Policy(
+                    policy = PlacementPolicy(
                         f"{offer_set}/{mode}/{k}h",
                         allowed,
                         mode="free" if rule is None else "rule",
                         every_periods=int(k),
                         rule=rule,
                     )
-                    runs[(k, mode)] = simulate(setup.cube, jobs, policy)
+                    runs[(k, mode)] = run_backtest(setup.cube, jobs, policy)
             for model, n, idx in groups:
                 static = float(np.mean(runs[(None, "static")].cost[idx]))
                 for (k, mode), sr in runs.items():

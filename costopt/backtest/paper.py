@@ -46,7 +46,15 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from costopt.backtest.engine import CostCube, JobBatch, Policy, SimResult, build_cost_cube, mean_usd, simulate
+from costopt.backtest.engine import (
+    BacktestResult,
+    CostCube,
+    JobBatch,
+    PlacementPolicy,
+    build_cost_cube,
+    mean_usd,
+    run_backtest,
+)
 from costopt.backtest.grid import KEY_COLUMNS, BacktestError, OfferSet, PriceGrid, build_price_grid, change_days
 from costopt.domain import Cloud, Market
 from costopt.migration.decision import MigrationRule
@@ -293,7 +301,7 @@ class RegionSetup:
     region: str
     start_days: tuple[date, ...]
     cube: CostCube
-    policies: Mapping[str, Policy]
+    policies: Mapping[str, PlacementPolicy]
 
     @property
     def grid(self) -> PriceGrid:
@@ -323,28 +331,28 @@ def _offers(inputs: PaperInputs, region: str) -> tuple[OfferSet, pd.DataFrame, p
     return OfferSet.from_frame(keys), spot, lp
 
 
-def _policies(offers: OfferSet, region: str, rule: MigrationRule) -> dict[str, Policy]:
+def _policies(offers: OfferSet, region: str, rule: MigrationRule) -> dict[str, PlacementPolicy]:
     spot = ("spot",)
     aws = offers.mask(clouds=("aws",), markets=spot, regions=(region,))
     everything = aws | offers.mask(clouds=("azure",), markets=spot)
     od = offers.mask(markets=("on_demand",))
     return {
-        "baseline": Policy("baseline", aws & offers.mask(instance_types=("p3.2xlarge",))),
-        "gpu_type": Policy("gpu_type", aws & offers.mask(instance_types=("p2.xlarge", "p3.2xlarge"))),
-        "multi_gpu": Policy("multi_gpu", aws),
-        "multi_cloud": Policy("multi_cloud", everything),
-        "dynamic": Policy("dynamic", everything, mode="free"),
-        "dynamic_migration_cost": Policy("dynamic_migration_cost", everything, mode="rule", rule=rule),
-        "dynamic_move_cost_only": Policy(
+        "baseline": PlacementPolicy("baseline", aws & offers.mask(instance_types=("p3.2xlarge",))),
+        "gpu_type": PlacementPolicy("gpu_type", aws & offers.mask(instance_types=("p2.xlarge", "p3.2xlarge"))),
+        "multi_gpu": PlacementPolicy("multi_gpu", aws),
+        "multi_cloud": PlacementPolicy("multi_cloud", everything),
+        "dynamic": PlacementPolicy("dynamic", everything, mode="free"),
+        "dynamic_migration_cost": PlacementPolicy("dynamic_migration_cost", everything, mode="rule", rule=rule),
+        "dynamic_move_cost_only": PlacementPolicy(
             "dynamic_move_cost_only",
             everything,
             mode="rule",
             rule=replace(rule, margin_fraction=0.0, margin_min_usd=0.0, dwell_hours=0.0),
         ),
-        "on_demand": Policy(
+        "on_demand": PlacementPolicy(
             "on_demand", od & offers.mask(clouds=("aws",), regions=(region,), instance_types=("p3.2xlarge",))
         ),
-        "on_demand_best": Policy("on_demand_best", od & offers.mask(regions=(region, *PAPER_AZURE_REGIONS))),
+        "on_demand_best": PlacementPolicy("on_demand_best", od & offers.mask(regions=(region, *PAPER_AZURE_REGIONS))),
     }
 
 
@@ -480,7 +488,7 @@ class PaperBacktest:
     start_days: Mapping[str, tuple[date, ...]]
     data_end: Mapping[str, datetime]
     jobs: Mapping[str, pd.DataFrame]
-    results: Mapping[str, Mapping[str, SimResult]]
+    results: Mapping[str, Mapping[str, BacktestResult]]
     seconds: float
 
 
@@ -510,12 +518,12 @@ def paper_backtest(
     starts: dict[str, tuple[date, ...]] = {}
     ends: dict[str, datetime] = {}
     frames: dict[str, pd.DataFrame] = {}
-    results: dict[str, dict[str, SimResult]] = {}
+    results: dict[str, dict[str, BacktestResult]] = {}
     for region in regions:
         setup = region_setup(inputs, region, models=models, job_days=job_days, rule=r)
         jobs, frame = paper_jobs(setup, inputs, models, job_days, checkpoint_gb)
         starts[region], ends[region], frames[region] = setup.start_days, setup.grid.data_end, frame
-        res = {p: simulate(setup.cube, jobs, setup.policies[p]) for p in run}
+        res = {p: run_backtest(setup.cube, jobs, setup.policies[p]) for p in run}
         results[region] = res
         for model, n, idx in job_groups(frame):
             base = float(np.mean(res["baseline"].cost[idx]))

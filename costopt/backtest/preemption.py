@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from costopt.backtest.engine import JobBatch, Policy, simulate
+from costopt.backtest.engine import JobBatch, PlacementPolicy, run_backtest
 from costopt.backtest.grid import BacktestError
 from costopt.backtest.job import (
     CloudFactory,
@@ -96,13 +96,13 @@ def _keys(setup: RegionSetup) -> list[OfferKey]:
 
 
 class GridPlacer:
-    """A paper policy (:class:`costopt.backtest.engine.Policy`) as a :class:`~costopt.backtest.job.Placer`
+    """A paper policy (:class:`costopt.backtest.engine.PlacementPolicy`) as a :class:`~costopt.backtest.job.Placer`
     for one model, deciding on the region's cost cube like the engine does (module docstring)."""
 
     def __init__(
         self,
         setup: RegionSetup,
-        policy: Policy,
+        policy: PlacementPolicy,
         model: str,
         rule: MigrationRule,
         keys: Sequence[OfferKey] | None = None,
@@ -342,7 +342,7 @@ def _paper_reductions(
         start=np.array(starts, dtype=np.int64),
         checkpoint_gb=np.full(len(starts), gb),
     )
-    means = {p: float(np.mean(simulate(setup.cube, jobs, setup.policies[p]).cost)) for p in policies}
+    means = {p: float(np.mean(run_backtest(setup.cube, jobs, setup.policies[p]).cost)) for p in policies}
     return {p: means["baseline"] / v if v > 0 else math.nan for p, v in means.items()}
 
 

@@ -29,7 +29,7 @@ from decimal import Decimal
 import numpy as np
 import pandas as pd
 
-from costopt.backtest.engine import JobBatch, Policy, simulate, total_usd
+from costopt.backtest.engine import JobBatch, PlacementPolicy, run_backtest, total_usd
 from costopt.backtest.grid import BacktestError
 from costopt.backtest.paper import (
     PAPER_MODELS,
@@ -326,7 +326,7 @@ def _realize(
         allowed = np.zeros(len(setup.grid.offers), dtype=bool)
         allowed[col] = True
         sub = JobBatch(jobs.model[mine], jobs.steps[mine], jobs.start[mine], jobs.checkpoint_gb[mine])
-        res = simulate(setup.cube, sub, Policy(f"offer {col}", allowed))
+        res = run_backtest(setup.cube, sub, PlacementPolicy(f"offer {col}", allowed))
         cost[mine] = res.cost
         finish[mine] = res.finish_hours - period * setup.grid.period_hours
     return total_usd(cost), finish

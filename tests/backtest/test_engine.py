@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from costopt.backtest.engine import CostCube, JobBatch, Policy, build_cost_cube, simulate
+from costopt.backtest.engine import CostCube, JobBatch, PlacementPolicy, build_cost_cube, run_backtest
 from costopt.backtest.grid import BacktestError, OfferSet, PriceGrid, build_price_grid
 from costopt.migration.decision import MigrationRule
 from tests.backtest.conftest import DAY0, history, offer, offers
@@ -48,7 +48,7 @@ def test_a_static_policy_pays_its_own_offers_price_as_it_changes_day_by_day() ->
         (B, "2020-02-01T00:00:00Z", 1.5),
     ]
     c = cube_of(points, offers(A, B), 6)
-    res = simulate(c, jobs([72.0, 60.0]), Policy("static", everything(c)))
+    res = run_backtest(c, jobs([72.0, 60.0]), PlacementPolicy("static", everything(c)))
     # chosen on day 0 (A at 1.0 < B at 1.5) and kept while A costs 2.0 on day 1 and 0.5 on day 2
     assert res.first_offer.tolist() == [0, 0] and res.moves.tolist() == [0, 0]
     assert res.cost.tolist() == pytest.approx([24 * 1.0 + 24 * 2.0 + 24 * 0.5, 24 * 1.0 + 24 * 2.0 + 12 * 0.5])
@@ -58,7 +58,7 @@ def test_a_static_policy_pays_its_own_offers_price_as_it_changes_day_by_day() ->
 def test_a_job_pays_its_gpu_share_of_a_multi_gpu_instance() -> None:
     big = offer("big", zone="r1a", gpus=4.0)
     c = cube_of([(A, "2020-02-01T00:00:00Z", 1.0), (big, "2020-02-01T00:00:00Z", 3.0)], offers(A, big), 3)
-    res = simulate(c, jobs([10.0]), Policy("static", everything(c)))
+    res = run_backtest(c, jobs([10.0]), PlacementPolicy("static", everything(c)))
     assert c.offers.label(int(res.first_offer[0])).endswith("big (spot)")
     assert res.cost[0] == pytest.approx(10 * 3.0 / 4)
 
@@ -70,7 +70,7 @@ def test_throughput_per_dollar_decides_a_dearer_faster_gpu_can_win() -> None:
     c = cube_of(
         [(k80, "2020-02-01T00:00:00Z", 1.0), (v100, "2020-02-01T00:00:00Z", 3.0)], offers(k80, v100), 3, tput=tput
     )
-    res = simulate(c, jobs([40.0], steps_per_s=1.0), Policy("static", everything(c)))
+    res = run_backtest(c, jobs([40.0], steps_per_s=1.0), PlacementPolicy("static", everything(c)))
     assert res.first_offer[0] == 1  # V100: 3.0 / 4 = 0.75 per K80-hour of work < 1.0
     assert res.cost[0] == pytest.approx(10 * 3.0) and res.finish_hours[0] == pytest.approx(10.0)
 
@@ -79,8 +79,8 @@ def test_a_static_choice_only_sees_offers_priced_on_its_start_day_and_dynamic_pi
     late = offer("late", zone="r1b")
     points = [(A, "2020-02-01T00:00:00Z", 1.0), (late, "2020-03-02T06:00:00Z", 0.25)]
     c = cube_of(points, offers(A, late), 4)
-    static = simulate(c, jobs([48.0]), Policy("static", everything(c)))
-    dynamic = simulate(c, jobs([48.0]), Policy("dynamic", everything(c), mode="free"))
+    static = run_backtest(c, jobs([48.0]), PlacementPolicy("static", everything(c)))
+    dynamic = run_backtest(c, jobs([48.0]), PlacementPolicy("dynamic", everything(c), mode="free"))
     assert static.cost[0] == pytest.approx(48.0)
     assert dynamic.cost[0] == pytest.approx(24 * 1.0 + 24 * 0.25) and dynamic.moves[0] == 1
 
@@ -100,8 +100,8 @@ def test_free_dynamic_never_costs_more_than_static_when_every_offer_runs_equally
                 )
         c = cube_of(points, offers(*names), 40)
         batch = jobs(list(rng.uniform(1, 200, size=60)), list(rng.integers(0, 10, size=60)), gb=float(seed))
-        static = simulate(c, batch, Policy("multi_cloud", everything(c)))
-        dynamic = simulate(c, batch, Policy("dynamic", everything(c), mode="free"))
+        static = run_backtest(c, batch, PlacementPolicy("multi_cloud", everything(c)))
+        dynamic = run_backtest(c, batch, PlacementPolicy("dynamic", everything(c), mode="free"))
         assert np.all(dynamic.cost <= static.cost + 1e-9)
         assert np.all(dynamic.finish_hours == static.finish_hours)
 
@@ -120,8 +120,8 @@ def test_greedy_dynamic_can_cost_more_than_static_when_it_moves_to_a_faster_gpu_
         (f, "2020-02-01T00:00:00Z", 3.6),
     ]
     c = cube_of(points, offers(s, f), 6, tput={"m": {"k80": 1.0, "v100": 2.0}})
-    static = simulate(c, jobs([96.0]), Policy("multi_cloud", everything(c)))
-    dynamic = simulate(c, jobs([96.0]), Policy("dynamic", everything(c), mode="free"))
+    static = run_backtest(c, jobs([96.0]), PlacementPolicy("multi_cloud", everything(c)))
+    dynamic = run_backtest(c, jobs([96.0]), PlacementPolicy("dynamic", everything(c), mode="free"))
     assert static.cost[0] == pytest.approx(120.0)
     assert dynamic.cost[0] == pytest.approx(134.4)
 
@@ -140,7 +140,8 @@ def test_a_rule_move_pays_egress_overlap_and_restart_exactly() -> None:
         (b, "2020-03-02T00:00:00Z", 0.5),
     ]
     c = cube_of(points, offers(a, b), 4)
-    res = simulate(c, jobs([48.0], gb=10.0), Policy("rule", everything(c), mode="rule", rule=MigrationRule()))
+    rule = PlacementPolicy("rule", everything(c), mode="rule", rule=MigrationRule())
+    res = run_backtest(c, jobs([48.0], gb=10.0), rule)
     assert res.moves[0] == 1
     assert res.move_cost[0] == pytest.approx(0.9 + 0.5 / 6 + 3.0 / 12)
     assert res.cost[0] == pytest.approx(24.0 + 0.9 + 3.0 / 12 + 0.5 * 24 + 0.5 / 6)
@@ -168,7 +169,7 @@ def test_the_rule_policy_respects_dwell_and_margin_on_every_move() -> None:
     rng = np.random.default_rng(5)
     batch = jobs(list(rng.uniform(10, 300, size=80)), list(rng.integers(0, 24 * 5, size=80)), gb=20.0)
     rule = MigrationRule(dwell_hours=24.0)
-    res = simulate(c, batch, Policy("rule", everything(c), mode="rule", every_periods=1, rule=rule))
+    res = run_backtest(c, batch, PlacementPolicy("rule", everything(c), mode="rule", every_periods=1, rule=rule))
     log = res.log
     assert len(log) > 20
     assert np.all(log.hours_since_move >= 24.0)
@@ -176,10 +177,11 @@ def test_the_rule_policy_respects_dwell_and_margin_on_every_move() -> None:
     assert np.all(log.margin >= rule.margin_min_usd)
     per_job = np.bincount(log.job, weights=log.move_cost, minlength=len(batch))
     assert per_job == pytest.approx(res.move_cost)  # the money charged is the money the rule judged
-    tighter = simulate(c, batch, Policy("rule", everything(c), mode="rule", rule=MigrationRule(dwell_hours=72.0)))
+    dwell = MigrationRule(dwell_hours=72.0)
+    tighter = run_backtest(c, batch, PlacementPolicy("rule", everything(c), mode="rule", rule=dwell))
     assert np.all(tighter.log.hours_since_move >= 72.0) and len(tighter.log) < len(log)
     no_margin = MigrationRule(dwell_hours=24.0, margin_fraction=0.0, margin_min_usd=0.0)
-    eager = simulate(c, batch, Policy("rule", everything(c), mode="rule", rule=no_margin))
+    eager = run_backtest(c, batch, PlacementPolicy("rule", everything(c), mode="rule", rule=no_margin))
     assert len(eager.log) > len(log)
 
 
@@ -187,20 +189,20 @@ def test_simulations_are_deterministic() -> None:
     c1, c2 = random_hourly_cube(9), random_hourly_cube(9)
     batch = jobs([50.0, 120.0, 7.5], [0, 30, 70], gb=5.0)
     for mode in ("static", "free", "rule"):
-        r1 = simulate(c1, batch, Policy(mode, everything(c1), mode=mode, every_periods=6))
-        r2 = simulate(c2, batch, Policy(mode, everything(c2), mode=mode, every_periods=6))
+        r1 = run_backtest(c1, batch, PlacementPolicy(mode, everything(c1), mode=mode, every_periods=6))
+        r2 = run_backtest(c2, batch, PlacementPolicy(mode, everything(c2), mode=mode, every_periods=6))
         assert r1.cost.tolist() == r2.cost.tolist() and r1.log.dst.tolist() == r2.log.dst.tolist()
 
 
 def test_impossible_runs_raise_typed_errors() -> None:
     c = cube_of([(A, "2020-03-02T00:00:00Z", 1.0)], offers(A), 3)
     with pytest.raises(BacktestError, match="no allowed offer"):
-        simulate(c, jobs([1.0]), Policy("static", everything(c)))  # A has no price on day 0
+        run_backtest(c, jobs([1.0]), PlacementPolicy("static", everything(c)))  # A has no price on day 0
     with pytest.raises(BacktestError, match="not done"):
-        simulate(c, jobs([100.0], [1]), Policy("static", everything(c)))
+        run_backtest(c, jobs([100.0], [1]), PlacementPolicy("static", everything(c)))
     hourly: PriceGrid = build_price_grid(history([(A, "2020-02-01T00:00:00Z", 1.0)]), offers(A), DAY0, 5, 0.1)
     hc = build_cost_cube(hourly, TPUT, ["m"])
     with pytest.raises(BacktestError, match="restart"):
-        simulate(hc, jobs([0.2]), Policy("rule", everything(hc), mode="rule"))
+        run_backtest(hc, jobs([0.2]), PlacementPolicy("rule", everything(hc), mode="rule"))
     with pytest.raises(BacktestError):
         JobBatch(np.zeros(1, dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int64), np.zeros(1))
