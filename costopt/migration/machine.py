@@ -10,10 +10,10 @@ marked ``recovering`` when the old copy can no longer run). A recovery (after a 
 copy is gone) skips the checkpoint request: ``planned`` terminates whatever is left of the old copy
 (idempotent) and goes straight to ``checkpointed``: the new epoch restores the last checkpoint.
 
-Every state is a row in ``migrations`` (:mod:`costopt.db.migration_schema`; the records, states and keys
-are in :mod:`costopt.migration.records`); every transition is a
-compare-and-set on that row, committed *before* the next side effect, and every side effect is
-idempotent, so :meth:`Migrator.resume` continues from whatever state a crash left:
+Every state is a row in ``migrations`` (:mod:`costopt.db.migration_schema`; the records, states and
+keys are in :mod:`costopt.migration.records`); every transition is a compare-and-set on that row,
+committed *before* the next side effect, and every side effect is idempotent, so
+:meth:`Migrator.resume` continues from whatever state a crash left:
 
 - ``planned``: the checkpoint request id is stored in the row; repeating the request is a no-op for
   the agent;
