@@ -1,4 +1,5 @@
-"""APScheduler 3.x jobs: price collection, and the migrator's reconciler and interruption watcher.
+"""APScheduler 3.x jobs: price collection, the migrator's reconciler and interruption watcher, the job
+engine's tick and the rebalancer, each run once per tick across service replicas.
 
 - **Price jobs** (:func:`add_price_jobs`): one interval job per source (``collect:<source>``). A source
   that keeps failing backs off: a run is skipped while the time since its last attempt is shorter
@@ -13,7 +14,16 @@
 Every job has ``max_instances=1`` (a slow run never overlaps itself) and ``coalesce=True`` (missed
 runs collapse into one). A failing provider is logged and skipped, the other providers still run, and
 an exception never stops the scheduler (APScheduler logs it and runs the job again at its next time).
-The two migration jobs take one lock, so a reconciler pass never sees a recovery half done.
+The two migration jobs take one lock, so a reconciler pass never sees a recovery half done in this
+process (across replicas, the reconciler leaves in-flight migrations alone: docs/architecture.md).
+- **Job-service jobs** (:func:`add_job_service_jobs`): ``engine`` every ``COSTOPT_ENGINE_INTERVAL``
+  (:meth:`costopt.jobs.engine.JobEngine.tick`) and ``rebalance`` on the ``COSTOPT_REBALANCE_CRON``
+  crontab (:meth:`costopt.jobs.rebalance.Rebalancer.run_once`).
+
+**Replicas**: every job fires at aligned times (:mod:`api.ticks`: intervals anchored at a fixed
+instant, crontabs) and, given a :class:`~costopt.jobs.leases.LeaseStore` (``leases=``), runs a tick
+only when it wins that tick's lease, so each tick runs exactly once across the replicas sharing a
+database, and a killed replica's jobs are taken over at the next tick.
 
 :func:`build_scheduler` builds a scheduler with price jobs, migration jobs or both;
 :func:`build_migration_jobs` builds the service's migration jobs from the settings.
@@ -26,17 +36,19 @@ import logging
 import signal
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from apscheduler.job import Job
 from apscheduler.schedulers.background import BackgroundScheduler
-from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy import Engine, select
 
+from api.ticks import DEFAULT_LEASE_TTL, Every, Schedule, TickExecutor, add_leased_job
 from costopt.cloud import CloudProvider, Instance, InstanceState, Interruption, LaunchSpec
 from costopt.db.migration_schema import migration_jobs
 from costopt.domain import Cloud, Market, OfferKey
+from costopt.jobs.leases import LeaseStore
 from costopt.migration.machine import Migrator
 from costopt.migration.reconcile import ReconcileReport, reconcile
 from costopt.migration.records import JobRecord
@@ -52,13 +64,18 @@ log = logging.getLogger("costopt.scheduler")
 
 RECONCILE_JOB_ID = "migration:reconcile"
 WATCH_JOB_ID = "migration:watch"
+ENGINE_JOB_ID = "engine"
+REBALANCE_JOB_ID = "rebalance"
 DEFAULT_RECONCILE_INTERVAL = timedelta(minutes=5)
 DEFAULT_WATCH_INTERVAL = timedelta(seconds=5)
 
 
 def new_scheduler() -> BackgroundScheduler:
-    """An empty scheduler (not started), UTC, every job ``max_instances=1`` and ``coalesce=True``."""
-    return BackgroundScheduler(timezone=UTC, job_defaults={"max_instances": 1, "coalesce": True})
+    """An empty scheduler (not started), UTC, every job ``max_instances=1`` and ``coalesce=True``, its runs
+    told their scheduled fire time (:class:`api.ticks.TickExecutor`)."""
+    return BackgroundScheduler(
+        timezone=UTC, executors={"default": TickExecutor()}, job_defaults={"max_instances": 1, "coalesce": True}
+    )
 
 
 # -- price collection -------------------------------------------------------------------------------
@@ -81,24 +98,29 @@ def _job(store: PriceStore, source: PriceSource, interval: timedelta) -> None:
 
 
 def add_price_jobs(
-    scheduler: BackgroundScheduler, store: PriceStore, sources: Sequence[PriceSource], settings: Settings
+    scheduler: BackgroundScheduler,
+    store: PriceStore,
+    sources: Sequence[PriceSource],
+    settings: Settings,
+    *,
+    leases: LeaseStore | None = None,
 ) -> list[Job]:
-    """One interval job per source (``collect:<name>``), first run right away."""
+    """One interval job per source (``collect:<name>``), first run right away (for the latest tick due),
+    under ``leases`` when given."""
     intervals = source_intervals(settings)
     added = []
     for source in sources:
-        seconds = intervals.get(source.name, 3600.0)
+        interval = timedelta(seconds=intervals.get(source.name, 3600.0))
         added.append(
-            scheduler.add_job(
+            add_leased_job(
+                scheduler,
+                f"collect:{source.name}",
+                f"collect prices from {source.name}",
+                Every(interval),
                 _job,
-                IntervalTrigger(seconds=seconds, timezone=UTC),
-                args=[store, source, timedelta(seconds=seconds)],
-                id=f"collect:{source.name}",
-                name=f"collect prices from {source.name}",
-                next_run_time=datetime.now(UTC),
-                max_instances=1,
-                coalesce=True,
-                misfire_grace_time=int(seconds),
+                [store, source, interval],
+                leases=leases,
+                lease_ttl=settings.scheduler_lease_ttl,
             )
         )
     return added
@@ -272,29 +294,100 @@ def watch_job(jobs: MigrationJobs) -> None:
         log.exception("interruption watcher pass failed")
 
 
-def add_migration_jobs(scheduler: BackgroundScheduler, jobs: MigrationJobs) -> list[Job]:
-    """``migration:reconcile`` and ``migration:watch``, first runs right away."""
-    now = datetime.now(UTC)
-    out = []
-    for job_id, func, interval, name in (
-        (RECONCILE_JOB_ID, reconcile_job, jobs.reconcile_interval, "reconcile instances with jobs"),
-        (WATCH_JOB_ID, watch_job, jobs.watch_interval, "react to preemption notices and preemptions"),
-    ):
-        seconds = interval.total_seconds()
-        out.append(
-            scheduler.add_job(
-                func,
-                IntervalTrigger(seconds=seconds, timezone=UTC),
-                args=[jobs],
-                id=job_id,
-                name=name,
-                next_run_time=now,
-                max_instances=1,
-                coalesce=True,
-                misfire_grace_time=max(1, int(seconds)),
-            )
+def add_migration_jobs(
+    scheduler: BackgroundScheduler,
+    jobs: MigrationJobs,
+    *,
+    leases: LeaseStore | None = None,
+    lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+) -> list[Job]:
+    """``migration:reconcile`` and ``migration:watch``, first runs right away, under ``leases`` when given."""
+    return [
+        add_leased_job(scheduler, job_id, name, Every(interval), func, [jobs], leases=leases, lease_ttl=lease_ttl)
+        for job_id, func, interval, name in (
+            (RECONCILE_JOB_ID, reconcile_job, jobs.reconcile_interval, "reconcile instances with jobs"),
+            (WATCH_JOB_ID, watch_job, jobs.watch_interval, "react to preemption notices and preemptions"),
         )
-    return out
+    ]
+
+
+# -- the job service --------------------------------------------------------------------------------
+
+
+class _Rebalances(Protocol):
+    def run_once(self, *, dry_run: bool) -> object: ...
+
+
+@dataclass(frozen=True, slots=True)
+class JobServiceJobs:
+    """The job service's scheduled work: ``engine_tick`` (:meth:`costopt.jobs.engine.JobEngine.tick`)
+    every ``engine_interval``, and ``rebalancer`` (:class:`costopt.jobs.rebalance.Rebalancer`) on
+    ``rebalance_schedule`` (:class:`api.ticks.Cron` of ``COSTOPT_REBALANCE_CRON`` in the service)."""
+
+    engine_tick: Callable[[], object]
+    rebalancer: _Rebalances
+    engine_interval: timedelta
+    rebalance_schedule: Schedule
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, engine_tick: Callable[[], object], rebalancer: _Rebalances
+    ) -> JobServiceJobs:
+        """With ``COSTOPT_ENGINE_INTERVAL`` and ``COSTOPT_REBALANCE_CRON`` (raises
+        :class:`api.ticks.InvalidCron`, saying what a valid crontab looks like)."""
+        from api.ticks import Cron
+
+        return cls(engine_tick, rebalancer, settings.engine_interval, Cron(settings.rebalance_cron))
+
+
+def engine_job(tick: Callable[[], object]) -> None:
+    """The ``engine`` job: one engine pass (never raises: errors are logged)."""
+    try:
+        tick()
+    except Exception:
+        log.exception("job engine tick failed")
+
+
+def rebalance_job(rebalancer: _Rebalances) -> None:
+    """The ``rebalance`` job: one rebalancer pass that moves (never raises: errors are logged)."""
+    try:
+        rebalancer.run_once(dry_run=False)
+    except Exception:
+        log.exception("rebalancer pass failed")
+
+
+def add_job_service_jobs(
+    scheduler: BackgroundScheduler,
+    jobs: JobServiceJobs,
+    *,
+    leases: LeaseStore | None = None,
+    lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+) -> list[Job]:
+    """``engine`` (first run right away) and ``rebalance`` (first run at its next scheduled time), under
+    ``leases`` when given."""
+    return [
+        add_leased_job(
+            scheduler,
+            ENGINE_JOB_ID,
+            "advance managed jobs",
+            Every(jobs.engine_interval),
+            engine_job,
+            [jobs.engine_tick],
+            leases=leases,
+            lease_ttl=lease_ttl,
+        ),
+        add_leased_job(
+            scheduler,
+            REBALANCE_JOB_ID,
+            "move running jobs where the decision rule says it pays",
+            jobs.rebalance_schedule,
+            rebalance_job,
+            [jobs.rebalancer],
+            leases=leases,
+            lease_ttl=lease_ttl,
+            first_run_now=False,
+        ),
+    ]
 
 
 def build_migration_jobs(
@@ -329,16 +422,23 @@ def build_scheduler(
     settings: Settings | None = None,
     *,
     migration: MigrationJobs | None = None,
+    job_service: JobServiceJobs | None = None,
+    leases: LeaseStore | None = None,
 ) -> BackgroundScheduler:
     """A scheduler (not started) with the price jobs (``store`` and ``sources`` given; ``settings`` for
-    their intervals), the migration jobs (``migration`` given), or both."""
+    their intervals), the migration jobs (``migration`` given) and the job service's (``job_service``
+    given), each run once per tick across replicas when ``leases`` is given (the service passes a
+    :class:`~costopt.jobs.leases.LeaseStore` on its database)."""
     scheduler = new_scheduler()
+    ttl = settings.scheduler_lease_ttl if settings is not None else DEFAULT_LEASE_TTL
     if store is not None and sources:
         if settings is None:
             raise ValueError("price jobs need the settings (their intervals): pass settings=")
-        add_price_jobs(scheduler, store, sources, settings)
+        add_price_jobs(scheduler, store, sources, settings, leases=leases)
     if migration is not None:
-        add_migration_jobs(scheduler, migration)
+        add_migration_jobs(scheduler, migration, leases=leases, lease_ttl=ttl)
+    if job_service is not None:
+        add_job_service_jobs(scheduler, job_service, leases=leases, lease_ttl=ttl)
     return scheduler
 
 

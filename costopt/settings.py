@@ -15,6 +15,7 @@ Durations are seconds or ISO 8601 (``PT6H``).
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
@@ -99,6 +100,22 @@ def parse_mapping(value: object, *, list_values: bool = False) -> object:
     return value
 
 
+_CRON_FIELD = re.compile(r"^[0-9A-Za-z*/,\-]+$")
+
+
+def check_crontab(expr: str) -> str:
+    """``expr`` when it has the shape of a crontab expression (5 fields of digits, names, ``* / , -``);
+    raises ValueError saying what a valid one looks like. (The scheduler checks the values at start-up.)"""
+    fields = expr.split()
+    if len(fields) != 5 or not all(_CRON_FIELD.match(f) for f in fields):
+        raise ValueError(
+            f"{expr!r} is not a crontab expression: give 5 fields 'minute hour day-of-month month day-of-week' "
+            "in UTC, e.g. '0 * * * *' (hourly, on the hour), '*/15 * * * *' (every 15 minutes) or "
+            "'30 2 * * mon-fri' (02:30 on weekdays)"
+        )
+    return " ".join(fields)
+
+
 class Settings(BaseSettings):
     """Runtime configuration. Durations are ``timedelta`` (env: seconds or ISO 8601, e.g. ``PT6H``)."""
 
@@ -181,6 +198,27 @@ class Settings(BaseSettings):
     )
     unavailable_ttl_quota: timedelta = Field(
         default=timedelta(hours=6), description="How long an offer refused for quota is kept out of plans."
+    )
+    # The job service's scheduled work (docs/jobs.md, docs/architecture.md "Replicas").
+    rebalance_cron: str = Field(
+        default="0 * * * *",
+        description="When the rebalancer runs: a crontab expression of 5 fields 'minute hour day-of-month month "
+        "day-of-week', in UTC (default hourly, on the hour).",
+    )
+    engine_interval: timedelta = Field(
+        default=timedelta(seconds=5), description="How often the job engine advances managed jobs (one tick)."
+    )
+    scheduler_lease_ttl: timedelta = Field(
+        default=timedelta(seconds=60),
+        description="Longest lease of a scheduled run (renewed while it runs; a job's lease is at most its "
+        "interval): a replica killed mid-run blocks that job at most this long.",
+    )
+    rebalance_margin_fraction: float = Field(
+        default=0.05, ge=0, description="Share of the remaining cost a move must save beyond its cost."
+    )
+    rebalance_margin_min_usd: float = Field(default=1.0, ge=0, description="The smallest such margin (USD).")
+    rebalance_dwell: timedelta = Field(
+        default=timedelta(hours=24), description="No move within this long of a job's previous move or recovery."
     )
     # Regions polled per cloud (None = the collector's built-in default list).
     aws_regions: Annotated[list[str], NoDecode] = Field(
@@ -362,6 +400,21 @@ class Settings(BaseSettings):
         """``provider`` then every other name of ``providers``, each once."""
         return list(dict.fromkeys([self.provider, *self.providers]))
 
+    @field_validator("aws_regions", "gcp_regions", "azure_regions", "gcp_zones", "providers", mode="before")
+    @classmethod
+    def _split_csv(cls, v: object) -> object:
+        return parse_list(v)
+
+    @field_validator("aws_ami_ids", "aws_interruption_queue_urls", "aws_subnet_ids", "azure_subnet_ids", mode="before")
+    @classmethod
+    def _mapping(cls, v: object) -> object:
+        return parse_mapping(v)
+
+    @field_validator("rebalance_cron")
+    @classmethod
+    def _crontab(cls, v: str) -> str:
+        return check_crontab(v)
+
     @field_validator("sim_start")
     @classmethod
     def _sim_start_aware(cls, value: datetime) -> datetime:
@@ -376,15 +429,12 @@ class Settings(BaseSettings):
             raise ValueError(f"COSTOPT_SIM_TICK must be > 0, got {value}")
         return value
 
-    @field_validator("aws_regions", "gcp_regions", "azure_regions", "gcp_zones", "providers", mode="before")
+    @field_validator("engine_interval", "scheduler_lease_ttl")
     @classmethod
-    def _split_csv(cls, v: object) -> object:
-        return parse_list(v)
-
-    @field_validator("aws_ami_ids", "aws_interruption_queue_urls", "aws_subnet_ids", "azure_subnet_ids", mode="before")
-    @classmethod
-    def _mapping(cls, v: object) -> object:
-        return parse_mapping(v)
+    def _positive(cls, v: timedelta) -> timedelta:
+        if v <= timedelta(0):
+            raise ValueError(f"must be a positive duration (seconds or ISO 8601 like PT30S), got {v}")
+        return v
 
     @field_validator("aws_security_group_ids", mode="before")
     @classmethod

@@ -35,6 +35,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -147,11 +148,25 @@ class LeaseStore:
             )
 
     @contextmanager
-    def hold(self, name: str, ttl: timedelta, *, tick: datetime | None = None) -> Iterator[bool]:
+    def hold(
+        self, name: str, ttl: timedelta, *, tick: datetime | None = None, wait: timedelta = timedelta(0)
+    ) -> Iterator[bool]:
         """Claim ``tick`` of ``name`` (None: :meth:`acquire` without a tick) and yield whether this owner
         won; while the block runs, a daemon thread renews the lease every ``ttl / 3``; it is released
-        when the block ends (also on an exception)."""
+        when the block ends (also on an exception).
+
+        ``wait``: while another run holds the lease (e.g. the previous tick's, a little longer than the
+        interval), keep trying for up to this long (wall time) instead of giving the tick up; stop at
+        once when the tick (or a newer one) is seen taken."""
         won = self.claim_tick(name, tick, ttl) if tick is not None else self.acquire(name, ttl)
+        deadline = time.monotonic() + wait.total_seconds()
+        poll = max(0.01, min(1.0, wait.total_seconds() / 10))
+        while not won and time.monotonic() + poll < deadline:
+            state = self.get(name)
+            if tick is not None and state is not None and state.last_tick is not None and state.last_tick >= tick:
+                break
+            time.sleep(poll)
+            won = self.claim_tick(name, tick, ttl) if tick is not None else self.acquire(name, ttl)
         if not won:
             yield False
             return

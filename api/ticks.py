@@ -1,0 +1,311 @@
+"""Aligned schedules and leased runs: how the service's scheduled jobs run once per tick across replicas.
+
+Every replica has its own in-memory APScheduler (job stores are not shared). For the replicas to agree
+on what a *tick* is, every schedule fires at the same times everywhere:
+
+- :class:`Every`: an interval anchored at a fixed instant (:data:`ANCHOR`, 2000-01-01 00:00 UTC), so it
+  fires at ``ANCHOR + k * interval`` in every process, whenever it started (:class:`AlignedInterval`
+  computes each next fire time from the anchor, in integer microseconds, never from the previous run,
+  so an unaligned first run does not shift the later ones);
+- :class:`Cron`: a crontab expression (5 fields, UTC), which is aligned by nature.
+
+A job added with :func:`add_leased_job` runs :class:`LeasedRun`: it computes the tick it runs for (the
+scheduled fire time APScheduler ran it for, told by :class:`TickExecutor`, aligned down to the schedule:
+a run that starts late still runs its own tick; without that executor, the latest fire time at or
+before now) and runs the work only if it wins that tick's lease
+(:meth:`costopt.jobs.leases.LeaseStore.hold`: compare-and-set on ``last_tick``, a lease of
+``min(lease_ttl, period / 2)`` renewed by a heartbeat while it runs: a replica killed mid-run blocks
+the job's next tick only when the lease TTL setting is longer than half its period). A replica that
+finds the lease held by another run (the previous tick's, running a little long) keeps trying for up
+to ``min(lease_ttl, period)`` before giving the tick up, so a slow run delays the next tick instead of
+losing it (a run longer than that skips the ticks it overlaps, as ``max_instances=1`` does).
+The first run right after start-up
+(``first_run_now``) is for the latest tick already due: it runs unless a replica ran it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from apscheduler.executors.base import run_job
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.job import Job
+from apscheduler.schedulers.base import BaseScheduler
+from apscheduler.triggers.base import BaseTrigger
+from apscheduler.triggers.interval import IntervalTrigger
+
+from costopt.jobs.leases import LeaseStore
+
+if TYPE_CHECKING:
+    from apscheduler.triggers.cron import CronTrigger
+
+__all__ = [
+    "ANCHOR",
+    "DEFAULT_LEASE_TTL",
+    "AlignedInterval",
+    "Cron",
+    "Every",
+    "InvalidCron",
+    "LeasedRun",
+    "Schedule",
+    "TickExecutor",
+    "add_leased_job",
+    "cron_help",
+    "current_tick",
+]
+
+log = logging.getLogger("costopt.scheduler")
+
+ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)
+"""Where every interval schedule starts counting (the same in every replica)."""
+
+DEFAULT_LEASE_TTL = timedelta(seconds=60)
+"""The longest lease of a run (a killed replica's run blocks its job at most this long)."""
+
+
+class Schedule(Protocol):
+    """When a job fires, the same in every replica."""
+
+    @property
+    def period(self) -> timedelta:
+        """The (shortest) time between two fire times."""
+        ...
+
+    def trigger(self) -> BaseTrigger:
+        """The APScheduler trigger firing at the schedule's times (UTC)."""
+        ...
+
+    def tick_at(self, now: datetime) -> datetime:
+        """The latest fire time at or before ``now`` (tz-aware UTC)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Every:
+    """Every ``interval``, at ``anchor + k * interval`` (k integer)."""
+
+    interval: timedelta
+    anchor: datetime = ANCHOR
+
+    def __post_init__(self) -> None:
+        if self.interval <= timedelta(0):
+            raise ValueError(f"an interval must be positive, got {self.interval}")
+        if self.anchor.tzinfo is None:
+            raise ValueError("the anchor must be tz-aware UTC")
+
+    @property
+    def period(self) -> timedelta:
+        return self.interval
+
+    def trigger(self) -> IntervalTrigger:
+        return AlignedInterval(self.interval, self.anchor)
+
+    def tick_at(self, now: datetime) -> datetime:
+        return self.anchor + ((now - self.anchor) // self.interval) * self.interval
+
+
+class AlignedInterval(IntervalTrigger):  # type: ignore[misc]
+    """An interval trigger firing at ``anchor + k * interval`` only: the next fire time is the first
+    such time after the previous one (or at/after ``now`` for the first), whatever time the previous
+    run actually had (APScheduler's own adds the interval to it)."""
+
+    def __init__(self, interval: timedelta, anchor: datetime = ANCHOR) -> None:
+        super().__init__(seconds=interval.total_seconds(), start_date=anchor, timezone=UTC)
+        self.interval = interval
+        self.anchor = anchor
+
+    def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime:
+        if previous_fire_time is not None:
+            k = (previous_fire_time - self.anchor) // self.interval + 1
+        else:
+            k = -((self.anchor - now) // self.interval)  # ceil((now - anchor) / interval)
+        return (self.anchor + k * self.interval).astimezone(UTC)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state: dict[str, Any] = super().__getstate__()
+        state["anchor"] = self.anchor
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.anchor = state["anchor"]
+
+
+_SCHEDULED: ContextVar[datetime | None] = ContextVar("costopt_scheduled_run_time", default=None)
+_TICK: ContextVar[datetime | None] = ContextVar("costopt_tick", default=None)
+
+
+def current_tick() -> datetime | None:
+    """The tick the calling leased run is for (None outside one)."""
+    return _TICK.get()
+
+
+def _run_scheduled(job: Job, alias: str, run_times: list[datetime], logger_name: str) -> Any:
+    _SCHEDULED.set(run_times[-1])
+    try:
+        return run_job(job, alias, run_times, logger_name)
+    finally:
+        _SCHEDULED.set(None)
+
+
+class TickExecutor(ThreadPoolExecutor):  # type: ignore[misc]
+    """APScheduler's thread pool executor that also tells the run the fire time it was scheduled at
+    (jobs are ``coalesce``: one run for the newest missed time)."""
+
+    def _do_submit_job(self, job: Job, run_times: list[datetime]) -> None:
+        def callback(f: Any) -> None:
+            exc = f.exception()
+            if exc:
+                self._run_job_error(job.id, exc, getattr(exc, "__traceback__", None))
+            else:
+                self._run_job_success(job.id, f.result())
+
+        f = self._pool.submit(_run_scheduled, job, job._jobstore_alias, run_times, self._logger.name)
+        f.add_done_callback(callback)
+
+
+class InvalidCron(ValueError):
+    """A crontab expression APScheduler cannot use; the message shows what a valid one looks like."""
+
+
+def cron_help(expr: str, detail: str) -> str:
+    """The message for an invalid crontab expression ``expr``."""
+    return (
+        f"invalid crontab expression {expr!r} ({detail}): give 5 fields 'minute hour day-of-month month "
+        "day-of-week' in UTC, e.g. '0 * * * *' (hourly, on the hour), '*/15 * * * *' (every 15 minutes) "
+        "or '30 2 * * mon-fri' (02:30 on weekdays)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Cron:
+    """A crontab expression (5 fields, UTC). Raises :class:`InvalidCron` when APScheduler refuses it."""
+
+    expr: str
+
+    def __post_init__(self) -> None:
+        self.trigger()
+
+    def trigger(self) -> CronTrigger:
+        from apscheduler.triggers.cron import CronTrigger
+
+        try:
+            return CronTrigger.from_crontab(self.expr, timezone=UTC)
+        except ValueError as exc:
+            raise InvalidCron(cron_help(self.expr, str(exc))) from exc
+
+    @property
+    def period(self) -> timedelta:
+        """The shortest gap between fire times over the next 4 days (enough for any crontab that fires
+        at least weekly-ish; a sparser one gets 4 days)."""
+        trigger = self.trigger()
+        t = trigger.get_next_fire_time(None, datetime.now(UTC))
+        horizon = datetime.now(UTC) + timedelta(days=4)
+        best = timedelta(days=4)
+        while t is not None and t < horizon:
+            nxt = trigger.get_next_fire_time(t, t + timedelta(microseconds=1))
+            if nxt is None:
+                break
+            best = min(best, nxt - t)
+            t = nxt
+            if best <= timedelta(minutes=1):
+                break
+        return best
+
+    def tick_at(self, now: datetime) -> datetime:
+        trigger = self.trigger()
+        lookback = timedelta(minutes=1)
+        while lookback <= timedelta(days=800):
+            t: datetime | None = trigger.get_next_fire_time(None, now - lookback)
+            if t is not None and t <= now:
+                while True:
+                    nxt: datetime | None = trigger.get_next_fire_time(t, t + timedelta(microseconds=1))
+                    if nxt is None or nxt > now:
+                        return t.astimezone(UTC)
+                    t = nxt
+            lookback *= 2
+        raise InvalidCron(cron_help(self.expr, f"it never fired in the 800 days before {now.isoformat()}"))
+
+
+class LeasedRun:
+    """The callable APScheduler runs for a leased job (see the module doc). ``leases`` None: run every
+    time (one process, no database lease). Never raises: a failed run is logged."""
+
+    def __init__(
+        self,
+        name: str,
+        schedule: Schedule,
+        work: Callable[..., object],
+        args: Sequence[Any] = (),
+        *,
+        leases: LeaseStore | None = None,
+        lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.name = name
+        self.schedule = schedule
+        self.work = work
+        self.args = tuple(args)
+        self.leases = leases
+        self.ttl = min(lease_ttl, schedule.period / 2)
+        self.wait = min(lease_ttl, schedule.period)
+        self.wall = wall
+
+    def __call__(self) -> bool:
+        """Run the tick this run was scheduled for if this replica wins it; True when it ran."""
+        tick = self.schedule.tick_at(_SCHEDULED.get() or self.wall())
+        token = _TICK.set(tick)
+        try:
+            if self.leases is None:
+                self.work(*self.args)
+                return True
+            with self.leases.hold(self.name, self.ttl, tick=tick, wait=self.wait) as won:
+                if not won:
+                    if log.isEnabledFor(logging.DEBUG):
+                        log.debug(
+                            "%s: tick %s not run here: %s", self.name, tick.isoformat(), self.leases.get(self.name)
+                        )
+                    return False
+                self.work(*self.args)
+                return True
+        except Exception:
+            log.exception("%s: the run of tick %s failed", self.name, tick.isoformat())
+            return False
+        finally:
+            _TICK.reset(token)
+
+
+def add_leased_job(
+    scheduler: BaseScheduler,
+    name: str,
+    description: str,
+    schedule: Schedule,
+    work: Callable[..., object],
+    args: Sequence[Any] = (),
+    *,
+    leases: LeaseStore | None = None,
+    lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+    first_run_now: bool = True,
+) -> Job:
+    """Add ``work(*args)`` as job ``name`` firing on ``schedule`` (``max_instances=1``, ``coalesce``),
+    each run under the lease of its tick (``leases`` None: no lease). ``first_run_now``: also run once
+    at start-up, for the latest tick already due."""
+    extra: dict[str, Any] = {}
+    if first_run_now:
+        extra["next_run_time"] = datetime.now(UTC)
+    seconds = schedule.period.total_seconds()
+    return scheduler.add_job(
+        LeasedRun(name, schedule, work, args, leases=leases, lease_ttl=lease_ttl),
+        schedule.trigger(),
+        id=name,
+        name=description,
+        max_instances=1,
+        coalesce=True,
+        misfire_grace_time=max(1, int(seconds)),
+        **extra,
+    )
