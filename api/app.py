@@ -12,8 +12,7 @@ from fastapi import FastAPI
 
 from api.errors import BodyLimit, install_error_handlers
 from api.routes import admin, batches, health, jobs, metrics, plans, prices
-from api.wiring import build_sources, build_store, build_unavailable, seed_if_empty
-from costopt.errors import CostoptError
+from api.wiring import build_sources, build_store, seed_if_empty
 from costopt.settings import Settings, get_settings
 from pricing.store import PriceStore
 
@@ -44,14 +43,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         scheduler = None
         if settings.collectors_enabled or settings.migration_jobs_enabled:
             from api.credentials import collector_names
-            from api.scheduler import build_migration_jobs, build_scheduler
+            from api.scheduler import build_scheduler
 
             scheduler = build_scheduler(
                 store,
                 # a cloud without credentials: its collectors are not scheduled, one log line says so
                 build_sources(settings, collector_names(settings)) if settings.collectors_enabled else (),
                 settings,
-                migration=build_migration_jobs(settings, store) if settings.migration_jobs_enabled else None,
+                # the job service's migrators: one set per process (api/service.py)
+                migration=app.state.job_service.migration if settings.migration_jobs_enabled else None,
             )
             scheduler.start()
         app.state.scheduler = scheduler
@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 scheduler.shutdown(wait=False)
             if app.state.sim_clock is not None:
                 app.state.sim_clock.stop()
+            app.state.job_service.close()
             store.engine.dispose()
 
     app = FastAPI(
@@ -87,23 +88,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def install_job_service(app: FastAPI, store: PriceStore, settings: Settings) -> None:
-    """Put the job service's objects on ``app.state`` over ``store``'s database: ``teams``, ``jobs``,
-    ``job_planner`` (the :class:`~costopt.jobs.placement.Placements` of the service), ``ledger`` (costs so
-    far) and ``providers`` (by name, for the jobs' output)."""
+    """Build the job service over ``store``'s database (:func:`api.service.build_job_service`: one set of
+    migrators shared by the engine, the watcher and the reconciler) and put its objects on ``app.state``:
+    ``job_service``, ``teams``, ``jobs``, ``job_planner`` (the service's
+    :class:`~costopt.jobs.placement.Placements`, which also quotes submissions), ``ledger`` (costs so far)
+    and ``providers`` (by name, for the jobs' output). A service installed before is closed first."""
     from api.job_planning import JobPlanner
-    from api.wiring import build_cloud_providers
-    from costopt.jobs.records import JobRepository
-    from costopt.jobs.teams import TeamRepository
-    from costopt.ledger.prices import StorePriceView
-    from costopt.ledger.sql import SqlLedger
+    from api.service import build_job_service
 
-    engine = store.engine
-    app.state.teams = TeamRepository(engine)
-    app.state.jobs = JobRepository(engine)
-    app.state.ledger = SqlLedger(engine, StorePriceView(store))
-    app.state.job_planner = JobPlanner(store, settings, unavailable=build_unavailable(settings, engine))
-    try:
-        app.state.providers = {str(c.value): p for c, p in build_cloud_providers(settings, store).items()}
-    except CostoptError as exc:
-        log.warning("job output unavailable: the providers could not be built: %s", exc)
-        app.state.providers = {}
+    old = getattr(app.state, "job_service", None)
+    if old is not None:
+        old.close()
+    service = build_job_service(settings, store)
+    app.state.job_service = service
+    app.state.teams = service.teams
+    app.state.jobs = service.repo
+    app.state.ledger = service.ledger
+    placements = service.placements
+    app.state.job_planner = (
+        placements
+        if isinstance(placements, JobPlanner)
+        else JobPlanner(store, settings, unavailable=service.unavailable)
+    )
+    app.state.providers = dict(service.providers)

@@ -154,7 +154,10 @@ class JobPublic(BaseModel):
     placement: PlacementPublic | None
     quote: QuotePublic | None
     eta: datetime | None
-    cost_so_far_usd: str
+    cost_so_far_usd: str | None = Field(
+        description="USD spent so far, from the ledger (decimal string); None: not priced now (an open "
+        "interval's offer has no price in effect)"
+    )
     moves: list[MovePublic]
     exit_code: int | None
     cancel_requested_at: datetime | None

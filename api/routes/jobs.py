@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
@@ -36,7 +36,8 @@ from api.job_schemas import (
 )
 from costopt.domain import OfferKey
 from costopt.jobs.model import JobState
-from costopt.jobs.records import JobEvent, JobNotFound, JobRecord, JobRepository, NewJob, new_job_id
+from costopt.jobs.records import JobNotFound, JobRecord, JobRepository, NewJob, new_job_id
+from costopt.jobs.view import MoveView, job_view
 from costopt.settings import Settings
 
 log = logging.getLogger("costopt.api")
@@ -52,7 +53,6 @@ IdempotencyKey = Annotated[
         description="Any string <= 200 characters: a retry with the same key returns the first job.",
     ),
 ]
-MOVE_KINDS = ("move", "preemption", "recovery")
 
 
 # -- rendering -----------------------------------------------------------------------------------------
@@ -117,53 +117,34 @@ def _quote(job: JobRecord) -> QuotePublic | None:
     )
 
 
-def _eta(job: JobRecord, now: datetime) -> datetime | None:
-    """Now plus the steps left at the throughput the planner expected where the job runs."""
-    if job.state not in (JobState.RUNNING, JobState.MIGRATING, JobState.RECOVERING) or job.offer is None:
-        return None
-    known = _known_offer(job, job.offer)
-    rate = (known or {}).get("steps_per_s")
-    if not rate or float(rate) <= 0:
-        return None
-    left = max(0, job.steps_total - job.steps_done)
-    return now + timedelta(seconds=left / float(rate))
+def _offer_key_public(key: OfferKey | None) -> OfferPublic | None:
+    return None if key is None else OfferPublic(**key.to_doc())
 
 
-def _move(ev: JobEvent) -> MovePublic:
-    detail = ev.detail or {}
+def _move(m: MoveView) -> MovePublic:
     return MovePublic(
-        at=ev.at,
-        kind=ev.kind,
-        reason=ev.reason,
-        cost_usd=str(ev.cost_usd) if ev.cost_usd is not None else None,
-        from_=_offer_public(detail.get("from") if isinstance(detail.get("from"), Mapping) else None),
-        to=_offer_public(detail.get("to") if isinstance(detail.get("to"), Mapping) else None),
+        at=m.at,
+        kind=m.kind,
+        reason=m.reason,
+        cost_usd=str(m.cost_usd) if m.cost_usd is not None else None,
+        from_=_offer_key_public(m.from_offer),
+        to=_offer_key_public(m.to_offer),
     )
 
 
-def _cost_so_far(request: Request, job: JobRecord, now: datetime) -> str:
-    """The ledger's cost of the job up to ``now`` (decimal string of USD)."""
-    if job.started_at is None and job.offer is None:
-        return "0"
-    ledger = getattr(request.app.state, "ledger", None)
-    if ledger is None:
-        return "0"
-    from costopt.jobs.costs import job_cost
-    from costopt.ledger.model import LedgerError
-
-    try:
-        return str(job_cost(ledger, job.id, now))
-    except LedgerError as exc:
-        log.warning("job %s: cost so far not priced: %s", job.id, exc)
-        return "0"
-
-
 def render_job(request: Request, jobs: JobRepository, job: JobRecord, *, now: datetime | None = None) -> JobPublic:
-    """A job as the API shows it: the record, its quote and placement, and the live figures (ETA, the
-    ledger's cost so far, moves and preemptions with their reason and cost)."""
+    """A job as the API shows it: the record, its quote and placement, and the live figures of
+    :func:`costopt.jobs.view.job_view` (ETA, the ledger's cost so far, moves and preemptions with their
+    reason and cost) at the service's now."""
     at = now or jobs.now()
     spec = job.spec
-    events = [e for e in jobs.events(job.id) if e.kind in MOVE_KINDS]
+    view = job_view(
+        job,
+        jobs.events(job.id),
+        ledger=getattr(request.app.state, "ledger", None),
+        placements=request.app.state.job_planner,
+        at=at,
+    )
     return JobPublic(
         id=job.id,
         team_id=job.team_id,
@@ -174,9 +155,9 @@ def render_job(request: Request, jobs: JobRepository, job: JobRecord, *, now: da
         job_type=spec.get("job_type"),
         throughput=spec.get("throughput"),
         steps_total=job.steps_total,
-        steps_done=job.steps_done,
+        steps_done=view.steps_done,
         gpus=int(spec.get("gpus", 1)),
-        objective=dict(spec.get("objective") or {}),
+        objective={k: v for k, v in (spec.get("objective") or {}).items() if v is not None},
         constraints={k: v for k, v in (spec.get("constraints") or {}).items() if v is not None},
         command=list(spec.get("command") or []),
         image=spec.get("image"),
@@ -184,10 +165,10 @@ def render_job(request: Request, jobs: JobRepository, job: JobRecord, *, now: da
         provider=job.provider,
         placement=_placement(job),
         quote=_quote(job),
-        eta=_eta(job, at),
-        cost_so_far_usd=_cost_so_far(request, job, at),
-        moves=[_move(e) for e in events],
-        exit_code=job.exit_code,
+        eta=view.eta,
+        cost_so_far_usd=str(view.cost_so_far_usd) if view.cost_so_far_usd is not None else None,
+        moves=[_move(m) for m in view.moves],
+        exit_code=view.exit_code,
         cancel_requested_at=job.cancel_requested_at,
         created_at=job.created_at,
         updated_at=job.updated_at,

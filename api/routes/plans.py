@@ -11,7 +11,9 @@ from pydantic import BaseModel, Field
 
 from api.cli.plan import plan_record
 from api.deps import SettingsDep, StoreDep
-from api.planning import plan_single
+from api.errors import ApiError
+from api.job_planning import UnknownJobType, close_matches
+from api.planning import plan_single, planner_inputs
 from api.wiring import build_unavailable
 from costopt.domain import Cloud
 from costopt.errors import CostoptError
@@ -51,6 +53,11 @@ class PlanRequest(BaseModel):
     location: LocationIn | None = None
     at: datetime | None = None
     top: Annotated[int, Field(ge=1, le=1000)] = 10
+    per_gpu_packing: bool = Field(
+        default=False,
+        description="False (default): a job on part of a larger instance pays the whole instance, as the ledger "
+        "bills it. True: it pays its GPU share (the dynamic-pricing paper's assumption).",
+    )
 
     def build_objective(self) -> Objective:
         """The objective from the registry (:func:`costopt.planning.objectives.build_objective`, as the
@@ -79,10 +86,27 @@ def create_plan(body: PlanRequest, store: StoreDep, settings: SettingsDep) -> di
         at = body.at.astimezone(UTC) if body.at else None
         unavailable = build_unavailable(settings, store.engine)
         now, plan = plan_single(
-            store, settings, job, objective, at=at, clouds=body.clouds, top=body.top, unavailable=unavailable
+            store,
+            settings,
+            job,
+            objective,
+            at=at,
+            clouds=body.clouds,
+            top=body.top,
+            unavailable=unavailable,
+            per_gpu_packing=body.per_gpu_packing,
         )
     except Infeasible as exc:
-        raise HTTPException(status_code=404, detail={"binding": exc.binding, "message": str(exc)}) from exc
+        names = [jt.name for jt in planner_inputs(settings, store).catalog.job_types()]
+        if exc.binding == "throughput" and body.job_type not in names:
+            matches = close_matches(body.job_type, names)
+            raise ApiError(
+                422,
+                "unknown_job_type",
+                str(UnknownJobType(body.job_type, matches)),
+                [{"field": "job_type", "problem": f"unknown job type {body.job_type!r}", "did_you_mean": matches}],
+            ) from exc
+        raise ApiError(404, "infeasible", str(exc), [{"binding": exc.binding}]) from exc
     except (InvalidJob, CostoptError) as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from exc
     return plan_record(plan, now.at.isoformat().replace("+00:00", "Z"), "explicit" if at else now.mode)

@@ -122,7 +122,7 @@ def test_latest_without_a_time_replays_at_the_datas_own_time_when_nothing_is_fre
 
 def test_latest_rejects_a_time_without_offset_and_an_unknown_market(client: TestClient) -> None:
     r = client.get("/v1/prices/latest", params={"at": "2020-03-01T00:00:00"})
-    assert r.status_code == 422 and "offset" in r.json()["detail"]
+    assert r.status_code == 422 and "offset" in r.json()["error"]["message"]
     assert client.get("/v1/prices/latest", params={"market": "cheap"}).status_code == 422
     assert client.get("/v1/prices/latest", params={"limit": 0}).status_code == 422
 
@@ -178,7 +178,7 @@ def test_an_infeasible_plan_names_the_binding_constraint(client: TestClient) -> 
     }
     r = client.post("/v1/plans", json=body)
     assert r.status_code == 404
-    assert r.json()["detail"]["binding"] == "deadline"
+    assert r.json()["error"]["details"] == [{"binding": "deadline"}]
 
 
 def test_a_malformed_plan_request_is_rejected_with_the_field(client: TestClient) -> None:
