@@ -391,7 +391,15 @@ class JobEngine:
             self._launch_failed(job, migrator, "no offer can run the job now under its constraints", None)
             return
         uri = self.checkpoint_uri(job)
-        migrator.register_job(job.id, list(job.spec.get("command") or ()), uri, env=job_env(job, ranked[0]))
+        command = [str(a) for a in job.spec.get("command") or ()]
+        try:
+            if not command:
+                raise ValueError("the job has no command")
+            env = job_env(job, ranked[0])
+        except ValueError as exc:  # bad input: fail it with the reason, never launch it
+            self._fail(job, migrator, f"the job cannot be launched: {exc}")
+            return
+        migrator.register_job(job.id, command, uri, env=env)
         self._ranked[job.id] = {p.offer: p for p in ranked}
         offers = [p.offer for p in ranked]
         if job.state is JobState.QUEUED:
@@ -541,6 +549,9 @@ class JobEngine:
         price = self._price(job, offer) if offer is not None else None
         history = migrator.history(job.id)
         mid = history[-1].id if history else None
+        if job.state is JobState.RUNNING:
+            # Recovered (or moved) between two ticks: the events say so; only the placement changes.
+            return self.repo.update(job.id, offer=offer, usd_per_hour=price)
         what = "started" if job.state is JobState.LAUNCHING else "running"
         if job.state is JobState.RECOVERING:
             what = "recovered"
@@ -574,6 +585,8 @@ class JobEngine:
         if prog.last_step != job.steps_total:
             self._fail(job, migrator, f"the job reported done at step {prog.last_step}, not {job.steps_total}")
             return
+        if job.state is JobState.LAUNCHING:  # finished before a tick saw it run: it ran
+            job = self._to_running(job, migrator, mj)
         audit = control.audit_job(uri, job.steps_total)
         self._finish_copy(migrator, job.id, f"{_FINISHED_BY_ENGINE} succeeded")
         self.repo.set_progress(job.id, job.steps_total)

@@ -6,6 +6,7 @@ cancel; a crash mid-tick; a move."""
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -307,3 +308,26 @@ def test_a_recovery_that_launches_nowhere_is_retried_then_the_job_fails(
     watcher.poll()
     h.engine.tick()
     assert len(h.migrator.history(job.id)) == recoveries  # nobody retries a failed job
+
+
+def test_a_job_that_finishes_before_a_tick_sees_it_run_still_goes_through_running(
+    engine, local: LocalProvider, tmp_path: Path
+) -> None:
+    uri = str(tmp_path / "checkpoints")
+
+    def finish_first(point: str) -> None:  # the copy finishes while its start is still being verified
+        if point == "enter:terminating_old":
+            job_uri = f"{uri}/{job.id}"
+            end = time.monotonic() + 20
+            while not control.progress(job_uri, 1).done:
+                assert time.monotonic() < end, "the copy did not finish"
+                time.sleep(0.02)
+
+    h = Harness(engine, local, tmp_path, workers=0, hook=finish_first)
+    job = h.submit(train_command(5, step_seconds=0.0), 5)
+    h.engine.tick()  # start, verification, and the copy has finished meanwhile
+    assert h.repo.get(job.id).state is JobState.LAUNCHING
+    done = h.run_until(job.id, _terminal)
+    assert done.state is JobState.SUCCEEDED and done.steps_done == 5
+    assert h.states(job.id) == ["queued", "launching", "running", "succeeded"]
+    assert done.offer == LOCAL_A
