@@ -171,6 +171,9 @@ class _OwnJobsView:
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         return self.inner.interruptions(since)
 
+    def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
+        self.inner.acknowledge(interruptions)
+
     def output(self, instance_id: str, *, tail: int | None = None) -> str:
         return self.inner.output(instance_id, tail=tail)
 

@@ -29,6 +29,11 @@ Contracts (every provider keeps them; ``tests/providers/test_contract.py`` check
   So a reconciler sees everything that may still cost money or still run a job, and must filter on
   :attr:`Instance.state`; nobody should count launches with ``list``.
 - ``interruptions(since)`` returns preemption notices and preemptions observed since a time.
+- ``acknowledge(interruptions)``: the caller has acted on these events. A provider that reads notices
+  from a queue (AWS: SQS) deletes them only now; until then ``interruptions`` may return them again
+  (AWS: once the queue's visibility timeout ends), so a caller that dies between reading and acting
+  still sees them. Idempotent, never raises (an event not acknowledged comes again); a no-op for
+  providers that keep no queue.
 - Times are tz-aware UTC; prices USD per hour.
 
 States, and what the migrator should make of them (may the job run there? does it still bill?):
@@ -139,6 +144,9 @@ class Interruption:
     noticed_at: datetime
     deadline: datetime | None
     kind: str  # "notice" | "preempted"
+    receipt: str | None = field(default=None, compare=False, repr=False)
+    """What the provider needs to :meth:`~CloudProvider.acknowledge` the event (opaque; None: nothing to
+    acknowledge, e.g. a preemption read from instance states)."""
 
 
 class CloudProvider(Protocol):
@@ -165,6 +173,11 @@ class CloudProvider(Protocol):
 
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         """Preemption notices and preemptions observed at or after ``since``."""
+        ...
+
+    def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
+        """The caller acted on ``interruptions``: a provider that queues notices forgets them now (until
+        then they may come again). Events without a ``receipt`` are ignored; never raises."""
         ...
 
     def output(self, instance_id: str, *, tail: int | None = None) -> str:

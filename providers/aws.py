@@ -114,6 +114,21 @@ MAX_USER_DATA_BYTES = 16 * 1024
 
 _MAX_RECEIVE_BATCHES = 20
 """At most this many SQS receives (of up to 10 messages each) per ``interruptions`` call."""
+_RECEIPT_PREFIX = "sqs:"
+
+
+def _encode_receipt(region: str, handle: str) -> str:
+    """An :attr:`Interruption.receipt`: the region of the queue and the message's receipt handle."""
+    return f"{_RECEIPT_PREFIX}{region}:{handle}"
+
+
+def _decode_receipt(receipt: str | None) -> tuple[str, str] | None:
+    """``(region, receipt handle)`` of a receipt made by :func:`_encode_receipt` (None: not one)."""
+    if not receipt or not receipt.startswith(_RECEIPT_PREFIX):
+        return None
+    region, sep, handle = receipt[len(_RECEIPT_PREFIX) :].partition(":")
+    return (region, handle) if sep and region and handle else None
+
 
 _CAPACITY_CODES = frozenset({"InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "InsufficientCapacity"})
 _QUOTA_CODES = frozenset({"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded"})
@@ -374,6 +389,7 @@ class AwsProvider:
         read_timeout: float = 30.0,
         max_attempts: int = 5,
         queue_wait_seconds: int = 1,
+        notice_visibility_seconds: int = 60,
         clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         """
@@ -395,6 +411,8 @@ class AwsProvider:
           (botocore standard retry mode, ``max_attempts`` tries in all).
         - ``queue_wait_seconds``: SQS long-poll wait of the first receive (0: short poll, which may miss
           messages on a real queue until the next call).
+        - ``notice_visibility_seconds``: how long a notice read from the queue stays hidden from other
+          reads (SQS ``VisibilityTimeout``); one not acknowledged by then is returned again.
         - ``clock``: now, for preemptions whose time AWS does not report and for ``list``'s retention of
           terminated instances.
         """
@@ -402,6 +420,8 @@ class AwsProvider:
             raise ValueError("AwsProvider needs at least one region (e.g. COSTOPT_AWS_REGIONS=us-east-1)")
         if not 0 <= queue_wait_seconds <= 20:
             raise ValueError("queue_wait_seconds must be within 0..20 (SQS's long-poll limit)")
+        if not 1 <= notice_visibility_seconds <= 43_200:
+            raise ValueError("notice_visibility_seconds must be within 1..43200 (SQS's visibility limits)")
         self.regions: tuple[str, ...] = tuple(dict.fromkeys(regions))
         self.ami_ids = dict(ami_ids or {})
         self.default_image = default_image
@@ -411,6 +431,7 @@ class AwsProvider:
         self.subnet_ids = dict(subnet_ids or {})
         self.key_name = key_name
         self.queue_wait_seconds = queue_wait_seconds
+        self.notice_visibility_seconds = notice_visibility_seconds
         self._clock = clock
         self._factory = client_factory or service_client_factory(
             session=session,
@@ -744,10 +765,12 @@ class AwsProvider:
         """Spot interruption notices read from each region's queue, then spot instances found preempted.
 
         Notices: every queued warning whose deadline is not before ``since`` (a notice is judged by its
-        deadline, not its event time, so one delivered late by EventBridge is not lost); each message is
-        deleted once parsed, so a notice is returned once (or again, should its deletion fail). Messages
-        that are not interruption warnings are logged and deleted, never raised. The queue holds the whole
-        region's warnings, costopt's instances or not.
+        deadline, not its event time, so one delivered late by EventBridge is not lost). A notice's message
+        stays in the queue until :meth:`acknowledge` deletes it (its ``receipt`` names it): hidden for
+        ``notice_visibility_seconds``, then returned again, so a watcher that dies between reading and
+        acting does not lose it. Messages that are not interruption warnings, and stale warnings, are
+        logged and deleted at once, never raised. The queue holds the whole region's warnings, costopt's
+        instances or not.
 
         Preemptions: costopt's spot instances that AWS took back (see :func:`map_state`) with a known
         termination time not before ``since``, or with no time reported (those are returned once per
@@ -764,21 +787,24 @@ class AwsProvider:
     def _drain_queue(self, region: str, queue_url: str, since: datetime) -> builtins.list[Interruption]:
         sqs = self._client("sqs", region)
         notices: builtins.list[Interruption] = []
+        seen: set[str] = set()
         for batch in range(_MAX_RECEIVE_BATCHES):
             try:
                 answer = sqs.receive_message(
                     QueueUrl=queue_url,
                     MaxNumberOfMessages=10,
                     WaitTimeSeconds=self.queue_wait_seconds if batch == 0 else 0,
+                    VisibilityTimeout=self.notice_visibility_seconds,
                 )
             except (ClientError, BotoCoreError) as exc:
                 raise translate_error(exc, f"read interruption notices from {queue_url}") from exc
-            messages = answer.get("Messages", [])
+            messages = [m for m in answer.get("Messages", []) if str(m.get("MessageId")) not in seen]
             if not messages:
                 break
-            done: builtins.list[dict[str, str]] = []
-            for n, message in enumerate(messages):
-                done.append({"Id": str(n), "ReceiptHandle": str(message["ReceiptHandle"])})
+            dropped: builtins.list[dict[str, str]] = []
+            for message in messages:
+                seen.add(str(message.get("MessageId")))
+                handle = str(message["ReceiptHandle"])
                 try:
                     notice = parse_interruption_event(str(message.get("Body", "")))
                 except BadRecord as exc:
@@ -786,14 +812,40 @@ class AwsProvider:
                         "interruption queue %s: dropping message %s: %s (body starts %r)",
                         queue_url, message.get("MessageId"), exc, str(message.get("Body", ""))[:200],
                     )  # fmt: skip
+                    dropped.append({"Id": str(len(dropped)), "ReceiptHandle": handle})
                     continue
                 if notice.deadline is not None and notice.deadline < since:
                     log.info("interruption queue %s: stale notice for %s dropped", queue_url, notice.instance_id)
+                    dropped.append({"Id": str(len(dropped)), "ReceiptHandle": handle})
                     continue
                 log.info("spot interruption notice: %s, deadline %s", notice.instance_id, notice.deadline)
-                notices.append(notice)
-            self._delete(sqs, queue_url, done)
+                notices.append(replace(notice, receipt=_encode_receipt(region, handle)))
+            if dropped:
+                self._delete(sqs, queue_url, dropped)
         return notices
+
+    def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
+        """Delete the queue messages of notices the caller acted on (events without a ``receipt``, or of
+        a queue this provider does not read, are ignored). A failed deletion is logged: the notice comes
+        again after ``notice_visibility_seconds``."""
+        by_region: dict[str, builtins.list[str]] = {}
+        for event in interruptions:
+            decoded = _decode_receipt(event.receipt)
+            if decoded is not None and decoded[0] in self.interruption_queue_urls:
+                by_region.setdefault(decoded[0], []).append(decoded[1])
+        for region, handles in by_region.items():
+            queue_url = self.interruption_queue_urls[region]
+            try:
+                sqs = self._client("sqs", region)
+            except (ClientError, BotoCoreError) as exc:
+                log.warning("interruption queue %s: cannot acknowledge %d notice(s) (they will come again): %s",
+                            queue_url, len(handles), describe_aws_error(exc))  # fmt: skip
+                continue
+            unique = list(dict.fromkeys(handles))
+            for lo in range(0, len(unique), 10):  # DeleteMessageBatch takes 10 entries at most
+                entries = [{"Id": str(n), "ReceiptHandle": h} for n, h in enumerate(unique[lo : lo + 10])]
+                self._delete(sqs, queue_url, entries)
+            log.info("interruption queue %s: %d notice(s) acknowledged", queue_url, len(unique))
 
     @staticmethod
     def _delete(sqs: Any, queue_url: str, entries: builtins.list[dict[str, str]]) -> None:

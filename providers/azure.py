@@ -731,6 +731,10 @@ class AzureProvider:
 
     # ------------------------------------------------------------------ interruptions
 
+    def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
+        """Nothing to do: evictions are read from the VMs and Scheduled Events, not a queue (see
+        ``CloudProvider.acknowledge``)."""
+
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         """Scheduled Events ``Preempt`` notices whose deadline is not before ``since`` (each event once per
         provider object), then costopt's Spot VMs found evicted (each once, at the time of the call)."""

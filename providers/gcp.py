@@ -755,6 +755,10 @@ class GcpProvider:
             raise translate_error(exc, f"list preemption operations in {zone}") from exc
         return [op for op in ops if op.operation_type == PREEMPTED_OPERATION]
 
+    def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
+        """Nothing to do: preemptions are read from zone operations, not a queue (see
+        ``CloudProvider.acknowledge``)."""
+
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         """Preemptions of costopt's instances (``costopt-*`` names) recorded as ``compute.instances.preempted``
         zone operations in the known zones, at or after ``since`` (by the operation's time)."""

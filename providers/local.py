@@ -46,7 +46,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -533,6 +533,10 @@ class LocalProvider:
                 continue
             out.append((float(rec.get("created_at", 0.0)), self.describe(inst_dir.name)))
         return sorted(out, key=lambda p: p[0])
+
+    def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
+        """Nothing to do: notices are read from the instances' state, not a queue (see
+        ``CloudProvider.acknowledge``)."""
 
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         """Notices and preemptions (``kind`` ``"notice"`` / ``"preempted"``) observed at or after ``since``."""

@@ -603,6 +603,9 @@ class SimCloud:
                 out.append(self._describe(inst))
         return out
 
+    def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
+        """Nothing to do: the simulated cloud keeps no queue of notices (see ``CloudProvider.acknowledge``)."""
+
     @_locked
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         """Notices and preemptions that happened in ``[since, now]``, in time order."""
@@ -896,7 +899,7 @@ class SimCloud:
                 continue
             agent = inst.agent
             assert agent is not None
-            agent.sync(t)
+            agent.sync(t, force=False)
             self._after_agent(inst, t)
 
     def _on_notice(self, inst: _Inst, t: int) -> None:

@@ -354,6 +354,9 @@ class SimulatedMarket:
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         return self.local.interruptions(since)
 
+    def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
+        self.local.acknowledge(interruptions)
+
     def output(self, instance_id: str, *, tail: int | None = None) -> str:
         return self.local.output(instance_id, tail=tail)
 

@@ -25,8 +25,11 @@ it. One :meth:`InterruptionWatcher.poll` is one pass:
 4. jobs marked for recovery (status ``recovering`` without an active migration: the reconciler's
    marks, rolled-back recoveries) are recovered too, with a backoff after each failed attempt.
 
-Idempotent: the same events polled again do nothing (seen keys; and a job whose current copy changed
-no longer matches); the migrator's one-active-migration-per-job rule guards the rest. A pass returns a
+Events are acknowledged to the provider (:meth:`~costopt.cloud.CloudProvider.acknowledge`: AWS deletes
+their queue messages) only once acted on (a notice once its request is written, a preemption once its
+recovery ran), and count as seen only then: a watcher that dies between reading and acting gets them
+again. Idempotent: the same events polled again do nothing (seen keys; and a job whose current copy
+changed no longer matches); the migrator's one-active-migration-per-job rule guards the rest. A pass returns a
 frozen :class:`WatchReport`. Recoveries run inside the pass (each waits for the new copy to progress).
 Times are tz-aware UTC on ``clock`` (the provider's clock: wall time for real clouds).
 """
@@ -123,6 +126,11 @@ class DbWatermark:
             except IntegrityError:  # another process inserted it first: update it
                 continue
         raise RuntimeError(f"could not save the watermark {self.name!r}: the row kept changing under other writers")
+
+
+def _key(ev: Interruption) -> tuple[str, str, datetime]:
+    """What makes an event the same event when it is read again."""
+    return (ev.instance_id, ev.kind, utc(ev.noticed_at))
 
 
 # -- the report -------------------------------------------------------------------------------------
@@ -311,13 +319,14 @@ class InterruptionWatcher:
         active = {m.job_id for m in self.migrator.active_migrations()}
 
         fresh: list[Interruption] = []
+        acting: dict[tuple[str, str, datetime], datetime] = {}  # seen once acted on (below), not before
         duplicates = 0
         for ev in sorted(events, key=lambda e: (utc(e.noticed_at), e.kind != NOTICE, e.instance_id)):
-            key = (ev.instance_id, ev.kind, utc(ev.noticed_at))
-            if key in self._seen:
+            key = _key(ev)
+            if key in self._seen or key in acting:
                 duplicates += 1
                 continue
-            self._seen[key] = utc(ev.noticed_at)
+            acting[key] = utc(ev.noticed_at)
             fresh.append(ev)
         taken_now = {ev.instance_id for ev in fresh if ev.kind == PREEMPTED}
 
@@ -364,7 +373,7 @@ class InterruptionWatcher:
                 except Exception:
                     # The agent reads the notice itself too; the next pass asks again.
                     log.exception("watch %s: could not request a checkpoint of job %s", self.provider.name, job.job_id)
-                    del self._seen[(ev.instance_id, ev.kind, at)]
+                    del acting[(ev.instance_id, ev.kind, at)]  # not acted on: not acknowledged either
                     continue
                 log.warning(
                     "watch %s: notice on %s (job %s, epoch %d): checkpoint requested (%s), taken at %s",
@@ -377,8 +386,16 @@ class InterruptionWatcher:
                 )
             notices.append(NoticeHandled(job.job_id, ev.instance_id, job.epoch, at, ev.deadline, rid))
 
+        # Every event read is acted on now (a notice's checkpoint request is written) or deliberately
+        # ignored, but for failed requests: only now does the provider forget them (AWS deletes their
+        # queue messages), so a watcher that dies before this line sees them again. Preemptions are
+        # acknowledged once their recoveries ran.
+        self._seen.update(acting)
+        acted = [ev for ev in events if _key(ev) in self._seen]
+        self._acknowledge([ev for ev in acted if ev.kind != PREEMPTED])
         due = self._due(jobs, active, now)
         recoveries, waiting = self._recover(jobs, due, now)
+        self._acknowledge([ev for ev in acted if ev.kind == PREEMPTED])
         self.watermark.save(now)
         self._prune(since)
         return WatchReport(
@@ -469,6 +486,14 @@ class InterruptionWatcher:
             else:
                 self._back_off(job_id)
         return recoveries, waiting
+
+    def _acknowledge(self, events: Sequence[Interruption]) -> None:
+        if not events:
+            return
+        try:
+            self.provider.acknowledge(events)
+        except Exception:  # the contract says it never raises; a notice not acknowledged only comes again
+            log.exception("watch %s: could not acknowledge %d event(s)", self.provider.name, len(events))
 
     def _back_off(self, job_id: str) -> None:
         n = self._failures.get(job_id, 0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import builtins
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -107,6 +107,9 @@ class Flaky:
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         self._maybe_fail()
         return self.inner.interruptions(since)
+
+    def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
+        self.inner.acknowledge(interruptions)
 
 
 def _cloud(name: str, clock: Clock) -> InProcessCloud:

@@ -8,7 +8,7 @@ import builtins
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -63,6 +63,7 @@ class InProcessCloud:
         self.failing: set[OfferKey] = set()
         self.launches: list[OfferKey] = []
         self.reads: list[datetime] = []
+        self.acknowledged: list[Interruption] = []
 
     def launch(self, spec: LaunchSpec, idempotency_token: str) -> Instance:
         if idempotency_token in self.tokens:
@@ -101,6 +102,9 @@ class InProcessCloud:
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         self.reads.append(since)
         return [e for e in self.events if e.noticed_at >= since]
+
+    def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
+        self.acknowledged.extend(interruptions)
 
     # what a cloud does to an instance
     def notice(self, instance_id: str, lead: float = 30.0) -> Interruption:
@@ -402,3 +406,32 @@ def test_with_the_local_provider_a_preempted_copy_checkpoints_on_notice_and_the_
     assert p1.checkpoints and control.progress(uri, 2).restored_step == p1.checkpoints[-1] == p1.last_step
     assert watcher.poll().recoveries == ()
     assert [i.instance_id for i in local.list({}) if i.state in ALIVE_STATES] == [new.instance_id]
+
+
+def test_events_are_acknowledged_once_acted_on_and_failed_requests_are_not(
+    s: Setup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = s.start()
+    assert job.instance_id is not None
+    stranger = s.cloud.notice("i-not-costopts")
+    notice = s.cloud.notice(job.instance_id)
+
+    def unreachable(*args: object, **kwargs: object) -> str:
+        raise OSError("checkpoint store unreachable")
+
+    monkeypatch.setattr("costopt.migration.watch.control.request_checkpoint", unreachable)
+    watcher = s.watcher()
+    first = watcher.poll()
+    assert first.notices == ()
+    assert s.cloud.acknowledged == [stranger]  # ignored: nothing to do; the failed request: not acknowledged
+    monkeypatch.undo()
+
+    second = watcher.poll()  # the notice read again is acted on now, not taken for a duplicate
+
+    assert [n.instance_id for n in second.notices] == [job.instance_id]
+    assert s.cloud.acknowledged[1:] == [stranger, notice]  # a duplicate is acknowledged again (idempotent)
+    s.clock.tick(10)
+    taken = s.cloud.preempt(job.instance_id)
+    third = watcher.poll()
+    assert [r.state for r in third.recoveries] == ["done"]
+    assert s.cloud.acknowledged[-1] == taken  # after its recovery ran

@@ -11,6 +11,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
@@ -570,7 +571,7 @@ def test_setup_makes_the_rule_the_queue_policy_and_the_target_and_can_run_again(
     assert attrs["MessageRetentionPeriod"] == "3600"
 
 
-def test_a_warning_routed_by_eventbridge_is_returned_with_a_two_minute_deadline_and_deleted(
+def test_a_warning_routed_by_eventbridge_is_returned_with_a_two_minute_deadline_and_deleted_once_acknowledged(
     moto_url: str, queue: str
 ) -> None:
     """moto routes events.put_events through the helper's rule to the SQS target, as EventBridge does."""
@@ -585,22 +586,27 @@ def test_a_warning_routed_by_eventbridge_is_returned_with_a_two_minute_deadline_
     assert answer["FailedEntryCount"] == 0
     assert queued(moto_url, queue) == 1
 
-    (notice,) = notices(reader(moto_url, queue), warned_at - timedelta(minutes=10))
+    provider = reader(moto_url, queue)
+    (notice,) = notices(provider, warned_at - timedelta(minutes=10))
 
     assert (notice.instance_id, notice.kind, notice.noticed_at) == ("i-0feedface0000001", "notice", warned_at)
     assert notice.deadline == warned_at + timedelta(minutes=2) == warned_at + SPOT_NOTICE
-    assert queued(moto_url, queue) == 0, "a parsed message is deleted"
-    assert notices(reader(moto_url, queue), warned_at - timedelta(minutes=10)) == []
+    assert queued(moto_url, queue) == 1, "a notice stays queued (hidden) until acknowledged"
+    assert notices(provider, warned_at - timedelta(minutes=10)) == []  # hidden while in flight
+    provider.acknowledge([notice])
+    assert queued(moto_url, queue) == 0, "an acknowledged notice is deleted"
 
 
 def test_the_documented_event_json_sent_straight_to_sqs_is_read_the_same(moto_url: str, queue: str) -> None:
     body = (FIXTURES / "spot_interruption_warning.json").read_text().replace("INSTANCE_ID", "i-0feedface0000002")
     fake_session().client("sqs", endpoint_url=moto_url).send_message(QueueUrl=queue, MessageBody=body)
 
-    (notice,) = notices(reader(moto_url, queue), datetime(2026, 3, 2, 14, 0, tzinfo=UTC))
+    provider = reader(moto_url, queue)
+    (notice,) = notices(provider, datetime(2026, 3, 2, 14, 0, tzinfo=UTC))
 
     assert notice.instance_id == "i-0feedface0000002"
     assert notice.deadline == datetime(2026, 3, 2, 14, 7, 30, tzinfo=UTC)
+    provider.acknowledge([notice])
     assert queued(moto_url, queue) == 0
 
 
@@ -624,7 +630,7 @@ def test_malformed_and_foreign_messages_are_logged_deleted_and_never_raise(
         read = notices(reader(moto_url, queue), datetime(2026, 3, 2, tzinfo=UTC))
 
     assert [n.instance_id for n in read] == ["i-0good"]
-    assert queued(moto_url, queue) == 0
+    assert queued(moto_url, queue) == 1, "the bad ones are deleted at once, the notice once acknowledged"
     dropped = [r for r in caplog.records if "dropping message" in r.getMessage()]
     assert len(dropped) == len(bad_bodies)
 
@@ -640,9 +646,69 @@ def test_a_notice_is_judged_by_its_deadline_so_a_late_delivery_is_kept_and_a_sta
         event["time"] = at.strftime("%Y-%m-%dT%H:%M:%SZ")
         sqs.send_message(QueueUrl=queue, MessageBody=json.dumps(event))
 
-    read = notices(reader(moto_url, queue), since)
+    provider = reader(moto_url, queue)
+    read = notices(provider, since)
 
     assert [n.instance_id for n in read] == ["i-0late"]
+    assert queued(moto_url, queue) == 1, "the stale one is deleted at once"
+    provider.acknowledge(read)
+    assert queued(moto_url, queue) == 0
+
+
+def send_notice(moto_url: str, queue_url: str, instance_id: str, at: datetime) -> None:
+    event = json.loads((FIXTURES / "spot_interruption_warning.json").read_text().replace("INSTANCE_ID", instance_id))
+    event["time"] = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    fake_session().client("sqs", endpoint_url=moto_url).send_message(QueueUrl=queue_url, MessageBody=json.dumps(event))
+
+
+def test_a_notice_not_acknowledged_comes_again_after_the_visibility_timeout_and_not_after_its_ack(
+    moto_url: str, queue: str
+) -> None:
+    at = datetime(2026, 3, 2, 14, 0, tzinfo=UTC)
+    send_notice(moto_url, queue, "i-0crash", at)
+    provider = reader(moto_url, queue, notice_visibility_seconds=1)
+
+    def watcher_that_dies() -> None:
+        read = notices(provider, at)
+        assert [n.instance_id for n in read] == ["i-0crash"]
+        raise RuntimeError("the watcher died between reading the notice and acting on it")
+
+    with pytest.raises(RuntimeError, match="died"):
+        watcher_that_dies()
+    assert queued(moto_url, queue) == 1
+    assert notices(provider, at) == []  # hidden for the visibility timeout only
+    time.sleep(1.3)
+
+    (again,) = notices(reader(moto_url, queue, notice_visibility_seconds=1), at)  # a restarted watcher
+    assert (again.instance_id, again.noticed_at) == ("i-0crash", at)
+    provider.acknowledge([again])  # acted on: gone for good
+    assert queued(moto_url, queue) == 0
+    time.sleep(1.3)
+    assert notices(provider, at) == []
+
+
+def test_acknowledging_ignores_events_without_a_receipt_and_other_regions_and_a_failed_delete_is_logged(
+    moto_url: str, queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    at = datetime(2026, 3, 2, 14, 0, tzinfo=UTC)
+    send_notice(moto_url, queue, "i-0ack", at)
+    provider = reader(moto_url, queue)
+    (notice,) = notices(provider, at)
+    assert notice.receipt is not None and notice == replace(notice, receipt=None)  # not part of equality
+
+    foreign = [
+        replace(notice, receipt=None),
+        replace(notice, receipt="sqs:eu-west-1:someone-elses"),
+        replace(notice, receipt="opaque-from-another-provider"),
+    ]
+    provider.acknowledge(foreign)
+    assert queued(moto_url, queue) == 1
+    with caplog.at_level(logging.WARNING, logger="costopt.providers.aws"):
+        provider.acknowledge([replace(notice, receipt=f"sqs:{REGION}:not-a-receipt-handle")])
+    assert queued(moto_url, queue) == 1
+    assert any("not deleted" in r.getMessage() or "cannot delete" in r.getMessage() for r in caplog.records)
+    provider.acknowledge([notice, notice])  # twice in one call, then again: idempotent
+    provider.acknowledge([notice])
     assert queued(moto_url, queue) == 0
 
 
