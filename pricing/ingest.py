@@ -1,5 +1,10 @@
 """Set-based ingestion of price points: validation, offer resolution, change-point detection, bulk load.
 
+Every observation is kept: change points (the first of an offer, or another price than the observation
+before it) in ``price_points``, which queries read, the rest in ``price_repeats``. A write merges the
+batch with the stored observations it reaches back to and moves stored rows between the two tables
+when what precedes them changed, so the change points are always those of all observations.
+
 The whole batch is processed column-wise with numpy/pandas (no Python loop per point). On
 PostgreSQL new points go in by binary COPY through a background writer thread, chunk after chunk,
 so detecting change points in one chunk overlaps loading the previous one; on SQLite by one

@@ -2,8 +2,10 @@
 
 Contract
 - A price is a step function per offer: a point ``(offer, valid_from, usd_per_hour)`` holds until the
-  next point of the same offer. Only change points are stored; a point whose price equals the price
-  already in effect at its time only refreshes the offer's confirmation time.
+  next point of the same offer. Queries read change points only; a point whose price equals the price
+  already in effect at its time confirms it and is kept apart (``price_repeats``), so a late, older
+  point is placed against every observation after it: the step function is that of all observations
+  (the last write of each key winning) whatever order writes arrive in (see :mod:`pricing.ingest`).
 - The key of a point is ``(cloud, region, zone, instance_type, market, valid_from)``. Writing is an
   idempotent, set-based upsert: re-writing the same points changes nothing. A point already stored
   with another price at the same key is corrected (the newer write wins) and counted.
