@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -57,6 +59,8 @@ from costopt.agent.contract import (
     ENV_STEPS_PER_SECOND,
 )
 from costopt.agent.errors import StaleEpoch
+from costopt.agent.layout import EPOCH_MARKER, REQUEST_FILE
+from costopt.agent.storage import TEMP_PREFIX, LocalStorage, Storage, is_local_uri, local_path, open_storage
 from costopt.cloud import CloudError
 from costopt.domain import OfferKey
 
@@ -180,6 +184,44 @@ def format_record(rec: Mapping[str, Any], when: datetime) -> str:
     return f"{stamp} {text}"
 
 
+class SimLocalStorage(LocalStorage):
+    """A local checkpoint location written by a simulated agent: the same files and atomic renames as
+    :class:`LocalStorage`, without the ``fsync`` calls (a simulation has no power cuts to survive; the
+    fsyncs would be most of a simulated month's cost)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        super().__init__(root)
+        self._watched = tuple(os.fspath(self._path(n)) for n in (REQUEST_FILE, EPOCH_MARKER))
+
+    def write_atomic(self, name: str, data: bytes, *, temp_tag: str = "") -> None:
+        final = self._path(name)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tag = f"{temp_tag}-" if temp_tag else ""
+        temp = final.parent / f"{TEMP_PREFIX}{tag}{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
+        with open(temp, "xb") as f:
+            f.write(data)
+        os.replace(temp, final)
+
+    def fingerprint(self) -> tuple[tuple[int, int, int] | None, ...]:
+        """What changes when the migrator writes the request file or claims an epoch (inode, size,
+        modification time of each), so an agent reads them only then."""
+        out: list[tuple[int, int, int] | None] = []
+        for path in self._watched:
+            try:
+                st = os.stat(path)
+            except (FileNotFoundError, NotADirectoryError):
+                out.append(None)
+                continue
+            out.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        return tuple(out)
+
+
+def sim_storage(uri: str) -> Storage:
+    """The storage a simulated agent writes to: :class:`SimLocalStorage` for a local URI, else the
+    agent's own (fsspec) storage."""
+    return SimLocalStorage(local_path(uri)) if is_local_uri(uri) else open_storage(uri)
+
+
 class Phase(StrEnum):
     BOOTING = "booting"
     RESTORING = "restoring"
@@ -257,6 +299,8 @@ class SimAgent:
         self._deadline_s = None if deadline is None else to_seconds(deadline)
         self.phase = Phase.BOOTING
         self.agent: Agent | None = None
+        self.storage = sim_storage(env.checkpoint_uri)
+        self._seen: object = None  # the location's fingerprint at the last look (local storage)
         self.base = 0
         self.t0 = 0
         self.reported = 0
@@ -346,18 +390,25 @@ class SimAgent:
                     self._report(t)
                     k = (t - self.t0) // self.report_every_us + 1
                     self.next_report = self.t0 + k * self.report_every_us  # on the training's own grid
-                    self.sync(t)
+                    self.sync(t, force=False)
         except StaleEpoch:
             self._fenced(t)
         except (AgentError, OSError) as exc:
             self._fail(t, exc)
 
-    def sync(self, t: int) -> None:
-        """Look at the checkpoint location now (a request, a newer epoch) and at the notice."""
+    def sync(self, t: int, *, force: bool = True) -> None:
+        """Look at the checkpoint location now (a request, a newer epoch) and at the notice. Without
+        ``force``, a local location whose request file and epoch marker did not change since the last
+        look is not read again (the cloud's look at every advance)."""
         self._now_us = t
         agent = self.agent
         if agent is None or self.phase in (Phase.BOOTING, Phase.EXITED):
             return
+        if isinstance(self.storage, SimLocalStorage):
+            seen = self.storage.fingerprint()
+            if not force and seen == self._seen:
+                return
+            self._seen = seen
         try:
             wants = agent.should_checkpoint()
             if agent.notice is not None and not self.notice_seen:
@@ -395,6 +446,7 @@ class SimAgent:
             self.env.job_id,
             self.env.checkpoint_uri,
             self.env.epoch,
+            storage=self.storage,
             clock=self._clock,
             notice_sources=[self._source],
             poll_interval=0.0,
