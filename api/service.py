@@ -27,8 +27,8 @@ from costopt.jobs.records import JobNotFound, JobRepository
 from costopt.jobs.teams import TeamRepository
 from costopt.ledger.book import Ledger
 from costopt.ledger.model import LedgerError
-from costopt.migration.machine import JobRecord as MigratorJob
 from costopt.migration.machine import Migrator
+from costopt.migration.records import JobRecord as MigratorJob
 from costopt.migration.unavailable import UnavailableOffers
 from costopt.migration.watch import OffersFor
 from costopt.settings import Settings

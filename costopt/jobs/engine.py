@@ -69,16 +69,16 @@ from costopt.jobs.records import ConcurrentUpdate, IllegalTransition, JobEvent, 
 from costopt.jobs.view import JobView, job_view
 from costopt.ledger.book import Ledger
 from costopt.ledger.model import LedgerError
-from costopt.migration.machine import (
+from costopt.migration.machine import Migrator
+from costopt.migration.records import (
     CopyRecord,
     JobStatus,
     Kind,
     MigrationError,
     MigrationRecord,
-    Migrator,
     State,
 )
-from costopt.migration.machine import JobRecord as MigratorJob
+from costopt.migration.records import JobRecord as MigratorJob
 
 log = logging.getLogger("costopt.jobs.engine")
 

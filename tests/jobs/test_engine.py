@@ -22,7 +22,8 @@ from costopt.jobs.engine import CANCEL_PREFIX, JobEngine, MoveRefused
 from costopt.jobs.model import JobState
 from costopt.jobs.records import NewJob
 from costopt.ledger.model import micro_to_usd, usd_to_micro
-from costopt.migration.machine import ALIVE_STATES, TAG_EPOCH, TAG_JOB, JobStatus, Migrator
+from costopt.migration.machine import Migrator
+from costopt.migration.records import ALIVE_STATES, TAG_EPOCH, TAG_JOB, JobStatus
 from costopt.migration.watch import InterruptionWatcher, MemoryWatermark
 from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider

@@ -15,7 +15,7 @@ from costopt.domain import Cloud, PricePoint
 from costopt.jobs.model import JobState
 from costopt.jobs.records import NewJob
 from costopt.ledger.model import micro_to_usd, usd_to_micro
-from costopt.migration.machine import JobStatus
+from costopt.migration.records import JobStatus
 from costopt.settings import Settings
 from pricing.store import PriceStore
 from providers.local import LocalProvider
