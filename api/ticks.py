@@ -292,8 +292,9 @@ def add_leased_job(
     lease_ttl: timedelta = DEFAULT_LEASE_TTL,
     first_run_now: bool = True,
 ) -> Job:
-    """Add ``work(*args)`` as job ``name`` firing on ``schedule`` (``max_instances=1``, ``coalesce``),
-    each run under the lease of its tick (``leases`` None: no lease). ``first_run_now``: also run once
+    """Add ``work(*args)`` as job ``name`` firing on ``schedule`` (``coalesce``), each run under the lease
+    of its tick (``leases`` None: no lease, ``max_instances=1``; with leases, ``max_instances=2``: a run
+    that fires while the previous one goes on waits for its lease, they never overlap). ``first_run_now``: also run once
     at start-up, for the latest tick already due."""
     extra: dict[str, Any] = {}
     if first_run_now:
@@ -304,8 +305,11 @@ def add_leased_job(
         schedule.trigger(),
         id=name,
         name=description,
-        max_instances=1,
+        # With a lease, a second instance may start while the previous run goes on: it waits for the
+        # lease (up to a period) instead of giving its tick up; the lease keeps the two from overlapping.
+        max_instances=1 if leases is None else 2,
         coalesce=True,
-        misfire_grace_time=max(1, int(seconds)),
+        # A late run still runs its own tick (unless a replica ran it or a newer one): be lenient.
+        misfire_grace_time=max(10, int(seconds)),
         **extra,
     )

@@ -103,6 +103,9 @@ class LeaseStore:
         self.engine = engine
         self.owner = owner or default_owner()
         self.now = now
+        self._held: dict[str, tuple[timedelta, float]] = {}  # name -> (ttl, next renewal, monotonic s)
+        self._cond = threading.Condition()
+        self._beat: threading.Thread | None = None
 
     # -- writes ----------------------------------------------------------------------------------------
 
@@ -152,8 +155,8 @@ class LeaseStore:
         self, name: str, ttl: timedelta, *, tick: datetime | None = None, wait: timedelta = timedelta(0)
     ) -> Iterator[bool]:
         """Claim ``tick`` of ``name`` (None: :meth:`acquire` without a tick) and yield whether this owner
-        won; while the block runs, a daemon thread renews the lease every ``ttl / 3``; it is released
-        when the block ends (also on an exception).
+        won; while the block runs, the store's heartbeat thread (one per store, started on first use)
+        renews the lease every ``ttl / 3``; it is released when the block ends (also on an exception).
 
         ``wait``: while another run holds the lease (e.g. the previous tick's, a little longer than the
         interval), keep trying for up to this long (wall time) instead of giving the tick up; stop at
@@ -170,16 +173,12 @@ class LeaseStore:
         if not won:
             yield False
             return
-        stop = threading.Event()
-        beat = threading.Thread(
-            target=self._heartbeat, args=(name, ttl, stop), name=f"lease-heartbeat:{name}", daemon=True
-        )
-        beat.start()
+        self._beat_for(name, ttl)
         try:
             yield True
         finally:
-            stop.set()
-            beat.join()
+            with self._cond:
+                self._held.pop(name, None)
             try:
                 self.release(name)
             except Exception:
@@ -234,12 +233,33 @@ class LeaseStore:
             pass  # another replica inserted it first: the compare-and-set decides
         return True
 
-    def _heartbeat(self, name: str, ttl: timedelta, stop: threading.Event) -> None:
-        period = ttl.total_seconds() / 3.0
-        while not stop.wait(period):
-            try:
-                if not self.renew(name, ttl):
-                    log.warning("lease %s: lost (expired and taken over?); the run goes on", name)
-                    return
-            except Exception:
-                log.exception("lease %s: heartbeat failed; retrying", name)
+    def _beat_for(self, name: str, ttl: timedelta) -> None:
+        """Renew ``name`` every ``ttl / 3`` until it is dropped from ``_held``."""
+        with self._cond:
+            self._held[name] = (ttl, time.monotonic() + ttl.total_seconds() / 3)
+            if self._beat is None:
+                self._beat = threading.Thread(target=self._heartbeat, name="lease-heartbeat", daemon=True)
+                self._beat.start()
+            self._cond.notify()
+
+    def _heartbeat(self) -> None:
+        while True:
+            with self._cond:
+                while not self._held:
+                    self._cond.wait()
+                now = time.monotonic()
+                due = [(name, ttl) for name, (ttl, at) in self._held.items() if at <= now]
+                if not due:
+                    self._cond.wait(timeout=min(at for _, at in self._held.values()) - now)
+                    continue
+                for name, ttl in due:
+                    self._held[name] = (ttl, now + ttl.total_seconds() / 3)
+            for name, ttl in due:
+                try:
+                    if not self.renew(name, ttl):
+                        with self._cond:
+                            lost = self._held.pop(name, None) is not None  # else: released meanwhile
+                        if lost:
+                            log.warning("lease %s: lost (expired and taken over?); the run goes on", name)
+                except Exception:
+                    log.exception("lease %s: heartbeat failed; retrying", name)
