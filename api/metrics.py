@@ -6,7 +6,9 @@
 - :func:`render` is what ``GET /metrics`` answers: :data:`REGISTRY`, then the price sources' health
   read from the store at scrape time (``costopt_price_source_*``, one series per source that ever ran)
   and ``costopt_store_up`` (1 when the store answered; 0, and no source series, when it did not: the
-  scrape itself still succeeds, like other exporters' ``*_up``).
+  scrape itself still succeeds, like other exporters' ``*_up``); and the managed jobs
+  (:class:`JobCollector`: ``costopt_jobs{state}``, ``costopt_job_events_total{kind}``,
+  ``costopt_jobs_spend_usd_total``).
 
 Units follow Prometheus conventions: seconds, Unix timestamps in seconds (UTC), counts.
 """
@@ -98,6 +100,63 @@ class PriceSourceCollector(Collector):
         yield from (success, attempt, failures, stale)
 
 
+class JobCollector(Collector):
+    """The managed jobs in ``store``'s database, read at each scrape: jobs by state
+    (``costopt_jobs``), moves, preemptions and recoveries so far (``costopt_job_events_total{kind}``) and
+    what every job has cost so far (``costopt_jobs_spend_usd_total``, from the ledger: closed intervals,
+    open ones priced up to now, egress). Nothing is yielded when the database cannot be read."""
+
+    def __init__(self, store: PriceStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        from datetime import UTC, datetime
+
+        from prometheus_client.core import CounterMetricFamily
+        from sqlalchemy import func, select
+
+        from costopt.db.jobs_schema import job_events
+        from costopt.jobs.records import JobRepository
+        from costopt.jobs.view import MOVE_KINDS
+
+        try:
+            by_state = JobRepository(self.store.engine).count_by_state()
+            with self.store.engine.connect() as conn:
+                kinds: dict[str, int] = dict(
+                    conn.execute(
+                        select(job_events.c.kind, func.count())
+                        .where(job_events.c.kind.in_(MOVE_KINDS))
+                        .group_by(job_events.c.kind)
+                    ).all()
+                )
+        except Exception as exc:  # any driver error: the scrape reports the rest
+            log.warning("metrics: the jobs could not be read: %s", exc)
+            return
+        jobs = GaugeMetricFamily("costopt_jobs", "Managed jobs in each state.", labels=["state"])
+        for state, n in by_state.items():
+            jobs.add_metric([state.value], float(n))
+        yield jobs
+        events = CounterMetricFamily(
+            "costopt_job_events", "Moves, preemptions and recoveries of managed jobs so far.", labels=["kind"]
+        )
+        for kind in MOVE_KINDS:
+            events.add_metric([kind], float(kinds.get(kind, 0)))
+        yield events
+        try:
+            from costopt.ledger.prices import StorePriceView
+            from costopt.ledger.sql import SqlLedger
+
+            spent = SqlLedger(self.store.engine, StorePriceView(self.store)).costs(as_of=datetime.now(UTC))
+        except Exception as exc:  # an open interval without a price, or the ledger unreadable
+            log.warning("metrics: the jobs' spend could not be priced: %s", exc)
+            return
+        yield CounterMetricFamily(
+            "costopt_jobs_spend_usd",
+            "USD every job has cost so far (the ledger's total).",
+            value=float(spent.total_usd),
+        )
+
+
 def render(store: PriceStore | None = None) -> bytes:
     """The body of ``GET /metrics`` (text format, :data:`CONTENT_TYPE`): :data:`REGISTRY` and, when
     ``store`` is given, ``costopt_store_up`` and its sources' health. Never raises for a store error."""
@@ -105,5 +164,6 @@ def render(store: PriceStore | None = None) -> bytes:
     if store is not None:
         per_scrape = CollectorRegistry(auto_describe=False)
         per_scrape.register(PriceSourceCollector(store))
+        per_scrape.register(JobCollector(store))
         body += generate_latest(per_scrape)
     return body

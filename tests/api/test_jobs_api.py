@@ -327,3 +327,13 @@ def test_startup_prints_the_bootstrap_admin_key_once(tmp_path: Path, capsys: pyt
         assert client.get("/v1/admin/teams", headers=bearer(key)).json()["items"][0]["name"] == "admin"
     with TestClient(create_app(settings)):
         assert "admin key" not in capsys.readouterr().out
+
+
+def test_metrics_count_jobs_by_state_and_their_events(svc: Service) -> None:
+    svc.submit(svc.alpha)
+    gone = svc.submit(svc.beta)
+    svc.client.post(f"/v1/jobs/{gone['id']}/cancel", headers=svc.beta)
+    text = svc.client.get("/metrics").text
+    assert 'costopt_jobs{state="queued"} 1.0' in text and 'costopt_jobs{state="cancelled"} 1.0' in text
+    assert 'costopt_jobs{state="running"} 0.0' in text
+    assert 'costopt_job_events_total{kind="move"} 0.0' in text and "costopt_jobs_spend_usd_total 0.0" in text
