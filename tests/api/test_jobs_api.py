@@ -208,11 +208,16 @@ def test_logs_list_each_copy_oldest_first_with_its_own_output(svc: Service) -> N
     sim = svc.app.state.providers["sim"]
     ids = []
     for epoch in (2, 1):  # recorded newest first: the answer is ordered by epoch
-        env = {**contract_env(job["id"], job["checkpoint_uri"], epoch), "COSTOPT_STEPS_PER_SECOND": "5", "COSTOPT_JOB_STEPS": "2000"}
+        env = {
+            **contract_env(job["id"], job["checkpoint_uri"], epoch),
+            "COSTOPT_STEPS_PER_SECOND": "5",
+            "COSTOPT_JOB_STEPS": "2000",
+        }
         inst = sim.launch(LaunchSpec(P3_2X_SPOT, ["train"], env, job_tags(job["id"], epoch)), f"{job['id']}-e{epoch}")
         ids.append(inst.instance_id)
         with svc.store.engine.begin() as conn:
-            write_copy_start(conn, "sim", CopyStart(job["id"], epoch, inst.instance_id, P3_2X_SPOT, sim.now()), sim.now())
+            start = CopyStart(job["id"], epoch, inst.instance_id, P3_2X_SPOT, sim.now())
+            write_copy_start(conn, "sim", start, sim.now())
         sim.clock.advance(timedelta(minutes=5))
     logs = svc.client.get(f"/v1/jobs/{job['id']}/logs", params={"tail": 50}, headers=svc.alpha).json()["copies"]
     assert [(c["epoch"], c["instance_id"], c["provider"]) for c in logs] == [(1, ids[1], "sim"), (2, ids[0], "sim")]
