@@ -209,6 +209,7 @@ class JobEngine:
         self._work: dict[str, Future[Any]] = {}
         self._orphaned: set[str] = set()  # jobs whose worker died: their migration is resumed
         self._ranked: dict[str, dict[OfferKey, Placement]] = {}
+        self._seen_steps: dict[str, tuple[int, int]] = {}  # job -> (epoch, last step) at the previous look
         self._history_mark: dict[str, int] = {}  # the last finished migration whose events are recorded
         self._tick_lock = threading.Lock()
         self._work_lock = threading.Lock()
@@ -466,10 +467,12 @@ class JobEngine:
             self._recovering(job, migrator, mj)
             return
         if mj.status is JobStatus.RUNNING:
-            self._running(job, migrator, mj)
+            self._running(job, migrator, mj, progressed=self._progressed(job.id, mj, prog))
 
-    def _running(self, job: JobRecord, migrator: Migrator, mj: MigratorJob) -> None:
+    def _running(self, job: JobRecord, migrator: Migrator, mj: MigratorJob, *, progressed: bool = False) -> None:
         assert mj.instance_id is not None
+        if progressed and job.state is JobState.RUNNING and job.offer == mj.offer:
+            return  # it reported new steps since the last look: alive, no call to the cloud needed
         inst = self._describe(migrator, mj.instance_id)
         if inst is not None and inst.state in ALIVE_STATES:
             if job.state is not JobState.RUNNING or job.offer != mj.offer:
@@ -900,6 +903,15 @@ class JobEngine:
         if prog.last_step > job.steps_done:
             self.repo.set_progress(job.id, min(prog.last_step, job.steps_total))
         return prog
+
+    def _progressed(self, job_id: str, mj: MigratorJob, prog: Any) -> bool:
+        """True when the job's current copy reported steps beyond those seen at the previous look."""
+        if prog is None:
+            return False
+        mark = (mj.epoch, int(prog.last_step))
+        before = self._seen_steps.get(job_id)
+        self._seen_steps[job_id] = mark
+        return before is not None and before[0] == mark[0] and mark[1] > before[1]
 
     @staticmethod
     def _migrator_job(migrator: Migrator, job_id: str) -> MigratorJob | None:

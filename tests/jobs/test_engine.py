@@ -84,6 +84,9 @@ def test_a_preemption_is_recovered_through_the_watcher_and_the_job_follows(h: Ha
 
     h.local.preempt(first, notice_seconds=0.3, wait=True)
     assert h.local.describe(first).state is InstanceState.PREEMPTED
+    h.engine.tick()  # may still count steps the copy logged before it was taken
+    h.engine.tick()  # no new steps: the engine looks at the copy
+    assert h.repo.get(job.id).state is JobState.RECOVERING
     done = h.run_until(job.id, _terminal, also=watcher.poll)
 
     assert done.state is JobState.SUCCEEDED, done.reason
