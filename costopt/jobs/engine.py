@@ -335,7 +335,11 @@ class JobEngine:
                     "expected_saving_usd": str(expected_saving_usd),
                 },
             )
-            mig = migrator.run(planned.id)
+            try:
+                mig = migrator.run(planned.id)
+            except BaseException:
+                self._orphaned.add(job_id)  # the next tick resumes the move where it stopped
+                raise
             self._record_move(self.repo.get(job_id), migrator, mig, reason=reason, expected=expected_saving_usd)
             self._after_migration(self.repo.get(job_id), migrator)
             return self.repo.get(job_id)

@@ -239,3 +239,25 @@ def test_an_invalid_step_count_never_reaches_the_cloud(engine, tmp_path, steps: 
     failed = sim.repo.get(job.id)
     assert failed.state is JobState.FAILED and "steps must be a positive integer" in failed.reason
     assert sim.cloud.list({}) == []
+
+
+def test_a_move_that_fails_midway_is_resumed_by_the_next_tick(engine, tmp_path) -> None:
+    sim = Sim(engine, tmp_path, [OD_A, OD_B])
+    job = sim.submit(20_000)
+    sim.run(job.id, lambda j: j.state is JobState.RUNNING and j.steps_done >= 2_000)
+
+    def fail(point: str) -> None:
+        if point == "enter:launched":
+            raise RuntimeError("lost the database connection")
+
+    sim.migrator.hook = fail
+    with pytest.raises(RuntimeError):
+        sim.engine.move(job.id, [sim.placements._one(OD_B, 10_000)], reason="cheaper", expected_saving_usd=Decimal(1))
+    assert sim.repo.get(job.id).state is JobState.MIGRATING
+    sim.migrator.hook = lambda point: None
+    done = sim.run(job.id, lambda j: j.state.terminal)
+
+    assert done.state is JobState.SUCCEEDED and done.offer == OD_B
+    assert [c.epoch for c in sim.migrator.copies(job.id)] == [1, 2]  # one copy per epoch: no second launch
+    assert [e.kind for e in sim.repo.events(job.id)].count("move") == 1
+    assert control.audit_job(sim.engine.checkpoint_uri(done), 20_000).ok
