@@ -31,6 +31,7 @@ from costopt.cloud import (
     CloudProvider,
     Instance,
     InstanceState,
+    Interruption,
     LaunchSpec,
     NotFoundError,
     tags_match,
@@ -460,3 +461,21 @@ def test_a_running_instance_has_no_exit_code(harness: Harness, job: str) -> None
     harness.settle()
     running = provider.describe(inst.instance_id)
     assert running.state in ACTIVE_STATES and running.exit_code is None
+
+
+# --------------------------------------------------------------------------- acknowledge
+
+
+def test_acknowledging_interruptions_is_safe_and_changes_nothing_else(harness: Harness, job: str) -> None:
+    provider = harness.provider
+    inst = provider.launch(harness.spec(job, 1), f"{job}:1")
+    harness.settle()
+    since = datetime(2020, 1, 1, tzinfo=UTC)
+    events = provider.interruptions(since)
+    stranger = Interruption(harness.unknown_id, since, None, "notice", receipt="from-another-provider")
+
+    provider.acknowledge([])
+    provider.acknowledge([*events, stranger])
+    provider.acknowledge([*events, stranger])  # idempotent
+
+    assert provider.describe(inst.instance_id).state in ACTIVE_STATES
