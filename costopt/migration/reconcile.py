@@ -99,18 +99,14 @@ def reconcile(
             epoch = int(inst.tags.get(TAG_EPOCH, "-1"))
         except ValueError:
             epoch = -1
-        mig = active.get(job.job_id) if job else None
-        if job is None:
-            why = "no such job"
-        elif epoch < job.epoch:
-            why = f"stale epoch {epoch} < {job.epoch}"
-        elif mig is not None and epoch in (mig.from_epoch, mig.to_epoch):
-            continue  # in flight: the migrator owns it
-        elif epoch > job.epoch:
-            why = f"epoch {epoch} launched by no active migration"
-        elif inst.instance_id != job.instance_id:
-            why = f"a second copy of epoch {epoch}"
-        else:
+        why = _orphan_reason(job, active.get(job.job_id) if job else None, epoch, inst.instance_id)
+        if why is not None:
+            # The snapshot was read before the list: another service replica may have registered the job,
+            # started a migration (token stored, instance id not saved yet) or finished one since. Only
+            # what is still an orphan in the database now is one.
+            job, mig = _fresh(engine, inst.tags.get(TAG_JOB, ""))
+            why = _orphan_reason(job, mig, epoch, inst.instance_id)
+        if why is None:
             continue
         log.warning("orphan %s (%s): terminating", inst.instance_id, why)
         orphans.append(inst.instance_id)
@@ -139,13 +135,22 @@ def reconcile(
             recover.append(job.job_id)
             status, reason = JobStatus.RECOVERING, f"instance {job.instance_id} vanished ({state or 'not found'})"
         if not dry_run:
-            ends.append(copy_end(found, job.job_id, job.epoch, job.instance_id, end_reason, _utcnow()))
             with engine.begin() as conn:
-                conn.execute(
+                changed = conn.execute(
                     update(migration_jobs)
-                    .where(migration_jobs.c.job_id == job.job_id, migration_jobs.c.status == JobStatus.RUNNING.value)
+                    .where(
+                        migration_jobs.c.job_id == job.job_id,
+                        migration_jobs.c.status == JobStatus.RUNNING.value,
+                        # unchanged since the snapshot (another replica may have moved it meanwhile)
+                        migration_jobs.c.epoch == job.epoch,
+                        migration_jobs.c.instance_id == job.instance_id,
+                    )
                     .values(status=status.value, reason=reason, updated_at=_utcnow())
-                )
+                ).rowcount
+            if changed != 1:
+                (finished if end_reason is EndReason.FINISHED else recover).remove(job.job_id)
+                continue
+            ends.append(copy_end(found, job.job_id, job.epoch, job.instance_id, end_reason, _utcnow()))
 
     # Any other recorded copy still open whose instance is gone (jobs in flight are their migrator's).
     seen = {e.instance_id for e in ends}
@@ -155,6 +160,8 @@ def reconcile(
         found = describe_or_none(provider, copy.instance_id)
         if found is not None and found.state in ALIVE_STATES:
             continue
+        if _fresh(engine, copy.job_id)[1] is not None:
+            continue  # a migration started since the snapshot (another replica): its migrator closes it
         job = jobs.get(copy.job_id)
         reason = end_reason_of(found, job.checkpoint_uri if job else None, copy.epoch)
         ends.append(copy_end(found, copy.job_id, copy.epoch, copy.instance_id, reason, now))
@@ -168,3 +175,30 @@ def reconcile(
                     closed.append(interval_key(pname, end.job_id, end.epoch, end.instance_id))
     synced = sync_ledger(engine, ledger, egress=egress) if ledger is not None and not dry_run else None
     return ReconcileReport(tuple(orphans), tuple(recover), tuple(finished), tuple(closed), synced)
+
+
+def _orphan_reason(job: JobRecord | None, mig: MigrationRecord | None, epoch: int, instance_id: str) -> str | None:
+    """Why an instance of ``job`` tagged ``epoch`` is an orphan (None: it is not). ``mig``: the job's active
+    migration; an instance of one of its epochs is in flight (its migrator owns it, e.g. launched with
+    the token stored and the instance id not saved yet)."""
+    if job is None:
+        return "no such job"
+    if epoch < job.epoch:
+        return f"stale epoch {epoch} < {job.epoch}"
+    if mig is not None and epoch in (mig.from_epoch, mig.to_epoch):
+        return None
+    if epoch > job.epoch:
+        return f"epoch {epoch} launched by no active migration"
+    if instance_id != job.instance_id:
+        return f"a second copy of epoch {epoch}"
+    return None
+
+
+def _fresh(engine: Engine, job_id: str) -> tuple[JobRecord | None, MigrationRecord | None]:
+    """The job and its active migration as the database holds them now."""
+    with engine.connect() as conn:
+        row = conn.execute(select(migration_jobs).where(migration_jobs.c.job_id == job_id)).first()
+        mig = conn.execute(
+            select(migrations).where(migrations.c.job_id == job_id, active_condition()).order_by(migrations.c.id)
+        ).first()
+    return (JobRecord.of(row) if row is not None else None), (MigrationRecord.of(mig) if mig is not None else None)
