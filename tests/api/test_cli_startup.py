@@ -8,6 +8,7 @@ was first loaded, so a failure names the import to move into the command that ne
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -58,7 +59,7 @@ _PROBE = textwrap.dedent(
         try:
             app(args, prog_name="costopt")
         except SystemExit as exc:
-            if exc.code not in (0, None):
+            if (exc.code or 0) not in {ok_codes!r}:
                 raise
     loaded = {{h: seen.get(h, []) for h in HEAVY if h in sys.modules or h in seen}}
     sys.stdout.write("\\n" + json.dumps(loaded) + "\\n")
@@ -66,10 +67,18 @@ _PROBE = textwrap.dedent(
 )
 
 
-def _heavy_imports(args: list[str]) -> dict[str, list[str]]:
-    code = _PROBE.format(heavy=HEAVY, args=args)
+def _heavy_imports(
+    args: list[str], *, ok_codes: tuple[int, ...] = (0,), env: dict[str, str] | None = None
+) -> dict[str, list[str]]:
+    code = _PROBE.format(heavy=HEAVY, args=args, ok_codes=ok_codes)
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", code],
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, **(env or {})},
     )
     assert done.returncode == 0, done.stderr
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -112,9 +121,16 @@ def test_help_loads_no_heavy_library(args: list[str]) -> None:
     assert not found, f"costopt {' '.join(args)}: {_explain(found)}"
 
 
+def test_a_thin_client_command_runs_light() -> None:
+    """``costopt jobs list`` (an HTTP client of the service) fails fast on an unreachable service (exit 1)
+    without loading any heavy library on the way."""
+    found = _heavy_imports(["jobs", "list"], ok_codes=(1,), env={"COSTOPT_API_URL": "http://127.0.0.1:9"})
+    assert not found, f"costopt jobs list: {_explain(found)}"
+
+
 def test_the_probe_sees_a_heavy_import() -> None:
     """The check itself works: a command that does load pandas is caught, with the importing module."""
-    code = _PROBE.format(heavy=HEAVY, args=[]).replace(
+    code = _PROBE.format(heavy=HEAVY, args=[], ok_codes=(0,)).replace(
         "from api.cli.main import app", "from api.cli.main import app\nimport api.wiring"
     )
     done = subprocess.run(
