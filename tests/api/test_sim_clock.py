@@ -182,3 +182,28 @@ def test_a_wall_clock_sleeps_on_the_wall() -> None:
     assert time.monotonic() >= t0 and clock.now().tzinfo is UTC
     with pytest.raises(ValueError):
         clock.sleep(-1.0)
+
+
+def test_the_service_runs_its_simulated_clock_while_it_is_up(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'costopt.db'}",
+        availability_logs_dir=tmp_path / "no-logs",
+        seed_on_start=False,
+        collectors_enabled=False,
+        provider="sim",
+        sim_time_scale=3600.0,
+        sim_tick=timedelta(milliseconds=10),
+    )
+    app = create_app(settings)
+    with TestClient(app):
+        driver = app.state.sim_clock
+        assert isinstance(driver, SimClockDriver) and driver.running and driver.scale == 3600.0
+        cloud = driver.cloud
+        assert cloud is app.state.providers["sim"]
+        driver.sleep(7200.0)  # two simulated hours: returns once the thread has moved the clock that far
+        assert cloud.now() >= settings.sim_start + timedelta(hours=2)
+    assert not driver.running
