@@ -34,6 +34,12 @@ Contracts (every provider keeps them; ``tests/providers/test_contract.py`` check
   (AWS: once the queue's visibility timeout ends), so a caller that dies between reading and acting
   still sees them. Idempotent, never raises (an event not acknowledged comes again); a no-op for
   providers that keep no queue.
+- ``output(instance_id, tail=None)`` is the instance's own console (the job's stdout/stderr, or what the
+  cloud captured of its console), its last ``tail`` lines each ending in a newline; "" when there is none
+  yet; :class:`NotFoundError` for an unknown instance.
+- ``Instance.exit_code`` is the job's exit code once its command ended (0: finished); None while it runs,
+  when it was killed without one, and on clouds that cannot tell (the VM outlives its command). ``sim``
+  and ``local`` know it; their instance is TERMINATED when its job exits.
 - Times are tz-aware UTC; prices USD per hour.
 
 States, and what the migrator should make of them (may the job run there? does it still bill?):
