@@ -39,7 +39,8 @@ Contracts (every provider keeps them; ``tests/providers/test_contract.py`` check
   yet; :class:`NotFoundError` for an unknown instance.
 - ``Instance.exit_code`` is the job's exit code once its command ended (0: finished); None while it runs,
   when it was killed without one, and on clouds that cannot tell (the VM outlives its command). ``sim``
-  and ``local`` know it; their instance is TERMINATED when its job exits.
+  and ``local`` know it; their instance ends when its job exits (``sim``: exit 0 always, another code
+  unless a preemption notice runs, the cloud then taking the instance at its deadline).
 - Times are tz-aware UTC; prices USD per hour.
 
 States, and what the migrator should make of them (may the job run there? does it still bill?):
