@@ -270,11 +270,18 @@ def seed(data_dir: DataDirOpt = None) -> None:
 
 @app.command("collect")
 def collect(
-    source: Annotated[list[str] | None, typer.Option("--source", help="Only these sources (repeatable).")] = None,
+    source: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--source",
+            help="Only these sources (repeatable). Default: every configured source whose cloud has credentials.",
+        ),
+    ] = None,
     once: Annotated[bool, typer.Option("--once", help="Run each source once and exit.")] = False,
     fmt: FormatOpt = OutputFormat.table,
 ) -> None:
     """Run the live collectors (once, or on their schedule until interrupted)."""
+    from api.credentials import collector_names
     from api.wiring import build_sources, build_store
     from pricing.collect import collect_once
 
@@ -282,7 +289,8 @@ def collect(
     with failures():
         store = build_store(settings)
         try:
-            sources_ = build_sources(settings, source)
+            # without --source, a cloud without credentials is skipped and said once (as by the service)
+            sources_ = build_sources(settings, source if source is not None else collector_names(settings))
         except ValueError as exc:
             raise typer.BadParameter(str(exc), param_hint="--source") from exc
         if not once:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from apscheduler.schedulers.background import BackgroundScheduler
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
 import api.credentials as credentials
 from api.app import create_app
@@ -214,3 +215,32 @@ def test_collector_names_keep_configured_sources_of_clouds_with_credentials(bare
     assert names == ["gcp", "azure", "azure-skus"]
     names = collector_names(settings, {Cloud.AWS: None, Cloud.GCP: None, Cloud.AZURE: "no credentials found"})
     assert "azure-skus" not in names and "azure" in names and "aws-spot" in names
+
+
+def test_cli_collect_without_source_skips_clouds_without_credentials(
+    bare: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``costopt prices collect --once`` chooses its sources as the service does; ``--source`` still
+    runs exactly what was named. (The fetches themselves are replaced: no test reaches a cloud.)"""
+    import pricing.collect
+    from api.cli.main import app
+    from costopt.settings import get_settings
+
+    ran: list[list[str]] = []
+    monkeypatch.setattr(
+        pricing.collect, "collect_once", lambda store, sources: ran.append([s.name for s in sources]) or []
+    )
+    monkeypatch.setenv("COSTOPT_DATABASE_URL", f"sqlite:///{tmp_path / 'costopt.db'}")
+    get_settings.cache_clear()
+    try:
+        caplog.set_level(logging.WARNING)
+        result = CliRunner().invoke(app, ["prices", "collect", "--once", "-f", "json"])
+        assert result.exit_code == 0, result.output
+        assert ran == [["azure"]]
+        assert set(_credential_lines(caplog)) == {"aws", "gcp", "azure"}
+        caplog.clear()
+        result = CliRunner().invoke(app, ["prices", "collect", "--once", "--source", "aws-spot", "-f", "json"])
+        assert result.exit_code == 0, result.output
+        assert ran[-1] == ["aws-spot"] and not _credential_lines(caplog)
+    finally:
+        get_settings.cache_clear()
