@@ -15,6 +15,7 @@ from api.cli import jobs as jobs_cmd
 from api.cli import plan as plan_cmd
 from api.cli import plan_batch as plan_batch_cmd
 from api.cli import prices as prices_cmd
+from api.cli import rebalance as rebalance_cmd
 from api.cli import throughput as throughput_cmd
 from api.cli.common import Exit, configure_logging, failures, settings_with
 from api.cli.output import OutputFormat, emit_object, note
@@ -35,6 +36,7 @@ app.add_typer(admin_cmd.app, name="admin")
 app.command("plan")(plan_cmd.plan)
 app.command("plan-batch")(plan_batch_cmd.plan_batch)
 app.command("drill")(drill_cmd.drill)
+app.command("rebalance")(rebalance_cmd.rebalance)
 db_app = typer.Typer(help="The database: migrations and status.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
