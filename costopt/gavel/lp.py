@@ -20,6 +20,7 @@ import scipy.sparse as sp
 from highspy import _core
 
 from costopt.gavel.errors import Infeasible, SolverFailed
+from costopt.highs import configure
 
 log = logging.getLogger(__name__)
 
@@ -143,12 +144,8 @@ def _csc(a: Any) -> Csc:
 def _new_highs() -> Any:
     # The core class: highspy.Highs's wrapper prints a banner to stdout on construction, which
     # would corrupt JSON output of the CLI. Same solver, same API.
-    h = _core._Highs()
-    h.setOptionValue("output_flag", False)
-    # One thread: the LPs here are small or solved one after another; HiGHS's worker pool would only
-    # compete with the caller for the CPU.
-    h.setOptionValue("threads", 1)
-    return h
+    # One thread count for the process (costopt.highs: HiGHS's scheduler is global).
+    return configure(_core._Highs())
 
 
 def _highs() -> Any:

@@ -37,6 +37,7 @@ import scipy.sparse as sp
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from costopt.errors import CostoptError
+from costopt.highs import HIGHS_THREADS, configure
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -200,8 +201,7 @@ def new_highs() -> highspy.Highs:
                     os.close(saved)
             _banner_shown = True
     h = highspy.Highs()  # type: ignore[no-untyped-call]
-    h.setOptionValue("output_flag", False)
-    return h
+    return configure(h)  # type: ignore[no-any-return]
 
 
 class MatrixBackend:
@@ -578,6 +578,7 @@ class PulpBackend:
         start = time.perf_counter()
         solver = pulp.HiGHS(
             msg=False,
+            threads=HIGHS_THREADS,  # one count per process: HiGHS's scheduler is global (costopt.highs)
             gapRel=self.mip_rel_gap if gap is None else gap,
             timeLimit=None if time_limit is None else max(float(time_limit), 0.01),
         )
