@@ -52,14 +52,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import Engine, func, select, update
 
 from costopt.agent import control
 from costopt.agent.contract import job_env as contract_job_env
 from costopt.agent.storage import is_local_uri
 from costopt.cloud import ACTIVE_STATES as ALIVE_STATES
 from costopt.cloud import CloudError, Instance, InstanceState, NotFoundError
-from costopt.db.migration_schema import migration_jobs
+from costopt.db.migration_schema import migration_jobs, migrations
 from costopt.domain import OfferKey
 from costopt.errors import CostoptError
 from costopt.jobs.costs import CopyKeys, job_charges, migration_cost
@@ -77,6 +77,7 @@ from costopt.migration.records import (
     MigrationError,
     MigrationRecord,
     State,
+    active_condition,
 )
 from costopt.migration.records import JobRecord as MigratorJob
 
@@ -147,6 +148,32 @@ class _Pass:
     errors: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class _Snapshot:
+    """The migrators' rows read once per tick (one query each, not a few per job): jobs, active
+    migrations, and each job's newest migration id."""
+
+    jobs: Mapping[str, MigratorJob]
+    active: Mapping[str, MigrationRecord]
+    last_migration: Mapping[str, int]
+
+
+def _snapshot(db: Engine) -> _Snapshot:
+    with db.connect() as conn:
+        mjobs = {r.job_id: MigratorJob.of(r) for r in conn.execute(select(migration_jobs)).all()}
+        active = {
+            r.job_id: MigrationRecord.of(r)
+            for r in conn.execute(select(migrations).where(active_condition()).order_by(migrations.c.id)).all()
+        }
+        last = {
+            job_id: int(mid)
+            for job_id, mid in conn.execute(
+                select(migrations.c.job_id, func.max(migrations.c.id)).group_by(migrations.c.job_id)
+            ).all()
+        }
+    return _Snapshot(mjobs, active, last)
+
+
 def _offer_doc(offer: OfferKey | None) -> dict[str, str] | None:
     return offer.to_doc() if offer is not None else None
 
@@ -209,6 +236,7 @@ class JobEngine:
         self._work: dict[str, Future[Any]] = {}
         self._orphaned: set[str] = set()  # jobs whose worker died: their migration is resumed
         self._ranked: dict[str, dict[OfferKey, Placement]] = {}
+        self._dirty: set[str] = set()  # jobs whose row this tick wrote (re-read before deciding further)
         self._seen_steps: dict[str, tuple[int, int]] = {}  # job -> (epoch, last step) at the previous look
         self._history_mark: dict[str, int] = {}  # the last finished migration whose events are recorded
         self._tick_lock = threading.Lock()
@@ -267,9 +295,17 @@ class JobEngine:
             out = _Pass()
             first = not self._started
             jobs = self.repo.in_states(ACTIVE_STATES)
+            snaps: dict[int, _Snapshot] = {}
             for job in jobs:
                 try:
-                    self._step(job, out, first=first)
+                    migrator = self.migrators.get(job.provider)
+                    snap = None
+                    if migrator is not None:
+                        key = id(migrator.engine)
+                        snap = snaps.get(key)
+                        if snap is None:
+                            snap = snaps[key] = _snapshot(migrator.engine)
+                    self._step(job, out, first=first, snap=snap)
                 except (CostoptError, CloudError, OSError, ValueError) as exc:
                     msg = f"{job.id}: {type(exc).__name__}: {exc}"
                     log.exception("engine: job %s", job.id)
@@ -348,7 +384,7 @@ class JobEngine:
 
     # -- one job ---------------------------------------------------------------------------------------
 
-    def _step(self, job: JobRecord, out: _Pass, *, first: bool) -> None:
+    def _step(self, job: JobRecord, out: _Pass, *, first: bool, snap: _Snapshot | None = None) -> None:
         with self._work_lock:
             fut = self._work.get(job.id)
             if fut is not None and fut.done():
@@ -364,13 +400,15 @@ class JobEngine:
             out.busy.append(job.id)
             return
         migrator = self.migrator_of(job)
+        self._dirty.discard(job.id)
         if job.state is JobState.QUEUED:
             self._queued(job, migrator)
         else:
-            self._active(job, migrator, first=first)
-        after = self.repo.get(job.id).state
-        if after is not before:
-            out.changed.append(f"{job.id}: {before.value} -> {after.value}")
+            self._active(job, migrator, first=first, snap=snap)
+        if job.id in self._dirty:
+            after = self.repo.get(job.id).state
+            if after is not before:
+                out.changed.append(f"{job.id}: {before.value} -> {after.value}")
 
     # queued: rank, register, launching, start.
     def _queued(self, job: JobRecord, migrator: Migrator) -> None:
@@ -428,8 +466,8 @@ class JobEngine:
             self._fail(job, migrator, why[:4000], detail={"refusals": reasons})
 
     # launching, running, migrating, recovering.
-    def _active(self, job: JobRecord, migrator: Migrator, *, first: bool) -> None:
-        mj = self._migrator_job(migrator, job.id)
+    def _active(self, job: JobRecord, migrator: Migrator, *, first: bool, snap: _Snapshot | None = None) -> None:
+        mj = snap.jobs.get(job.id) if snap is not None else self._migrator_job(migrator, job.id)
         if mj is None:  # crashed between the transition and the registration
             if job.state is JobState.LAUNCHING:
                 if job.cancel_requested_at is not None:
@@ -438,12 +476,14 @@ class JobEngine:
                     self._launch(job, migrator)
                 return
             raise EngineError(f"job {job.id} is {job.state.value} but its migrator does not know it")
-        self._record_history(job, migrator)
-        job = self.repo.get(job.id)
+        active = snap.active.get(job.id) if snap is not None else migrator.active_migration(job.id)
+        last = snap.last_migration.get(job.id) if snap is not None else None
+        unseen = last is not None and self._history_mark.get(job.id) != last
+        if (active is not None or unseen or snap is None) and self._record_history(job, migrator):
+            job = self.repo.get(job.id)
         if job.state.terminal:
             return
         prog = self._follow_progress(job, migrator, mj)
-        active = migrator.active_migration(job.id)
         if active is not None:
             if first or job.id in self._orphaned:
                 self._orphaned.discard(job.id)
@@ -491,7 +531,11 @@ class JobEngine:
                     detail={"instance_id": mj.instance_id, "offer": _offer_doc(mj.offer)},
                 )
             return
-        # Ended without a preemption, the job not done.
+        # Ended without a preemption, the job not done. Decide on fresh rows (the tick's snapshot may predate a
+        # move another process just finished, whose old copy is the one found gone).
+        fresh = self._migrator_job(migrator, job.id)
+        if fresh is None or fresh.instance_id != mj.instance_id or migrator.active_migration(job.id) is not None:
+            return
         code = self._exit_code(migrator, mj.instance_id, inst)
         if code is not None and code not in RESUMABLE_EXIT_CODES:
             self._fail_exit(job, migrator, mj.instance_id, code)
@@ -700,26 +744,29 @@ class JobEngine:
 
     # -- events from the migrator's history ------------------------------------------------------------
 
-    def _record_history(self, job: JobRecord, migrator: Migrator) -> None:
+    def _record_history(self, job: JobRecord, migrator: Migrator) -> bool:
         """Record, once each, the preemptions, recoveries and moves the migrator ran for the job (keyed by
-        migration id: a restarted engine records nothing twice)."""
+        migration id: a restarted engine records nothing twice). True when it wrote (or failed the job)."""
         history = migrator.history(job.id)
         if not history:
-            return
+            return False
         if all(m.finished for m in history) and self._history_mark.get(job.id) == history[-1].id:
-            return  # nothing new since the last look
+            return False  # nothing new since the last look
+        wrote = False
+        seen = self._seen(job.id)
         copies = migrator.copies(job.id)
         charges: tuple[Any, ...] | None = None
         for mig in history:
             if mig.kind is Kind.RECOVER and mig.from_epoch >= 1:
                 lost_kind = self._lost_kind(migrator, mig, copies)
-                if not self._recorded(job.id, lost_kind, mig.id):
+                if (lost_kind, mig.id) not in seen:
                     self._record_loss(job, migrator, mig, lost_kind, copies)
+                    wrote = True
                     if lost_kind == "copy_lost" and self._failed_copy(
                         self.repo.get(job.id), migrator, mig.old_instance_id
                     ):
-                        return
-                if mig.state is State.DONE and not self._recorded(job.id, "recovery", mig.id):
+                        return True
+                if mig.state is State.DONE and ("recovery", mig.id) not in seen:
                     charges = charges if charges is not None else self._charges(job.id)
                     cost = self._migration_cost(job.id, mig, copies, charges)
                     self.repo.add_event(
@@ -736,19 +783,23 @@ class JobEngine:
                         },
                         at=self.now(),
                     )
-                elif mig.state is State.ROLLED_BACK and not self._recorded(job.id, "recovery_failed", mig.id):
+                    wrote = True
+                elif mig.state is State.ROLLED_BACK and ("recovery_failed", mig.id) not in seen:
                     self.repo.add_event(
                         job.id, "recovery_failed", mig.reason, detail={"migration_id": mig.id}, at=self.now()
                     )
+                    wrote = True
             elif (
                 mig.kind is Kind.MOVE
                 and mig.finished
-                and not self._recorded(job.id, "move", mig.id)
-                and not self._recorded(job.id, "move_rolled_back", mig.id)
+                and ("move", mig.id) not in seen
+                and ("move_rolled_back", mig.id) not in seen
             ):
                 self._record_move(job, migrator, mig, reason=f"moved (migration {mig.id})", expected=None)
+                wrote = True
         if all(m.finished for m in history):
             self._history_mark[job.id] = history[-1].id
+        return wrote
 
     def _record_move(
         self, job: JobRecord, migrator: Migrator, mig: MigrationRecord, *, reason: str, expected: Decimal | None
@@ -875,6 +926,7 @@ class JobEngine:
     def _to(self, job: JobRecord, to: JobState, reason: str, **kwargs: Any) -> JobRecord:
         """Change the job's state (compare-and-set from the state it was read in). Another writer that got
         there first (already in ``to``, or finished) is not an error: the fresh record is returned."""
+        self._dirty.add(job.id)
         try:
             return self.repo.transition(job.id, to, reason, expect=job.state, **kwargs)
         except (ConcurrentUpdate, IllegalTransition):
