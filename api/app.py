@@ -43,15 +43,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         scheduler = None
         if settings.collectors_enabled or settings.migration_jobs_enabled:
             from api.credentials import collector_names
-            from api.scheduler import build_scheduler
+            from api.rebalancing import build_rebalancer
+            from api.scheduler import JobServiceJobs, build_scheduler
+            from costopt.jobs.leases import LeaseStore
 
+            service = app.state.job_service
             scheduler = build_scheduler(
                 store,
                 # a cloud without credentials: its collectors are not scheduled, one log line says so
                 build_sources(settings, collector_names(settings)) if settings.collectors_enabled else (),
                 settings,
                 # the job service's migrators: one set per process (api/service.py)
-                migration=app.state.job_service.migration if settings.migration_jobs_enabled else None,
+                migration=service.migration if settings.migration_jobs_enabled else None,
+                # the engine's tick and the rebalancer move jobs: with the migration jobs
+                job_service=JobServiceJobs.from_settings(
+                    settings, service.engine.tick, build_rebalancer(service, settings)
+                )
+                if settings.migration_jobs_enabled
+                else None,
+                # every scheduled job runs once per tick across the replicas sharing this database
+                leases=LeaseStore(store.engine),
             )
             scheduler.start()
         app.state.scheduler = scheduler

@@ -91,6 +91,40 @@ def test_the_service_schedules_the_engine_and_the_rebalancer_from_the_settings()
         JobServiceJobs.from_settings(settings.model_copy(update={"rebalance_cron": "61 * * * *"}), print, Rebalancer())
 
 
+def test_the_service_schedules_every_job_under_its_lease_and_the_engine_and_rebalancer_with_the_migration_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from apscheduler.schedulers.background import BackgroundScheduler
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    start = BackgroundScheduler.start
+    monkeypatch.setattr(BackgroundScheduler, "start", lambda self, paused=False: start(self, paused=True))
+    settings = Settings(
+        database_url=f"sqlite:///{tmp_path / 'svc.db'}",
+        seed_on_start=False,
+        collectors_enabled=False,
+        migration_jobs_enabled=True,
+        provider="local",
+        local_provider_dir=tmp_path / "local",
+        rebalance_cron="15 */2 * * *",
+        engine_interval=timedelta(seconds=3),
+    )
+    app = create_app(settings)
+    with TestClient(app):
+        jobs = {job.id: job for job in app.state.scheduler.get_jobs()}
+        assert {ENGINE_JOB_ID, REBALANCE_JOB_ID, "migration:reconcile", "migration:watch"} <= set(jobs)
+        assert jobs[ENGINE_JOB_ID].trigger.interval == timedelta(seconds=3)
+        assert "minute='15'" in str(jobs[REBALANCE_JOB_ID].trigger) and "hour='*/2'" in str(
+            jobs[REBALANCE_JOB_ID].trigger
+        )
+        for job in jobs.values():
+            assert isinstance(job.func, LeasedRun) and job.func.leases is not None
+        rebalancer = jobs[REBALANCE_JOB_ID].func.args[0]
+        assert rebalancer.rule.dwell_hours == 24.0 and rebalancer.engine_move == app.state.job_service.engine.move
+
+
 # -- leased runs ------------------------------------------------------------------------------------
 
 
