@@ -11,11 +11,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import TYPE_CHECKING
 
+from costopt.jobs.engine import MoveRefused
 from costopt.jobs.leases import LeaseState, LeaseStore
-from costopt.jobs.rebalance import Rebalancer, RebalanceReport
+from costopt.jobs.placement import Placement
+from costopt.jobs.rebalance import MoveJob, Rebalancer, RebalanceReport
+from costopt.jobs.records import JobRecord
 from costopt.migration.decision import MigrationRule
 from costopt.settings import Settings
 
@@ -35,16 +40,35 @@ def rule_from_settings(settings: Settings) -> MigrationRule:
     )
 
 
-def build_rebalancer(service: JobService, settings: Settings) -> Rebalancer:
-    """The rebalancer of ``service`` (its jobs, placements, engine and clock)."""
+IN_PROCESS_PROVIDERS = frozenset({"sim"})
+"""Providers whose instances live in the process that launched them (the embedded simulated cloud)."""
+
+
+def build_rebalancer(service: JobService, settings: Settings, *, in_service: bool = True) -> Rebalancer:
+    """The rebalancer of ``service`` (its jobs, placements, engine and clock). ``in_service`` False (a pass
+    by hand, in another process than the service's): a job on an in-process provider (the embedded
+    simulated cloud, whose instances live in the service) is not moved from here: its item says so."""
+    move: MoveJob = service.engine.move
+    if not in_service:
+        move = _outside_the_service(service, move)
     return Rebalancer(
-        service.repo,
-        service.placements,
-        service.engine.move,
-        rule_from_settings(settings),
-        service.clock,
-        top=service.engine.rank_top,
+        service.repo, service.placements, move, rule_from_settings(settings), service.clock, top=service.engine.rank_top
     )
+
+
+def _outside_the_service(service: JobService, move: MoveJob) -> MoveJob:
+    def guarded(
+        job_id: str, placements: Sequence[Placement], *, reason: str, expected_saving_usd: Decimal
+    ) -> JobRecord:
+        provider = service.repo.get(job_id).provider
+        if provider in IN_PROCESS_PROVIDERS:
+            raise MoveRefused(
+                f"job {job_id} runs on the {provider!r} provider, whose instances live in the service process: "
+                "it is moved by the service's own passes (use --dry-run here to see what would move)"
+            )
+        return move(job_id, placements, reason=reason, expected_saving_usd=expected_saving_usd)
+
+    return guarded
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,7 +122,7 @@ def _run(settings: Any, *, dry_run: bool) -> Any:
     store = build_store(settings)
     service = build_job_service(settings, store, workers=0)
     try:
-        rebalancer = build_rebalancer(service, settings)
+        rebalancer = build_rebalancer(service, settings, in_service=False)
         return run_pass_by_hand(rebalancer, LeaseStore(store.engine), settings, dry_run=dry_run)
     finally:
         service.close()

@@ -118,3 +118,38 @@ def test_each_job_is_a_row_with_its_saving_or_why_it_stays_and_a_failed_move_exi
     bad = runner.invoke(app, ["rebalance", "--once"])
     assert bad.exit_code == 3
     assert "job-c" in bad.stdout and "1 failed" in bad.stderr
+
+
+def test_a_pass_by_hand_proposes_but_never_moves_a_job_on_the_in_process_simulated_cloud(engine) -> None:
+    from types import SimpleNamespace
+
+    from api.rebalancing import build_rebalancer
+    from costopt.jobs.model import JobState
+    from costopt.jobs.records import JobRepository, NewJob
+    from costopt.settings import Settings
+    from tests.jobs.test_rebalance import CHEAP, HERE, FakeMove, FakePlacements
+
+    at = datetime(2026, 12, 1, 15, tzinfo=UTC)
+    repo = JobRepository(engine, now=lambda: at)
+    ids = {}
+    for provider in ("sim", "local"):
+        job, _ = repo.create(NewJob(team_id="t", spec={}, steps_total=1_000_000, provider=provider))
+        repo.transition(job.id, JobState.LAUNCHING, "launching")
+        repo.transition(job.id, JobState.RUNNING, "running", offer=HERE, usd_per_hour=Decimal(3))
+        ids[provider] = job.id
+    move = FakeMove(repo)
+    service = SimpleNamespace(
+        repo=repo,
+        placements=FakePlacements({HERE: (3.0, 10.0), CHEAP: (1.0, 10.0)}),
+        engine=SimpleNamespace(move=move, rank_top=10),
+        clock=lambda: at,
+    )
+    by_hand = build_rebalancer(service, Settings(), in_service=False)  # type: ignore[arg-type]
+    dry = {i.job_id: i.outcome for i in by_hand.run_once(dry_run=True).items}
+    assert dry == {ids["sim"]: Outcome.PROPOSED, ids["local"]: Outcome.PROPOSED}
+    items = {i.job_id: i for i in by_hand.run_once(dry_run=False).items}
+    assert items[ids["local"]].outcome is Outcome.MOVED
+    assert items[ids["sim"]].outcome is Outcome.FAILED and "live in the service process" in items[ids["sim"]].reason
+    assert [c[0] for c in move.calls] == [ids["local"]] and repo.get(ids["sim"]).offer == HERE
+    in_service = build_rebalancer(service, Settings())  # type: ignore[arg-type]
+    assert {i.outcome for i in in_service.run_once(dry_run=False).items} == {Outcome.MOVED, Outcome.STAYED}
