@@ -6,8 +6,8 @@ cancel it, at the service clock's "now":
 1. the job as the rule sees it (:class:`~costopt.migration.decision.RunningJob`): remaining steps
    ``steps_total - steps_done``; its current offer priced now by :meth:`Placements.at_offer`; its
    checkpoint where its copy runs (the current offer's cloud and region; the agent writes beside it)
-   with the size the team gave (``spec["checkpoint_gb"]``, default 1 GB); last moved at the newest of
-   its ``move``/``recovery`` events and its finished moves and recoveries in ``migrations`` (its first
+   with the size the team gave (``spec["checkpoint_gb"]``, default 1 GB); last moved at its newest
+   ``move``/``recovery`` event (else its newest finished move or recovery in ``migrations``; its first
    launch is not a move: a job that never moved has no dwell);
 2. the candidates: :meth:`Placements.rank` under the job's own objective and constraints (its current
    offer left out), each as an :class:`~costopt.migration.decision.OfferQuote` at the placement's
@@ -209,7 +209,7 @@ class Rebalancer:
             current=_quote(here),
             checkpoint_at=Location(job.offer.cloud, job.offer.region),
             checkpoint_gb=_checkpoint_gb(job),
-            last_moved_at=self._last_moved_at(job.id),
+            last_moved_at=self._last_moved_at(job.id, now),
         )
         quotes = [_quote(p) for p in ranked]
         decision = choose(running, quotes, now, self.rule)
@@ -246,9 +246,12 @@ class Rebalancer:
         why = after.reason or "the engine kept it where it was"
         return replace(item, outcome=Outcome.FAILED, reason=f"the move did not happen (job {after.state.value}): {why}")
 
-    def _last_moved_at(self, job_id: str) -> datetime | None:
-        """The newest move or recovery of the job (its events, and its finished migrations other than the
-        first launch); None when it never moved."""
+    def _last_moved_at(self, job_id: str, now: datetime) -> datetime | None:
+        """The newest move or recovery of the job: its newest ``move``/``recovery`` event (the engine records
+        every one, on the service clock); without one, its newest finished move or recovery in
+        ``migrations`` other than the first launch, unless that time is after ``now`` (the migrator's clock
+        is not the service clock: over the simulated cloud it is the wall clock, years after the
+        simulated now). None when it never moved."""
         with self.repo.engine.connect() as conn:
             by_event = conn.execute(
                 select(func.max(job_events.c.at)).where(
@@ -260,8 +263,11 @@ class Rebalancer:
                     migrations.c.job_id == job_id, migrations.c.state == "done", migrations.c.from_epoch > 0
                 )
             ).scalar_one()
-        found = [_as_time(t) for t in (by_event, by_migration) if t is not None]
-        return max(found) if found else None
+        if by_event is not None:
+            return _as_time(by_event)
+        if by_migration is not None and _as_time(by_migration) <= now:
+            return _as_time(by_migration)
+        return None
 
 
 def _as_time(value: object) -> datetime:

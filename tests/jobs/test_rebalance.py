@@ -230,3 +230,40 @@ def test_one_jobs_failure_never_stops_the_pass(repo, clock):
 def test_an_empty_database_is_an_empty_pass(repo, clock):
     report = _rebalancer(repo, FakePlacements({}), FakeMove(repo), clock).run_once(dry_run=False)
     assert report.items == () and report.at == T0 and report.expected_saving_usd == 0
+
+
+def _done_move(engine, job_id: str, at: datetime, *, from_epoch: int = 1) -> None:
+    import json
+
+    from sqlalchemy import insert
+
+    from costopt.db.migration_schema import migrations
+
+    with engine.begin() as conn:
+        conn.execute(
+            insert(migrations).values(
+                job_id=job_id,
+                kind="move",
+                state="done",
+                from_epoch=from_epoch,
+                to_epoch=from_epoch + 1,
+                offers=json.dumps([HERE.to_doc()]),
+                created_at=at,
+                updated_at=at,
+            )
+        )
+
+
+def test_without_move_events_a_finished_migration_counts_unless_it_is_on_another_clock(engine, repo, clock):
+    placements = FakePlacements({HERE: (3.0, 10.0), CHEAP: (1.0, 10.0)})
+    first_launch = _running(repo, name="first launch only")
+    _done_move(engine, first_launch, T0 - timedelta(hours=1), from_epoch=0)  # its start: not a move
+    moved_lately = _running(repo, name="moved an hour ago")
+    _done_move(engine, moved_lately, T0 - timedelta(hours=1))
+    wall_clock = _running(repo, name="moved on the wall clock")
+    _done_move(engine, wall_clock, datetime(2026, 12, 1, tzinfo=UTC))  # after the (simulated) now: ignored
+    report = _rebalancer(repo, placements, FakeMove(repo), clock).run_once(dry_run=True)
+    by_id = {i.job_id: i for i in report.items}
+    assert by_id[first_launch].outcome is Outcome.PROPOSED
+    assert by_id[moved_lately].outcome is Outcome.STAYED and Reason.DWELL.text in by_id[moved_lately].reason
+    assert by_id[wall_clock].outcome is Outcome.PROPOSED
