@@ -35,6 +35,7 @@ from costopt.jobs.records import JobRecord
 from costopt.planning.model import (
     Candidate,
     Infeasible,
+    InvalidJob,
     JobSpec,
     Location,
     MinCost,
@@ -366,7 +367,7 @@ class JobPlanner:
                 exclude=exclude,
                 top=top,
             )
-        except (UnknownJobType, JobInfeasible):
+        except (UnknownJobType, JobInfeasible, InvalidJob):
             return []
         return [_placement(c) for c in plan.alternatives]
 
@@ -385,7 +386,7 @@ class JobPlanner:
                 respect_unavailable=False,
                 only=offer,
             )
-        except (UnknownJobType, JobInfeasible):
+        except (UnknownJobType, JobInfeasible, InvalidJob):
             return None
         return _placement(plan.winner)
 

@@ -232,6 +232,10 @@ class BatchObjectiveIn(_In):
     def _needs(self) -> BatchObjectiveIn:
         if self.name == "makespan" and self.budget_usd is None:
             raise ValueError("the makespan objective needs budget_usd")
+        if self.name == "makespan" and self.deadline_hours is not None:
+            raise ValueError("the makespan objective takes no deadline_hours (use the deadline objective)")
+        if self.name == "deadline" and self.budget_usd is not None:
+            raise ValueError("the deadline objective takes no budget_usd (use the makespan objective)")
         return self
 
 

@@ -38,6 +38,7 @@ from costopt.domain import OfferKey
 from costopt.jobs.model import JobState
 from costopt.jobs.records import JobNotFound, JobRecord, JobRepository, NewJob, new_job_id
 from costopt.jobs.view import MoveView, job_view
+from costopt.planning.model import InvalidJob
 from costopt.settings import Settings
 
 log = logging.getLogger("costopt.api")
@@ -195,8 +196,10 @@ def provider_for(quote: Mapping[str, Any], settings: Settings) -> str:
     return cloud if cloud in settings.all_providers() else settings.provider
 
 
-def planning_error(exc: UnknownJobType | JobInfeasible) -> ApiError:
+def planning_error(exc: UnknownJobType | JobInfeasible | InvalidJob) -> ApiError:
     """The 422 of a job that cannot be planned."""
+    if isinstance(exc, InvalidJob):
+        return ApiError(422, "invalid_request", str(exc), [{"field": "objective", "problem": str(exc)}])
     if isinstance(exc, UnknownJobType):
         return ApiError(
             422,
@@ -271,7 +274,7 @@ def submit_job(
     spec = job_spec(body, job_id, settings)
     try:
         quote = planner.quote(spec)
-    except (UnknownJobType, JobInfeasible) as exc:
+    except (UnknownJobType, JobInfeasible, InvalidJob) as exc:
         raise planning_error(exc) from exc
     job, created = jobs.create(
         NewJob(

@@ -252,6 +252,8 @@ def test_every_route_taking_a_job_id_hides_other_teams_jobs(svc: Service) -> Non
 def test_missing_or_bad_keys_get_401(svc: Service) -> None:
     key = svc.teams.create_key(svc.alpha_team)
     svc.teams.revoke(key.key.id)
+    good = svc.alpha["Authorization"].removeprefix("Bearer ")
+    mistyped = good[:-1] + ("A" if good[-1] != "A" else "B")
     for headers in (
         {},
         {"Authorization": "Basic dXNlcjpwdw=="},
@@ -259,7 +261,7 @@ def test_missing_or_bad_keys_get_401(svc: Service) -> None:
         {"Authorization": "Bearer not-a-key"},
         bearer("co_000000000000_" + "x" * 43),
         bearer(key.secret),
-        bearer(svc.alpha["Authorization"].removeprefix("Bearer ")[:-1] + "A"),
+        bearer(mistyped),
     ):
         for method, path in (("GET", "/v1/jobs"), ("POST", "/v1/jobs"), ("GET", "/v1/admin/teams")):
             r = svc.client.request(method, path, headers=headers, json=BODY if method == "POST" else None)

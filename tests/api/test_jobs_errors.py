@@ -47,6 +47,8 @@ BAD_BODIES: list[tuple[str, dict[str, Any], set[str]]] = [
         {"objective.confidence"},
     ),
     ("negative budget", {**BODY, "objective": {"name": "min-time", "budget_usd": "-3"}}, {"objective.budget_usd"}),
+    ("budget on min-cost", {**BODY, "objective": {"name": "min-cost", "budget_usd": "30"}}, {"objective"}),
+    ("deadline on weighted", {**BODY, "objective": {"name": "weighted", "deadline_hours": 3}}, {"objective"}),
     (
         "budget not a number",
         {**BODY, "objective": {"name": "min-time", "budget_usd": "lots"}},
@@ -169,6 +171,7 @@ def test_batches_refuse_bad_input_alike(svc: Service) -> None:
         ({"jobs": [], "objective": {"name": "deadline"}}, "jobs"),
         ({"jobs": [ok_job] * 501, "objective": {"name": "deadline"}}, "jobs"),
         ({"jobs": [ok_job], "objective": {"name": "makespan"}}, "objective"),
+        ({"jobs": [ok_job], "objective": {"name": "deadline", "budget_usd": 5}}, "objective"),
         ({"jobs": [ok_job], "objective": {"name": "soonest"}}, "objective.name"),
         ({"jobs": [{**ok_job, "steps": -1}], "objective": {"name": "deadline"}}, "jobs.0.steps"),
         (
