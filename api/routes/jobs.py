@@ -88,15 +88,23 @@ def _known_offer(job: JobRecord, key: OfferKey) -> Mapping[str, Any] | None:
     return None
 
 
-def _placement(job: JobRecord) -> PlacementPublic | None:
+def _placement(request: Request, job: JobRecord) -> PlacementPublic | None:
+    """Where the job runs now; the accelerator and GPU count from its quote, or else the store's
+    instance catalog (a job moved off its quoted candidates)."""
     if job.offer is None:
         return None
     known = _known_offer(job, job.offer) or {}
     offer = known.get("offer") or {}
+    accelerator, gpus = offer.get("accelerator"), offer.get("gpu_count")
+    store = getattr(request.app.state, "store", None)
+    if accelerator is None and store is not None:
+        found = next((t for t in store.instance_types(job.offer.cloud) if t.name == job.offer.instance_type), None)
+        if found is not None:
+            accelerator, gpus = found.accelerator, float(found.gpu_count)
     return PlacementPublic(
         **job.offer.to_doc(),
-        accelerator=offer.get("accelerator"),
-        gpu_count=offer.get("gpu_count"),
+        accelerator=accelerator,
+        gpu_count=gpus,
         usd_per_hour=float(job.usd_per_hour) if job.usd_per_hour is not None else None,
     )
 
@@ -164,7 +172,7 @@ def render_job(request: Request, jobs: JobRepository, job: JobRecord, *, now: da
         image=spec.get("image"),
         checkpoint_uri=str(spec.get("checkpoint_uri", "")),
         provider=job.provider,
-        placement=_placement(job),
+        placement=_placement(request, job),
         quote=_quote(job),
         eta=view.eta,
         cost_so_far_usd=str(view.cost_so_far_usd) if view.cost_so_far_usd is not None else None,

@@ -344,3 +344,29 @@ def test_metrics_count_jobs_by_state_and_their_events(svc: Service) -> None:
     assert 'costopt_jobs{state="queued"} 1.0' in text and 'costopt_jobs{state="cancelled"} 1.0' in text
     assert 'costopt_jobs{state="running"} 0.0' in text
     assert 'costopt_job_events_total{kind="move"} 0.0' in text and "costopt_jobs_spend_usd_total 0.0" in text
+
+
+def test_a_running_job_shows_its_placement_eta_and_the_planner_ranks_it(svc: Service) -> None:
+    """The live fields of a placed job, and the service's Placements (what the engine and the rebalancer
+    use): whole-instance prices, ``exclude`` honoured, the current offer priced by ``at_offer``."""
+    from datetime import timedelta
+
+    job = svc.submit(svc.alpha, gpus=1)
+    svc.jobs.transition(job["id"], JobState.LAUNCHING, "launching")
+    record = svc.jobs.transition(job["id"], JobState.RUNNING, "running", offer=P3_8X_SPOT, usd_per_hour=Decimal("3.6"))
+    svc.jobs.set_progress(job["id"], 10_000)
+    shown = svc.client.get(f"/v1/jobs/{job['id']}", headers=svc.alpha).json()
+    assert shown["placement"] == {**P3_8X_SPOT.to_doc(), "accelerator": "v100", "gpu_count": 4.0, "usd_per_hour": 3.6}
+    assert shown["steps_done"] == 10_000 and shown["started_at"] is not None
+    now = svc.jobs.now()
+    planner = svc.app.state.job_planner
+    here = planner.at_offer(record, P3_8X_SPOT, remaining_steps=40_000, at=now)
+    assert here is not None and here.usd_per_hour == 3.6  # the whole instance, not 0.90 per GPU
+    eta = datetime.fromisoformat(shown["eta"])
+    assert eta == now + timedelta(seconds=40_000 / here.steps_per_s)
+    ranked = planner.rank(record, remaining_steps=40_000, at=now, exclude=[P3_2X_SPOT])
+    assert ranked and P3_2X_SPOT not in [p.offer for p in ranked]
+    for p in ranked:
+        price = svc.store.price_at(p.offer, now)
+        assert price is not None and p.usd_per_hour == price.usd_per_hour
+    assert planner.rank(record, remaining_steps=0, at=now) == []
