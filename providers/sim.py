@@ -1,7 +1,7 @@
 """The simulated cloud (``sim``): the embedded default cloud of the service, and the backtests' cloud.
 
 :class:`SimCloud` implements :class:`costopt.cloud.CloudProvider` (and the workload hooks of
-:class:`costopt.backtest.job.SimulatedCloud`) over any :class:`costopt.ledger.prices.PriceView`:
+:class:`costopt.simulated.SimulatedCloud`) over any :class:`costopt.ledger.prices.PriceView`:
 
 - **Time** is a :class:`SimClock` that moves only when the caller moves it (``advance``, or
   :meth:`SimCloud.run_until`), so a month runs in well under a second. Everything is deterministic per
@@ -52,7 +52,6 @@ from typing import Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
-from costopt.backtest.job import SimEvent, SimEventKind, WorkloadProgress, WorkloadTiming
 from costopt.cloud import (
     ENDED_RETENTION,
     CapacityError,
@@ -70,6 +69,7 @@ from costopt.ledger.prices import PriceView
 from costopt.risk.availability import LaunchStats
 from costopt.risk.hazard import HazardModel
 from costopt.settings import Settings
+from costopt.simulated import SimEvent, SimEventKind, WorkloadProgress, WorkloadTiming
 from providers.sim_agent import AgentEnv, SimAgent, ThroughputFn
 
 __all__ = [
@@ -926,7 +926,7 @@ class SimServiceClock:
 
 
 def sim_factory(config: SimConfig | None = None) -> _Factory:
-    """A :class:`costopt.backtest.job.CloudFactory` building :class:`SimCloud` with ``config``."""
+    """A :class:`costopt.simulated.CloudFactory` building :class:`SimCloud` with ``config``."""
     return _Factory(config or SimConfig())
 
 
@@ -935,6 +935,12 @@ class _Factory:
     config: SimConfig
 
     def __call__(
-        self, prices: PriceView, hazards: HazardModel, *, start: datetime, seed: int | Sequence[int]
+        self,
+        prices: PriceView,
+        hazards: HazardModel,
+        *,
+        start: datetime,
+        seed: int | Sequence[int],
+        rate: ThroughputFn | None = None,
     ) -> SimCloud:
-        return SimCloud(prices, hazards, start=start, seed=seed, config=self.config)
+        return SimCloud(prices, hazards, start=start, seed=seed, config=self.config, rate=rate)

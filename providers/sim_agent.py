@@ -7,7 +7,7 @@ a real instance, at the instance's throughput, with no process. It talks to the 
 checkpoint location (the agent's layout), exactly as a real job does, so the migrator, the interruption
 watcher and the job engine drive it with the code they use live.
 
-Its life, on the simulated clock (times from :class:`~costopt.backtest.job.WorkloadTiming`):
+Its life, on the simulated clock (times from :class:`~costopt.simulated.WorkloadTiming`):
 
 - **boot** (``timing.boot``): nothing runs; then the agent starts: it claims its epoch and restores the
   latest checkpoint (:meth:`Agent.restore`); a newer epoch already claimed: it exits (75) at once;
@@ -60,7 +60,15 @@ from costopt.agent.contract import (
 )
 from costopt.agent.errors import StaleEpoch
 from costopt.agent.layout import EPOCH_MARKER, REQUEST_FILE
-from costopt.agent.storage import TEMP_PREFIX, LocalStorage, Storage, is_local_uri, local_path, open_storage
+from costopt.agent.storage import (
+    TEMP_PREFIX,
+    LocalStorage,
+    MemoryStorage,
+    Storage,
+    is_local_uri,
+    local_path,
+    open_storage,
+)
 from costopt.cloud import CloudError
 from costopt.domain import OfferKey
 
@@ -220,6 +228,16 @@ def sim_storage(uri: str) -> Storage:
     """The storage a simulated agent writes to: :class:`SimLocalStorage` for a local URI, else the
     agent's own (fsspec) storage."""
     return SimLocalStorage(local_path(uri)) if is_local_uri(uri) else open_storage(uri)
+
+
+def _fingerprint(storage: Storage) -> object:
+    """What changes when the migrator writes the request file or claims an epoch, for the locations that
+    can tell cheaply (local, ``mem://``); None: read the location at every look."""
+    if isinstance(storage, SimLocalStorage):
+        return storage.fingerprint()
+    if isinstance(storage, MemoryStorage):
+        return tuple(storage.versions.get(n) for n in (REQUEST_FILE, EPOCH_MARKER))
+    return None
 
 
 class Phase(StrEnum):
@@ -404,8 +422,8 @@ class SimAgent:
         agent = self.agent
         if agent is None or self.phase in (Phase.BOOTING, Phase.EXITED):
             return
-        if isinstance(self.storage, SimLocalStorage):
-            seen = self.storage.fingerprint()
+        seen = _fingerprint(self.storage)
+        if seen is not None:
             if not force and seen == self._seen:
                 return
             self._seen = seen

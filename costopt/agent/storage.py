@@ -5,7 +5,9 @@ Local paths and ``file://`` URIs use the standard library (write to a temporary 
 ``gs://``, ``az://``, ``memory://`` ...) goes through fsspec, imported only when such a URI is opened,
 so the agent runs in a training image that carries nothing but Python. Object stores publish an
 object only once its upload completed, so there the final name is written directly; other fsspec
-file systems write a temporary name and move it.
+file systems write a temporary name and move it. ``mem://<name>`` is :class:`MemoryStorage`: files in
+this process's memory (offline runs of simulated agents, :mod:`costopt.jobs.offline`), freed with
+:func:`drop_memory`.
 
 Names inside the storage are relative POSIX paths (``checkpoints/ckpt-...``, ``epoch.json``).
 """
@@ -17,7 +19,7 @@ import os
 import secrets
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 from urllib.parse import unquote, urlsplit
 
 TEMP_PREFIX = ".tmp-"
@@ -144,6 +146,72 @@ class LocalStorage:
         lines = data.decode(errors="replace").split("\n")
         # A writer killed mid-line leaves a last line without its newline: drop it.
         return [line for line in lines[:-1] if line]
+
+
+class MemoryStorage:
+    """A location in this process's memory (``mem://<root>``): the semantics of :class:`LocalStorage`
+    (whole-file replaces, appended logs, directories implied by names) with dicts instead of files.
+    Every :class:`MemoryStorage` on the same root sees the same files until :func:`drop_memory`.
+    ``versions``: a counter per name, bumped by every write (what a simulated agent watches)."""
+
+    _ROOTS: ClassVar[dict[str, dict[str, dict[str, bytes]]]] = {}  # root -> directory -> base name -> content
+    _VERSIONS: ClassVar[dict[str, dict[str, int]]] = {}
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.root = uri.split("://", 1)[1].strip("/")
+        if not self.root:
+            raise ValueError(f"a mem:// URI needs a name: {uri!r}")
+        self._dirs = self._ROOTS.setdefault(self.root, {})
+        self.versions = self._VERSIONS.setdefault(self.root, {})
+
+    def read_bytes(self, name: str) -> bytes | None:
+        head, tail = _split(name)
+        return self._dirs.get(head, {}).get(tail)
+
+    def write_atomic(self, name: str, data: bytes, *, temp_tag: str = "") -> None:
+        head, tail = _split(name)
+        self._dirs.setdefault(head, {})[tail] = bytes(data)
+        self.versions[name] = self.versions.get(name, 0) + 1
+
+    def _names(self, directory: str) -> list[str]:
+        return sorted(self._dirs.get(directory.strip("/"), {}))
+
+    def list_files(self, directory: str) -> list[str]:
+        prefix = f"{directory}/" if directory else ""
+        return [prefix + e for e in self._names(directory) if not e.startswith(TEMP_PREFIX)]
+
+    def list_temps(self, directory: str) -> list[str]:
+        return []  # writes are never partial
+
+    def list_logs(self, directory: str) -> list[str]:
+        return [n for n in self.list_files(directory) if n.endswith(".jsonl")]
+
+    def delete(self, name: str) -> None:
+        head, tail = _split(name)
+        self._dirs.get(head, {}).pop(tail, None)
+        self.versions[name] = self.versions.get(name, 0) + 1
+
+    def append_lines(self, name: str, lines: list[str]) -> None:
+        if not lines:
+            return
+        head, tail = _split(name)
+        files = self._dirs.setdefault(head, {})
+        files[tail] = files.get(tail, b"") + "".join(line + "\n" for line in lines).encode()
+
+    def read_lines(self, name: str) -> list[str]:
+        data = self.read_bytes(name)
+        if not data:
+            return []
+        return [line for line in data.decode(errors="replace").split("\n")[:-1] if line]
+
+
+def drop_memory(uri: str) -> None:
+    """Free every file under the ``mem://`` root of ``uri`` (nothing when there is none)."""
+    root = uri.split("://", 1)[1].strip("/").split("/", 1)[0]
+    for key in [k for k in MemoryStorage._ROOTS if k == root or k.startswith(root + "/")]:
+        del MemoryStorage._ROOTS[key]
+        MemoryStorage._VERSIONS.pop(key, None)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -285,4 +353,6 @@ def open_storage(uri: str, **storage_options: Any) -> Storage:
         raise ValueError("empty checkpoint URI")
     if is_local_uri(uri):
         return LocalStorage(local_path(uri))
+    if uri.startswith("mem://"):
+        return MemoryStorage(uri)
     return FsspecStorage(uri, **storage_options)

@@ -1,24 +1,31 @@
-"""How much of the paper's saving survives preemption: its policies rerun on the simulated cloud.
+"""How much of the paper's saving survives preemption: its policies rerun through the job service.
 
 The paper's backtest (:mod:`costopt.backtest.paper`) never loses an instance. Here the same jobs (a few
-models and lengths, the paper's 30 start days of a region) run under the same policies through the job
-runner of :mod:`costopt.backtest.job`: on the simulated cloud, billed by the ledger, at the paper's
-daily prices (the price of a day, by the end-of-day rule, held over that UTC day), each policy placing
-as the paper's engine does (least USD per step among its offers, per-GPU prices):
+models and lengths, the paper's 30 start days of a region) run under the same policies through the path
+the live service runs (:func:`costopt.jobs.offline.run_offline`: the job engine, the rebalancer, the
+migrator, the interruption watcher and the ledger over the simulated cloud and its simulated agents), at
+the paper's daily prices (the price of a day, by the end-of-day rule, held over that UTC day). A policy is
+what the engine and the rebalancer are given:
 
-- ``static`` policies (``baseline``, ``gpu_type``, ``multi_gpu``, ``multi_cloud``, ``on_demand``) keep
-  their start-day offer and relaunch it after a preemption;
-- ``dynamic`` re-places every day on the best offer (deciding as if moves were free; the simulated cloud
-  still takes their boot, restore and checkpoint time) and recovers on the best other offer;
-- ``dynamic_migration_cost`` asks the migration decision rule every day (its restart and overlap are the
-  simulated cloud's) and, after a preemption, the rule's choice for a preempted job.
+- a :class:`GridPlacements` (the job service's :class:`~costopt.jobs.placement.Placements`) over the
+  region's daily grid, ranking the policy's offers as the paper's engine places (least USD per step); a
+  ``static`` policy (``baseline``, ``gpu_type``, ``multi_gpu``, ``multi_cloud``, ``on_demand``) ranks only
+  its start offer once the job runs, so it relaunches there after a preemption;
+- the rebalancer's rule, every day: ``dynamic`` moves to the best offer whenever it is better (a rule
+  that takes moves as free: no margin, no dwell, no restart, overlap or egress; the simulated cloud still
+  takes their time), ``dynamic_migration_cost`` the migration decision rule (restart and overlap: the
+  simulated cloud's); static policies are not rebalanced. After a preemption, the watcher recovers the
+  job on its ranked placements (the preempted offer, marked unavailable, tried last).
+
+Prices are the job's share of the instance (instance price / GPUs, the paper's per-GPU packing), and the
+simulated agents train at the model's single-GPU throughput: the ledger bills the share.
 
 Each job runs once without preemptions (hazard 0: the same machinery, so boots, hourly checkpoints and
 moves are priced alike) and once per seed with preemptions drawn from the hazards (the 2020 availability
-logs; see docs/planning.md for how thin they are), losing the work since the last checkpoint (one every
-hour of training by default). A policy's *saving* over the baseline is ``1 - policy cost / baseline
-cost`` (mean costs over the start days, and seeds); what *survives* is the saving with preemptions over
-the saving without. Against on-demand (never preempted) the ratio is reported as well.
+logs; see docs/planning.md for how thin they are). A policy's *saving* over the baseline is
+``1 - policy cost / baseline cost`` (mean costs over the start days, and seeds); what *survives* is the
+saving with preemptions over the saving without. Against on-demand (never preempted) the ratio is
+reported as well.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
@@ -34,18 +41,10 @@ from decimal import Decimal
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+from sqlalchemy import Engine
 
 from costopt.backtest.engine import JobBatch, PlacementPolicy, run_backtest
 from costopt.backtest.grid import BacktestError
-from costopt.backtest.job import (
-    CloudFactory,
-    JobRun,
-    JobRunResult,
-    JobState,
-    Placement,
-    Verdict,
-    run_job,
-)
 from costopt.backtest.paper import (
     PAPER_CHECKPOINT_GB,
     PAPER_POLICIES,
@@ -55,21 +54,24 @@ from costopt.backtest.paper import (
     region_setup,
 )
 from costopt.domain import Cloud, Market, OfferKey
-from costopt.ledger.book import MemoryLedger
-from costopt.ledger.model import ChargeKind
+from costopt.jobs.offline import ALWAYS_MOVE, OfflineJob, OfflineRun, memory_database, run_offline
+from costopt.jobs.placement import Placement
+from costopt.jobs.records import JobRecord
 from costopt.ledger.prices import StepPrices
-from costopt.migration.decision import MigrationRule, decide_many
+from costopt.migration.decision import MigrationRule
 from costopt.risk.hazard import HazardModel
+from costopt.simulated import CloudFactory, SimulatedCloud
 
 __all__ = [
     "STUDY_JOB_DAYS",
     "STUDY_MODELS",
     "STUDY_POLICIES",
-    "GridPlacer",
+    "GridPlacements",
     "PreemptionCell",
     "PreemptionStudy",
     "grid_prices",
     "preemption_study",
+    "run_policy",
 ]
 
 log = logging.getLogger(__name__)
@@ -82,9 +84,10 @@ NO_HAZARD = HazardModel(defaults=dict.fromkeys(Cloud, 0.0))
 
 
 def grid_prices(setup: RegionSetup) -> StepPrices:
-    """The region's daily grid as step prices (each offer's price of a day held over that day)."""
+    """The region's daily grid as step prices: each offer's per-GPU price of a day (the job's share of the
+    instance, the paper's packing) held over that day."""
     grid = setup.grid
-    return StepPrices.from_grid(grid.offers.frame, grid.start, grid.period_hours, grid.usd_per_hour)
+    return StepPrices.from_grid(grid.offers.frame, grid.start, grid.period_hours, setup.cube.job_usd_per_hour)
 
 
 def _keys(setup: RegionSetup) -> list[OfferKey]:
@@ -95,9 +98,14 @@ def _keys(setup: RegionSetup) -> list[OfferKey]:
     ]
 
 
-class GridPlacer:
-    """A paper policy (:class:`costopt.backtest.engine.PlacementPolicy`) as a :class:`~costopt.backtest.job.Placer`
-    for one model, deciding on the region's cost cube like the engine does (module docstring)."""
+class GridPlacements:
+    """A paper policy (:class:`~costopt.backtest.engine.PlacementPolicy`) for one model as the job service's
+    :class:`~costopt.jobs.placement.Placements` over the region's daily grid (module docstring).
+
+    Ranks the policy's offers priced in the period of ``at`` by USD per step (ties: the faster, then the
+    first); a static policy ranks only the job's offer once it has one. For a rule policy with a current
+    offer, the rank is the cost to finish there including the move (egress, restart): where the rule
+    recovers a preempted job. ``usd_per_hour`` is the job's share (per-GPU price)."""
 
     def __init__(
         self,
@@ -107,104 +115,86 @@ class GridPlacer:
         rule: MigrationRule,
         keys: Sequence[OfferKey] | None = None,
     ) -> None:
-        self.setup, self.policy, self.rule = setup, policy, rule
+        self.policy, self.rule = policy, rule
         self.cube = setup.cube
         self.grid = setup.grid
         self.m = self.cube.models.index(model)
         self.keys = list(keys) if keys is not None else _keys(setup)
         self.col = {k: i for i, k in enumerate(self.keys)}
-        self.gpus = self.grid.offers.gpus
 
-    @property
-    def rebalance_every(self) -> timedelta | None:
-        if self.policy.mode == "static":
+    def _t(self, at: datetime) -> int:
+        return min(max(self.grid.period_of(at), 0), self.grid.periods - 1)
+
+    def _placement(self, o: int, t: int, remaining: float) -> Placement:
+        price = float(self.cube.job_usd_per_hour[t, o])
+        sps = float(self.cube.steps_per_s[self.m, o])
+        hours = remaining / sps / 3600.0 if sps > 0 else math.inf
+        cost = Decimal(repr(round(hours * price, 6))) if math.isfinite(hours) else Decimal(0)
+        return Placement(self.keys[o], price, sps, hours, cost)
+
+    def at_offer(self, job: JobRecord, offer: OfferKey, *, remaining_steps: float, at: datetime) -> Placement | None:
+        o = self.col.get(offer)
+        if o is None:
             return None
-        return timedelta(hours=self.grid.period_hours * self.policy.every_periods)
+        t = self._t(at)
+        if not math.isfinite(self.cube.job_usd_per_hour[t, o]) or self.cube.steps_per_s[self.m, o] <= 0:
+            return None
+        return self._placement(o, t, remaining_steps)
 
-    @property
-    def wants_spent(self) -> bool:
-        return False
-
-    def _t(self, now: datetime) -> int:
-        return min(max(self.grid.period_of(now), 0), self.grid.periods - 1)
-
-    def _mask(self, t: int, exclude: Collection[OfferKey]) -> npt.NDArray[np.bool_]:
-        mask: npt.NDArray[np.bool_] = self.policy.allowed & np.isfinite(self.grid.usd_per_hour[t])
+    def rank(
+        self,
+        job: JobRecord,
+        *,
+        remaining_steps: float,
+        at: datetime,
+        exclude: Collection[OfferKey] = (),
+        top: int = 10,
+    ) -> Sequence[Placement]:
+        t = self._t(at)
+        if self.policy.mode == "static" and job.offer is not None:
+            here = (
+                None if job.offer in exclude else self.at_offer(job, job.offer, remaining_steps=remaining_steps, at=at)
+            )
+            return [] if here is None else [here]
+        cps = self.cube.usd_per_step[t, self.m]
+        mask: npt.NDArray[np.bool_] = self.policy.allowed & np.isfinite(cps) & (self.cube.steps_per_s[self.m] > 0)
         for k in exclude:
             if k in self.col:
                 mask[self.col[k]] = False
-        return mask
-
-    def _placement(self, o: int, t: int) -> Placement:
-        return Placement(
-            self.keys[o],
-            float(self.gpus[o]),
-            float(self.cube.steps_per_s[self.m, o]),
-            float(self.cube.job_usd_per_hour[t, o]),
+        if self.policy.mode == "static" and not mask.any():
+            return []
+        if self.policy.mode == "rule" and job.offer is not None and job.offer in self.col:
+            cur = self.col[job.offer]
+            gb = float(job.spec.get("checkpoint_gb") or 0.0)
+            share = self.cube.job_usd_per_hour[t]
+            score = remaining_steps * cps + self.cube.egress[cur] * gb + self.rule.restart_hours * share
+        else:
+            score = cps
+        idx = np.flatnonzero(mask)
+        order = sorted(
+            idx.tolist(),
+            key=lambda o: (round(float(score[o]) * 1e12) / 1e12, -float(self.cube.steps_per_s[self.m, o]), o),
         )
+        if self.policy.mode == "static":
+            order = order[:1]
+        return [self._placement(o, t, remaining_steps) for o in order[:top]]
 
-    def _best(self, t: int, mask: npt.NDArray[np.bool_]) -> int | None:
-        """Least USD per step (ties: the fastest, then the first), as the engine places."""
-        cps = np.where(mask, self.cube.usd_per_step[t, self.m], np.inf)
-        low = float(cps.min()) if len(cps) else math.inf
-        if not math.isfinite(low):
-            return None
-        tied = cps <= low * (1.0 + 1e-12)
-        return int(np.argmax(np.where(tied, self.cube.steps_per_s[self.m], -1.0)))
 
-    def place(self, state: JobState, exclude: Collection[OfferKey]) -> Placement | None:
-        t = self._t(state.now)
-        avoid = set(exclude) if self.policy.mode == "static" else set(exclude) | set(state.avoid)
-        o = self._best(t, self._mask(t, avoid))
-        return None if o is None else self._placement(o, t)
-
-    def _rule(self, state: JobState, mask: npt.NDArray[np.bool_], preempted: bool) -> int | None:
-        if state.current is None:  # pragma: no cover - only asked for a running (or preempted) job
-            return None
-        t = self._t(state.now)
-        cur = self.col[state.current.key]
-        share = self.cube.job_usd_per_hour[t]
-        since = math.inf if state.last_moved_at is None else (state.now - state.last_moved_at).total_seconds() / 3600
-        out = decide_many(
-            remaining_steps=[state.remaining_steps],
-            here_usd_per_hour=[share[cur]],
-            here_steps_per_s=[self.cube.steps_per_s[self.m, cur]],
-            cand_usd_per_hour=share,
-            cand_steps_per_s=self.cube.steps_per_s[self.m],
-            egress_usd_per_gb=self.cube.egress[cur],
-            checkpoint_gb=[state.checkpoint_gb],
-            hours_since_move=[since],
-            rule=self.rule,
-            valid=mask,
-            current=[cur],
-            preempted=[preempted],
-        )
-        return int(out.target[0]) if bool(out.move[0]) else None
-
-    def recover(self, state: JobState, exclude: Collection[OfferKey]) -> Placement | None:
-        t = self._t(state.now)
-        if self.policy.mode == "static" or state.current is None:
-            if state.current is not None:
-                return None if state.current.key in exclude else self._placement(self.col[state.current.key], t)
-            return self.place(state, exclude)
-        mask = self._mask(t, set(exclude) | set(state.avoid))
-        o = self._best(t, mask) if self.policy.mode == "free" else self._rule(state, mask, preempted=True)
-        return None if o is None else self._placement(o, t)
-
-    def rebalance(self, state: JobState) -> Verdict:
-        if self.policy.mode == "static" or state.current is None:
-            return Verdict(None, "static", "a static policy keeps its offer")
-        t = self._t(state.now)
-        mask = self._mask(t, state.avoid)
-        if self.policy.mode == "free":
-            o = self._best(t, mask)
-            if o is None or self.keys[o] == state.current.key:
-                return Verdict(None, "best", "the current offer is still the best")
-            return Verdict(self._placement(o, t), "better", "a better offer today (moves taken as free)")
-        o = self._rule(state, mask, preempted=False)
-        if o is None:
-            return Verdict(None, "rule", "the rule stays")
-        return Verdict(self._placement(o, t), "saves_enough", "the rule moves")
+def run_policy(
+    cloud: SimulatedCloud,
+    prices: StepPrices,
+    placements: GridPlacements,
+    jobs: Sequence[OfflineJob],
+    *,
+    until: datetime,
+    rule: MigrationRule | None,
+    db: Engine | None = None,
+) -> OfflineRun:
+    """``jobs`` under one policy through :func:`~costopt.jobs.offline.run_offline` (daily rebalancing
+    with ``rule``; None: static)."""
+    return run_offline(
+        cloud, prices, placements, jobs, until=until, rule=rule, rebalance_every=timedelta(days=1), db=db, reset_db=True
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,8 +251,19 @@ class _Outcome:
     finished: bool
 
 
-def _outcome(r: JobRunResult) -> _Outcome:
-    return _Outcome(r.total_usd, r.hours, r.preemptions, r.moves, r.report.memo_usd(ChargeKind.LOST_WORK), r.finished)
+def _outcome(run: OfflineRun) -> _Outcome:
+    (job,) = run.jobs
+    events = run.events[job.id]
+    end = job.finished_at or run.ended_at
+    lost = sum((e.cost_usd for e in events if e.kind == "preemption" and e.cost_usd is not None), Decimal(0))
+    return _Outcome(
+        cost=run.costs[job.id].total_usd,
+        hours=(end - run.started_at).total_seconds() / 3600.0,
+        preemptions=sum(1 for e in events if e.kind in ("preemption", "copy_lost")),
+        moves=sum(1 for e in events if e.kind == "move"),
+        lost_usd=lost,
+        finished=job.state.value == "succeeded",
+    )
 
 
 def _mean(values: Sequence[Decimal]) -> Decimal:
@@ -271,6 +272,18 @@ def _mean(values: Sequence[Decimal]) -> Decimal:
 
 def _ratio(a: Decimal, b: Decimal) -> float:
     return float(a / b) if b > 0 else math.nan
+
+
+def _rate(
+    cube_steps: npt.NDArray[np.float64], col: Mapping[OfferKey, int]
+) -> Callable[[str, int, OfferKey], float | None]:
+    """The simulated agents' throughput: the model's single-GPU steps/s on the offer (per-GPU packing)."""
+
+    def rate(job_type: str, gpus: int, offer: OfferKey) -> float | None:
+        o = col.get(offer)
+        return None if o is None else float(cube_steps[o])
+
+    return rate
 
 
 def preemption_study(
@@ -287,15 +300,18 @@ def preemption_study(
     checkpoint_gb: Mapping[str, float] = PAPER_CHECKPOINT_GB,
     horizon: timedelta = timedelta(days=60),
 ) -> PreemptionStudy:
-    """Run the study (module docstring). ``start_days``: use only the first ``n`` of the paper's 30 (for
-    quick runs). Every policy runs with the same seeds on the same offers (common random numbers: an
-    offer's reclaims are the same whichever policy uses it). ``baseline`` and ``on_demand`` are always run
-    (the ratios need them). Raises :class:`BacktestError` on an unknown policy or model."""
+    """Run the study (module docstring). ``cloud_factory(prices, hazards, start=, seed=, rate=)`` builds
+    the simulated cloud of one run (``providers.sim.sim_factory()``). ``start_days``: use only the first
+    ``n`` of the paper's 30 (for quick runs). Every policy runs with the same seeds on the same offers
+    (common random numbers: an offer's reclaims are the same whichever policy uses it). ``baseline`` and
+    ``on_demand`` are always run (the ratios need them). Raises :class:`BacktestError` on an unknown policy
+    or model."""
     t0 = time.perf_counter()
     unknown = [p for p in policies if p not in STUDY_POLICIES]
     if unknown:
         raise BacktestError(f"unknown policies {unknown}; choose from {list(STUDY_POLICIES)}")
     run_policies = list(dict.fromkeys(["baseline", "on_demand", *policies]))
+    db = memory_database()  # one per study (per worker process), emptied before each run
     cells: list[PreemptionCell] = []
     runs = 0
     for region in regions:
@@ -303,29 +319,39 @@ def preemption_study(
         days = setup.start_days if start_days is None else setup.start_days[:start_days]
         prices = grid_prices(setup)
         keys = _keys(setup)
+        col = {k: i for i, k in enumerate(keys)}
         probe = cloud_factory(prices, NO_HAZARD, start=setup.grid.start, seed=0)
         timing = probe.timing
         rule = MigrationRule(restart_hours=timing.restart_hours, checkpoint_overlap_hours=timing.checkpoint_hours)
         for model in models:
+            m = setup.cube.models.index(model)
+            rate = _rate(setup.cube.steps_per_s[m], col)
             v100 = inputs.throughputs[model]["v100"]
             gb = float(checkpoint_gb.get(model, 0.0))
             for n in job_days:
-                steps = v100 * n * SECONDS_PER_DAY
+                steps = round(v100 * n * SECONDS_PER_DAY)
                 clean: dict[str, list[_Outcome]] = {p: [] for p in run_policies}
                 noisy: dict[str, list[_Outcome]] = {p: [] for p in run_policies}
+                spec = {"command": ["train"], "job_type": model, "gpus": 1, "checkpoint_gb": gb}
+                job = OfflineJob(steps, spec, name=f"{model}/{n:g}")
                 for d, day in enumerate(days):
                     start = datetime(day.year, day.month, day.day, tzinfo=UTC)
-                    job = JobRun(f"{model}/{n}/{day}", steps, start, start + horizon, checkpoint_gb=gb)
                     for p in run_policies:
-                        placer = GridPlacer(setup, setup.policies[p], model, rule, keys)
+                        policy = setup.policies[p]
+                        placements = GridPlacements(setup, policy, model, rule, keys)
+                        p_rule = None if policy.mode == "static" else (ALWAYS_MOVE if policy.mode == "free" else rule)
                         for hz, seed_list, sink in ((NO_HAZARD, [0], clean), (hazards, list(seeds), noisy)):
                             for s in seed_list:
-                                cloud = cloud_factory(prices, hz, start=start, seed=[s, d])
-                                sink[p].append(_outcome(run_job(cloud, MemoryLedger(prices), placer, job)))
+                                cloud = cloud_factory(prices, hz, start=start, seed=[s, d], rate=rate)
+                                run = run_policy(
+                                    cloud, prices, placements, [job], until=start + horizon, rule=p_rule, db=db
+                                )
+                                sink[p].append(_outcome(run))
                                 runs += 1
                 paper = _paper_reductions(setup, model, steps, gb, days, run_policies)
                 cells.extend(_cells(region, model, n, len(days), len(seeds), clean, noisy, paper, policies))
             log.info("%s %s: %d runs so far", region, model, runs)
+    db.dispose()
     return PreemptionStudy(tuple(cells), runs, time.perf_counter() - t0)
 
 

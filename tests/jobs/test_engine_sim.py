@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import Engine
 
 from costopt.agent import control
-from costopt.backtest.job import WorkloadTiming
+from costopt.simulated import WorkloadTiming
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.jobs.costs import job_cost
 from costopt.jobs.engine import JobEngine

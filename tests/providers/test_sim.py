@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pandas as pd
 import pytest
 
-from costopt.backtest.job import SimEventKind, SimulatedCloud, WorkloadTiming
+from costopt.simulated import SimEventKind, SimulatedCloud, WorkloadTiming
 from costopt.cloud import CapacityError, CloudProvider, InstanceState, LaunchSpec, NotFoundError, QuotaError
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.ledger import StepPrices

@@ -17,7 +17,7 @@ from sqlalchemy import Engine
 
 from costopt.agent import control, job_env
 from costopt.agent.contract import contract_env
-from costopt.backtest.job import SimEventKind, WorkloadTiming
+from costopt.simulated import SimEventKind, WorkloadTiming
 from costopt.clock import ServiceClock
 from costopt.cloud import InstanceState, LaunchSpec
 from costopt.domain import Cloud, Market, OfferKey
