@@ -26,10 +26,10 @@ from costopt.ledger.sql import SqlLedger
 from costopt.risk.availability import load_availability_logs
 from costopt.risk.hazard import HazardModel
 from costopt.settings import Settings
+from costopt.simulated import WorkloadTiming
 from costopt.throughput.catalog import ThroughputCatalog
 from costopt.throughput.loaders import GAVEL_ORACLE_FILE, load_throughput_file
 from costopt.throughput.model import JobType, Throughput, ThroughputKey
-from costopt.simulated import WorkloadTiming
 from providers.sim import SimConfig, sim_factory
 
 RESNET = "ResNet-50 (batch size 128)"

@@ -15,7 +15,6 @@ import pytest
 from sqlalchemy import Engine
 
 from costopt.agent import control
-from costopt.simulated import WorkloadTiming
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.jobs.costs import job_cost
 from costopt.jobs.engine import JobEngine
@@ -29,6 +28,7 @@ from costopt.migration.machine import Migrator
 from costopt.migration.unavailable import UnavailableOffers
 from costopt.migration.watch import InterruptionWatcher, MemoryWatermark
 from costopt.risk.hazard import HazardModel
+from costopt.simulated import WorkloadTiming
 from providers.sim import SimCloud, SimConfig
 
 START = datetime(2020, 3, 1, tzinfo=UTC)

@@ -9,12 +9,12 @@ from datetime import UTC, datetime, timedelta
 import pandas as pd
 import pytest
 
-from costopt.simulated import SimEventKind, SimulatedCloud, WorkloadTiming
 from costopt.cloud import CapacityError, CloudProvider, InstanceState, LaunchSpec, NotFoundError, QuotaError
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.ledger import StepPrices
 from costopt.risk.availability import LaunchStats
 from costopt.risk.hazard import HazardModel
+from costopt.simulated import SimEventKind, SimulatedCloud, WorkloadTiming
 from providers.sim import ClockError, SimClock, SimCloud, SimConfig, SimError, sim_factory
 
 T = datetime(2020, 3, 2, tzinfo=UTC)

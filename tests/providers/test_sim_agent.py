@@ -17,7 +17,6 @@ from sqlalchemy import Engine
 
 from costopt.agent import control, job_env
 from costopt.agent.contract import contract_env
-from costopt.simulated import SimEventKind, WorkloadTiming
 from costopt.clock import ServiceClock
 from costopt.cloud import InstanceState, LaunchSpec
 from costopt.domain import Cloud, Market, OfferKey
@@ -26,6 +25,7 @@ from costopt.migration.machine import JobStatus, Migrator, State
 from costopt.migration.unavailable import UnavailableOffers
 from costopt.migration.watch import InterruptionWatcher, MemoryWatermark
 from costopt.risk.hazard import HazardModel
+from costopt.simulated import SimEventKind, WorkloadTiming
 from providers.sim import SimCloud, SimConfig
 from providers.sim_agent import AgentEnvError
 
