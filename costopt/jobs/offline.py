@@ -37,10 +37,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, select
 from sqlalchemy.pool import StaticPool
 
 from costopt.agent.storage import drop_memory
+from costopt.db.migration_schema import migration_copies
 from costopt.domain import Cloud, utc
 from costopt.jobs.engine import JobEngine
 from costopt.jobs.model import JobState
@@ -239,8 +240,9 @@ def run_offline(
             # a job between states (launching, migrating, recovering), or without a live copy (a recovery
             # that rolled back, for the watcher to retry), is ticked again at once, then every poll
             # interval: the engine and the watcher act on a later pass
-            watch = [c.instance_id for j in active for c in migrator.copies(j.id) if c.ended_at is None]
-            live = {c.job_id for j in active for c in migrator.copies(j.id) if c.ended_at is None}
+            live_copies = _live_copies(db, [j.id for j in active])
+            watch = [iid for _, iid in live_copies]
+            live = {job_id for job_id, _ in live_copies}
             settling = any(job.state is not JobState.RUNNING or job.id not in live for job in active)
             if settling and spins < 2:
                 spins += 1
@@ -267,6 +269,16 @@ def run_offline(
     if checkpoint_root is None and not keep_checkpoints:
         drop_memory(root)
     return run
+
+
+def _live_copies(db: Engine, job_ids: Sequence[str]) -> list[tuple[str, str]]:
+    """(job id, instance id) of the jobs' copies still open in the migrator's records (one query)."""
+    t = migration_copies.c
+    with db.connect() as conn:
+        rows = conn.execute(
+            select(t.job_id, t.instance_id).where(t.job_id.in_(list(job_ids)), t.ended_at.is_(None))
+        ).all()
+    return [(str(r.job_id), str(r.instance_id)) for r in rows]
 
 
 def reset_database(db: Engine) -> None:
