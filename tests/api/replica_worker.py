@@ -1,8 +1,8 @@
 """One service replica for the replica test: the real scheduler (:func:`api.scheduler.build_scheduler`,
-leased, aligned ticks) with every kind of scheduled job (a price collector through the real price
-job, the reconciler and the watcher through the real migration jobs, the engine tick and the
-rebalancer through the real job-service jobs), whose work records ``(name, tick, pid)`` in
-``replica_runs``.
+leased, aligned ticks) with every kind of scheduled job (a price collector through the real price job
+over a store that does not store, the reconciler and the watcher through the real migration jobs, the
+engine tick and the rebalancer through the real job-service jobs), whose work records
+``(name, tick, pid)`` in ``replica_runs``.
 
 Run: ``python -m tests.api.replica_worker <database url> <interval seconds>``; prints ``ready`` once
 scheduled; stops on SIGTERM.
@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, insert
 
@@ -25,7 +26,6 @@ from costopt.db.types import UtcDateTime
 from costopt.jobs.leases import LeaseStore
 from costopt.settings import Settings
 from pricing.base import FetchResult, PriceHistoryView
-from pricing.store import PriceStore
 
 RUNS = Table(
     "replica_runs",
@@ -63,6 +63,27 @@ class Source:
     def fetch(self, history: PriceHistoryView) -> FetchResult:
         self.record(f"collect:{SOURCE}")
         return FetchResult(SOURCE)
+
+
+class Store:
+    """The price job's store, minus the storing: the job runs its real path (backoff check, ``run_source``,
+    the source's ``fetch``, which records the tick) in a few milliseconds, so the replicas' ticks measure
+    the scheduling, not the price store's writes."""
+
+    def sources(self) -> list[object]:
+        return []
+
+    def instance_types(self) -> list[object]:
+        return []
+
+    def upsert_instance_types(self, types: object) -> None:
+        return None
+
+    def write(self, points: object) -> SimpleNamespace:
+        return SimpleNamespace(inserted=0)
+
+    def record_fetch(self, name: str, **kwargs: object) -> None:
+        return None
 
 
 class Migration:
@@ -115,7 +136,7 @@ def main(url: str, base: float) -> None:
         rebalance_schedule=Every(every["rebalance"]),
     )
     scheduler = build_scheduler(
-        PriceStore(engine),
+        Store(),  # type: ignore[arg-type]
         [Source(record)],  # type: ignore[list-item]
         settings,
         migration=Migration(record, every["migration:reconcile"]),  # type: ignore[arg-type]
