@@ -90,8 +90,9 @@ def job(
     data: Annotated[Path | None, typer.Option("--data", help="Real data folder (default ../shared/data).")] = None,
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
 ) -> None:
-    """Backtest one job on recorded prices with the simulated cloud (preemptions from the hazards),
-    the decision rule and the ledger: what it would have cost, with every billed interval."""
+    """Backtest one job on recorded prices through the job service's path (engine, rebalancer, migrator,
+    watcher, ledger) over the simulated cloud (preemptions from the hazards): what it would have cost,
+    with every billed interval and decision."""
     from api.cli.common import parse_time
     from api.cli.plan import build_objective
     from api.wiring import build_catalog, build_hazards, build_store

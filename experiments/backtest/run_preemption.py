@@ -2,8 +2,9 @@
 
 Run from the project root: ``.venv/bin/python experiments/backtest/run_preemption.py [--docs] [--json PATH]``.
 It imports the paper's price files into a scratch store, estimates the hazards from the 2020 availability
-logs, runs :func:`costopt.backtest.preemption.preemption_study` (the paper's policies on the simulated
-cloud, billed by the ledger; one process per model), prints markdown tables, draws
+logs, runs :func:`costopt.backtest.preemption.preemption_study` (the paper's policies through the job
+service's path, :func:`costopt.jobs.offline.run_offline`, on the simulated cloud, billed by the ledger; one
+process per model, one in-memory database per process), prints markdown tables, draws
 ``docs/figures/backtest_preemption_survival.png`` and, with ``--docs``, rewrites the ``preemption-*``
 sections of ``docs/backtest.md``.
 """
