@@ -1,0 +1,473 @@
+"""Load benchmark of the job service's REST API (issue 10), over loopback only.
+
+Starts the real service (uvicorn, :func:`api.app.create_app`; collectors off, the scheduler's job-side
+work off unless ``--job-work``) on a free 127.0.0.1 port against SQLite (a temp file) and PostgreSQL
+(127.0.0.1:5432, database ``test``, a schema of its own dropped afterwards), creates a team key, then
+drives it with httpx (async, ``--concurrency`` requests in flight, ``--requests`` per phase, a
+``--max-seconds`` cap per phase):
+
+- ``submit``: ``POST /v1/jobs``, each with its own ``Idempotency-Key``;
+- ``retry``: ``--retry-fraction`` of those keys sent again, each twice at once (the answers must be the
+  first job, 200);
+- ``get``: ``GET /v1/jobs/{id}`` of random submitted jobs;
+- ``list``: ``GET /v1/jobs?limit=50`` (a page).
+
+Then checks the database: exactly one job per key sent, none missing, none extra ("no request lost or
+duplicated"). Prints a table (``--json``: one JSON document) with requests, errors, req/s and
+p50/p95/p99 latency per endpoint and backend, the server's worker count and its CPU (user+system
+seconds of every server process over the run, and that as a share of the wall time; 2 cores = 200%).
+
+    .venv/bin/python bench/api_load.py                     # both backends, 2 workers
+    .venv/bin/python bench/api_load.py --backend postgres --workers 1 --requests 3000 --json
+
+Targets on a 2-core machine (PostgreSQL): >= 300 submissions/s, >= 1,000 reads/s, p99 <= 100 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PG_ADMIN_URL = os.environ.get("COSTOPT_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+JOB_TYPE = "ResNet-50 (batch size 128)"
+BODY: dict[str, Any] = {"job_type": JOB_TYPE, "steps": 50_000, "command": ["python", "train.py"]}
+TARGETS = {"submit": 300.0, "get": 1000.0, "list": None, "retry": None}
+P99_TARGET_MS = 100.0
+
+
+def make_app() -> Any:
+    """The uvicorn factory (``--factory bench.api_load:make_app``): the service on the COSTOPT_* env."""
+    from api.app import create_app
+
+    return create_app()
+
+
+# -- databases ------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def database(backend: str) -> Iterator[str]:
+    """A fresh database URL for ``backend`` (sqlite: a temp file; postgres: its own schema, dropped after)."""
+    from sqlalchemy import text
+
+    from costopt.db.engine import make_engine
+
+    if backend == "sqlite":
+        with tempfile.TemporaryDirectory(prefix="costopt-bench-") as tmp:
+            yield f"sqlite:///{tmp}/bench.db"
+        return
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    admin = make_engine(PG_ADMIN_URL)
+    with admin.begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        yield f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema}"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+def prepare(url: str) -> str:
+    """Migrate and seed the database (once, before any worker starts), bootstrap the admin key and make
+    the ``bench`` team's member key; returns its secret."""
+    from api.wiring import build_store, seed_if_empty
+    from costopt.jobs.teams import Role, TeamRepository
+    from costopt.settings import Settings
+
+    settings = Settings(database_url=url, collectors_enabled=False)
+    store = build_store(settings)
+    try:
+        seed_if_empty(store, settings)
+        teams = TeamRepository(store.engine)
+        teams.bootstrap_admin()  # so no worker prints (or races to make) one
+        team = teams.create_team("bench")
+        return teams.create_key(team.id, Role.MEMBER, "bench").secret
+    finally:
+        store.engine.dispose()
+
+
+def count_jobs(url: str, keys: list[str]) -> dict[str, int]:
+    """Jobs per idempotency key of ``keys`` in the database (the ground truth)."""
+    from sqlalchemy import func, select
+
+    from costopt.db.engine import make_engine
+    from costopt.db.jobs_schema import jobs
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(select(jobs.c.idempotency_key, func.count()).group_by(jobs.c.idempotency_key)).all()
+    finally:
+        engine.dispose()
+    found = {str(k): int(n) for k, n in rows if k is not None}
+    return {k: found.get(k, 0) for k in keys} | {k: n for k, n in found.items() if k not in set(keys)}
+
+
+# -- the server -----------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, []))
+    return out
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its live descendants."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for p in _tree(pid):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    base: str
+    workers: int
+    log: Path
+
+    def cpu(self) -> float:
+        return cpu_seconds(self.proc.pid)
+
+
+@contextmanager
+def server(url: str, *, workers: int, job_work: bool, log_dir: Path) -> Iterator[Server]:
+    import httpx
+
+    port = free_port()
+    env = dict(os.environ)
+    env.update(
+        COSTOPT_DATABASE_URL=url,
+        COSTOPT_COLLECTORS_ENABLED="false",
+        COSTOPT_MIGRATION_JOBS_ENABLED="true" if job_work else "false",
+        COSTOPT_SEED_ON_START="false",
+        PYTHONPATH=f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}",
+    )
+    log = log_dir / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "uvicorn", "--factory", "bench.api_load:make_app", "--host", "127.0.0.1"]
+    cmd += ["--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        ready = 0
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({proc.returncode}); see {log}:\n{log.read_text()[-3000:]}")
+            try:
+                # every worker answering: a few consecutive OKs
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    ready += 1
+                    if ready >= 3 * workers:
+                        break
+            except httpx.HTTPError:
+                ready = 0
+            time.sleep(0.2)
+        else:
+            raise RuntimeError(f"the server did not become ready in 120 s; see {log}")
+        yield Server(proc, base, workers, log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- the load -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Phase:
+    name: str
+    latencies_ms: list[float] = field(default_factory=list)
+    statuses: dict[int, int] = field(default_factory=dict)
+    errors: int = 0
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def requests(self) -> int:
+        return len(self.latencies_ms)
+
+    def pct(self, q: float) -> float:
+        if not self.latencies_ms:
+            return float("nan")
+        s = sorted(self.latencies_ms)
+        return s[min(len(s) - 1, int(q / 100 * len(s)))]
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+            "wall_s": round(self.wall_s, 3),
+            "req_per_s": round(self.requests / self.wall_s, 1) if self.wall_s else 0.0,
+            "p50_ms": round(self.pct(50), 2),
+            "p95_ms": round(self.pct(95), 2),
+            "p99_ms": round(self.pct(99), 2),
+            "server_cpu_s": round(self.cpu_s, 2),
+            "server_cpu_pct": round(100 * self.cpu_s / self.wall_s, 1) if self.wall_s else 0.0,
+            "problems": self.problems[:5],
+        }
+
+
+Request = Callable[[Any, int], Awaitable[Any]]
+
+
+async def drive(
+    srv: Server, name: str, n: int, concurrency: int, max_s: float, make: Request, ok: Callable[[Any, int], bool]
+) -> Phase:
+    """``n`` requests (at most ``max_s`` seconds), ``concurrency`` in flight; ``make(client, i)`` sends the
+    i-th and ``ok(response, i)`` judges its answer."""
+    import httpx
+
+    phase = Phase(name)
+    counter = iter(range(n))
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=srv.base, timeout=30, limits=limits) as client:
+        start, cpu0 = time.perf_counter(), srv.cpu()
+        deadline = start + max_s
+
+        async def worker() -> None:
+            for i in counter:
+                if time.perf_counter() > deadline:
+                    return
+                t0 = time.perf_counter()
+                try:
+                    resp = await make(client, i)
+                except httpx.HTTPError as exc:
+                    phase.latencies_ms.append((time.perf_counter() - t0) * 1000)
+                    phase.errors += 1
+                    phase.problems.append(f"{type(exc).__name__}: {exc}")
+                    continue
+                phase.latencies_ms.append((time.perf_counter() - t0) * 1000)
+                phase.statuses[resp.status_code] = phase.statuses.get(resp.status_code, 0) + 1
+                if not ok(resp, i):
+                    phase.errors += 1
+                    phase.problems.append(f"#{i}: {resp.status_code} {resp.text[:200]}")
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        phase.wall_s = time.perf_counter() - start
+        phase.cpu_s = srv.cpu() - cpu0
+    return phase
+
+
+async def run_load(srv: Server, secret: str, args: argparse.Namespace) -> tuple[list[Phase], list[str], dict[str, str]]:
+    """The four phases; returns them, every idempotency key sent and the job id answered per key."""
+    headers = {"Authorization": f"Bearer {secret}"}
+    run = uuid.uuid4().hex[:8]
+    keys = [f"bench-{run}-{i}" for i in range(args.requests)]
+    job_of: dict[str, str] = {}
+
+    async def submit(client: Any, i: int) -> Any:
+        return await client.post("/v1/jobs", json=BODY, headers={**headers, "Idempotency-Key": keys[i]})
+
+    def submitted(resp: Any, i: int) -> bool:
+        if resp.status_code != 201:
+            return False
+        job_of[keys[i]] = resp.json()["id"]
+        return True
+
+    # warm-up (connections, caches, first-call imports): not counted, keys not part of the check
+    warm = [f"warm-{run}-{i}" for i in range(min(50, args.requests))]
+
+    async def warm_submit(client: Any, i: int) -> Any:
+        return await client.post("/v1/jobs", json=BODY, headers={**headers, "Idempotency-Key": warm[i]})
+
+    await drive(srv, "warm", len(warm), args.concurrency, args.max_seconds, warm_submit, lambda r, i: True)
+
+    phases = [await drive(srv, "submit", len(keys), args.concurrency, args.max_seconds, submit, submitted)]
+    sent = [k for k in keys[: phases[0].requests]]
+
+    rng = random.Random(7)
+    retried = rng.sample(sent, int(len(sent) * args.retry_fraction)) if sent else []
+    # each retried key twice, the two copies next to each other so that they race
+    retry_keys = [k for k in retried for _ in range(2)]
+
+    async def retry(client: Any, i: int) -> Any:
+        return await client.post("/v1/jobs", json=BODY, headers={**headers, "Idempotency-Key": retry_keys[i]})
+
+    def first_job(resp: Any, i: int) -> bool:
+        key = retry_keys[i]
+        return resp.status_code == 200 and (key not in job_of or resp.json()["id"] == job_of[key])
+
+    phases.append(await drive(srv, "retry", len(retry_keys), args.concurrency, args.max_seconds, retry, first_job))
+
+    ids = list(job_of.values())
+    if ids:
+
+        async def get(client: Any, i: int) -> Any:
+            return await client.get(f"/v1/jobs/{ids[(i * 7919) % len(ids)]}", headers=headers)
+
+        phases.append(
+            await drive(
+                srv, "get", args.reads, args.concurrency, args.max_seconds, get, lambda r, i: r.status_code == 200
+            )
+        )
+
+    async def page(client: Any, i: int) -> Any:
+        return await client.get("/v1/jobs", params={"limit": 50}, headers=headers)
+
+    phases.append(
+        await drive(
+            srv, "list", args.pages, args.concurrency, args.max_seconds, page, lambda r, i: r.status_code == 200
+        )
+    )
+    return phases, sent, job_of
+
+
+def check(url: str, sent: list[str], job_of: dict[str, str]) -> dict[str, Any]:
+    """Exactly one job per key sent; no job for a key not sent (warm-up keys aside)."""
+    per_key = count_jobs(url, sent)
+    missing = [k for k in sent if per_key.get(k, 0) == 0]
+    duplicated = [k for k, n in per_key.items() if n > 1]
+    unexpected = [k for k in per_key if k not in set(sent) and not k.startswith("warm-")]
+    unanswered = [k for k in sent if k not in job_of]
+    return {
+        "keys_sent": len(sent),
+        "jobs_found": sum(per_key.get(k, 0) for k in sent),
+        "missing": len(missing),
+        "duplicated": len(duplicated),
+        "unexpected": len(unexpected),
+        "answered_without_201": len(unanswered),
+        "ok": not missing and not duplicated and not unexpected,
+    }
+
+
+def bench_backend(backend: str, args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    with database(backend) as url:
+        t0 = time.perf_counter()
+        secret = prepare(url)
+        prep_s = time.perf_counter() - t0
+        with server(url, workers=args.workers, job_work=args.job_work, log_dir=log_dir) as srv:
+            phases, sent, job_of = asyncio.run(run_load(srv, secret, args))
+        verdict = check(url, sent, job_of)
+    return {
+        "backend": backend,
+        "workers": args.workers,
+        "job_work": args.job_work,
+        "concurrency": args.concurrency,
+        "prepare_s": round(prep_s, 2),
+        "phases": {p.name: p.row() for p in phases},
+        "integrity": verdict,
+    }
+
+
+def render(results: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="REST API load (loopback)")
+    for col in ("backend", "workers", "endpoint", "requests", "errors", "req/s", "p50 ms", "p95 ms", "p99 ms", "CPU"):
+        table.add_column(col, justify="right" if col not in ("backend", "endpoint") else "left")
+    labels = {
+        "submit": "POST /v1/jobs",
+        "retry": "POST /v1/jobs (retry)",
+        "get": "GET /v1/jobs/{id}",
+        "list": "GET /v1/jobs?limit=50",
+    }
+    for r in results:
+        for name, p in r["phases"].items():
+            table.add_row(
+                r["backend"],
+                str(r["workers"]),
+                labels.get(name, name),
+                str(p["requests"]),
+                str(p["errors"]),
+                f"{p['req_per_s']:.0f}",
+                f"{p['p50_ms']:.1f}",
+                f"{p['p95_ms']:.1f}",
+                f"{p['p99_ms']:.1f}",
+                f"{p['server_cpu_pct']:.0f}%",
+            )
+    console = Console(width=160)
+    console.print(table)
+    for r in results:
+        v = r["integrity"]
+        console.print(
+            f"{r['backend']}: {v['keys_sent']} keys sent, {v['jobs_found']} jobs, missing {v['missing']}, "
+            f"duplicated {v['duplicated']}, unexpected {v['unexpected']}: {'OK' if v['ok'] else 'FAILED'}"
+        )
+    console.print(
+        f"targets (PostgreSQL): submit >= {TARGETS['submit']:.0f}/s, get >= {TARGETS['get']:.0f}/s, "
+        f"p99 <= {P99_TARGET_MS:.0f} ms; CPU = server user+system time / wall (2 cores = 200%)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
+    ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    ap.add_argument("--concurrency", type=int, default=16, help="requests in flight")
+    ap.add_argument("--requests", type=int, default=2000, help="submissions (each its own key)")
+    ap.add_argument("--reads", type=int, default=5000, help="GET /v1/jobs/{id} requests")
+    ap.add_argument("--pages", type=int, default=300, help="GET /v1/jobs?limit=50 requests")
+    ap.add_argument("--retry-fraction", type=float, default=0.1, help="share of keys sent again (twice each)")
+    ap.add_argument("--max-seconds", type=float, default=60.0, help="wall-time cap per phase")
+    ap.add_argument("--job-work", action="store_true", help="run the scheduler's job-side work (engine tick...)")
+    ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    args = ap.parse_args(argv)
+
+    backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="costopt-bench-logs-") as logs:
+        for backend in backends:
+            results.append(bench_backend(backend, args, Path(logs)))
+    if args.json:
+        print(json.dumps({"results": results}, indent=2))
+    else:
+        render(results)
+    return 0 if all(r["integrity"]["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
