@@ -8,20 +8,29 @@ request for the access log.
 Scope rule (every route that takes a job id): a member sees its own team only, and another team's job
 is "not found" (404), exactly as a job that does not exist; an admin sees every team (:meth:`Caller.scope`
 is None).
+
+Verified keys are cached per process for :data:`KEY_CACHE_TTL_S` seconds, keyed by the key's SHA-256
+(never the secret): a revoked key stops working within that TTL in every worker process, and at once in
+the process that served ``DELETE /v1/admin/keys/{id}`` (which empties its cache). Unknown or bad keys
+are never cached.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.errors import ApiError
-from costopt.jobs.teams import Role, TeamRepository
+from costopt.jobs.teams import ApiKey, Role, TeamRepository, hash_key
 
-__all__ = ["AdminDep", "Caller", "CallerDep", "TeamsDep", "get_teams"]
+__all__ = ["KEY_CACHE_TTL_S", "AdminDep", "Caller", "CallerDep", "TeamsDep", "forget_keys", "get_teams"]
+
+KEY_CACHE_TTL_S = 5.0
+"""How long (seconds, monotonic clock) a verified key is trusted without a database read."""
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer co_...`")
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
@@ -55,6 +64,38 @@ def get_teams(request: Request) -> TeamRepository:
 TeamsDep = Annotated[TeamRepository, Depends(get_teams)]
 
 
+def _key_cache(app: Any) -> dict[str, tuple[float, ApiKey]]:
+    cache: dict[str, tuple[float, ApiKey]] | None = getattr(app.state, "key_cache", None)
+    if cache is None:
+        cache = {}
+        app.state.key_cache = cache
+    return cache
+
+
+def forget_keys(app: Any) -> None:
+    """Empty this process's cache of verified keys (after a revocation)."""
+    _key_cache(app).clear()
+
+
+def _authenticate(request: Request, teams: TeamRepository, secret: str) -> ApiKey | None:
+    """``teams.authenticate`` behind the per-process TTL cache (keyed by the key's hash)."""
+    cache = _key_cache(request.app)
+    digest = hash_key(secret.strip())
+    now = time.monotonic()
+    hit = cache.get(digest)
+    if hit is not None and hit[0] > now:
+        return hit[1]
+    key = teams.authenticate(secret)
+    if key is None:
+        cache.pop(digest, None)
+        return None
+    if len(cache) > 10_000:  # many keys: drop the expired ones (bounded memory)
+        for d in [d for d, (exp, _) in cache.items() if exp <= now]:
+            cache.pop(d, None)
+    cache[digest] = (now + KEY_CACHE_TTL_S, key)
+    return key
+
+
 def current_caller(
     request: Request,
     teams: TeamsDep,
@@ -69,7 +110,7 @@ def current_caller(
             "`costopt admin create-team NAME`)",
             headers=_CHALLENGE,
         )
-    key = teams.authenticate(credentials.credentials)
+    key = _authenticate(request, teams, credentials.credentials)
     if key is None:
         raise ApiError(
             401,

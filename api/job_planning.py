@@ -21,13 +21,16 @@ ranking is :func:`costopt.planning.single.plan_job`'s.
 from __future__ import annotations
 
 import difflib
+import json
+import threading
+import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from api.planning import offers_at, planner_inputs
+from api.planning import planner_inputs
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.errors import CostoptError
 from costopt.jobs.placement import Placement
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from costopt.migration.unavailable import UnavailableOffers
+    from costopt.planning.evaluate import OfferTable
 
 __all__ = [
     "USER_JOB_TYPE",
@@ -68,6 +72,11 @@ USER_JOB_TYPE = JobType("user throughput")
 """The job type of a job planned on its own throughputs (a one-job catalog)."""
 
 MICRO = Decimal("0.000001")
+TABLE_TTL_S = 30.0
+"""How long (monotonic seconds) a cached offer table is reused for the same price version, ``at`` (its
+replay time; None: live now), unavailable offers, exclusions and constraints: bounds how late an offer
+turning stale by the wall clock alone (``stale_after``) is noticed in live mode."""
+TABLE_CACHE_SIZE = 64
 CONSTRAINT_ORDER = ("clouds", "regions", "markets", "accelerators", "max_usd_per_hour")
 
 
@@ -205,6 +214,10 @@ class JobPlanner:
     settings: Settings
     unavailable: UnavailableOffers | None = None
     spent: Callable[[str, datetime], Decimal] | None = None
+    _tables: dict[tuple[Any, ...], tuple[float, pd.DataFrame, OfferTable]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    _tables_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     # -- inputs ----------------------------------------------------------------------------------------
 
@@ -226,23 +239,6 @@ class JobPlanner:
         if name.lower() in folded:
             return JobType.parse(folded[name.lower()]), catalog
         raise UnknownJobType(name, close_matches(name, names))
-
-    def _frame(
-        self,
-        at: datetime | None,
-        exclude: Collection[OfferKey],
-        respect_unavailable: bool,
-    ) -> tuple[Now, pd.DataFrame]:
-        # every cloud's offers: the constraints are applied by the caller, so that a binding one is found
-        now, frame = offers_at(
-            self.store, self.settings, at, None, unavailable=self.unavailable if respect_unavailable else None
-        )
-        if exclude:
-            keys = {(o.cloud.value, o.region, o.zone, o.instance_type, o.market.value) for o in exclude}
-            cols = ("cloud", "region", "zone", "instance_type", "market")
-            rows = zip(*(frame[c].astype(str).to_numpy() for c in cols), strict=True)
-            frame = frame[[tuple(r) not in keys for r in rows]].reset_index(drop=True)
-        return now, frame
 
     def plan(
         self,
@@ -276,8 +272,12 @@ class JobPlanner:
         )
         goal = objective if objective is not None else objective_of(spec.get("objective") or {})
         constraints: Mapping[str, Any] = spec.get("constraints") or {}
-        now, offers = self._frame(at, exclude, respect_unavailable)
-        if only is not None:
+        now, key, offers, table = self._cached_table(
+            at, exclude, respect_unavailable, constraints, only, inputs.hazards
+        )
+        if table is not None:
+            frame = table.frame
+        elif only is not None:
             frame = offers[
                 (offers["cloud"].astype(str) == only.cloud.value)
                 & (offers["region"] == only.region)
@@ -292,11 +292,74 @@ class JobPlanner:
             return plan_job(job, obj, OfferTable.from_frame(f, inputs.hazards), catalog, assumptions, top=n)
 
         try:
-            return now, run(frame, goal, top)
+            if table is None:
+                table = OfferTable.from_frame(frame, inputs.hazards)
+                self._store_table(key, offers, table)
+            return now, plan_job(job, goal, table, catalog, assumptions, top=top)
         except Infeasible as exc:
             if only is not None or exc.binding not in ("offers", "throughput"):
                 raise JobInfeasible(str(exc), binding=exc.binding) from exc
             raise self._binding_constraint(exc, offers, constraints, run, goal, job) from exc
+
+    def _table_key(
+        self,
+        now: Now,
+        at: datetime | None,
+        exclude: Collection[OfferKey],
+        respect_unavailable: bool,
+        constraints: Mapping[str, Any],
+        only: OfferKey | None,
+        hazards: object,
+    ) -> tuple[Any, ...]:
+        from pricing.mirror import read_version
+
+        unavailable = (
+            self.unavailable.unavailable_set(at=at) if respect_unavailable and self.unavailable is not None else None
+        )
+        return (
+            read_version(self.store.engine),
+            None if at is None and now.mode == "live" else now.at,
+            unavailable,
+            frozenset(exclude),
+            json.dumps(constraints, sort_keys=True, default=str),
+            only,
+            id(hazards),
+        )
+
+    def _cached_table(
+        self,
+        at: datetime | None,
+        exclude: Collection[OfferKey],
+        respect_unavailable: bool,
+        constraints: Mapping[str, Any],
+        only: OfferKey | None,
+        hazards: object,
+    ) -> tuple[Now, tuple[Any, ...], pd.DataFrame, OfferTable | None]:
+        """(now, key, the offers frame at now, the cached offer table of these inputs or None when none is
+        fresh: the caller builds it and :meth:`_store_table` keeps it). The key (price version first) is
+        read before the frame, so a cached table is never older than its key."""
+        now = Now(at, "replay") if at is not None else self.store.resolve_now(self.settings.clock)
+        key = self._table_key(now, at, exclude, respect_unavailable, constraints, only, hazards)
+        with self._tables_lock:
+            hit = self._tables.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            return now, key, hit[1], hit[2]
+        # what offers_at gives, at the now resolved above (unavailable offers as of ``at``: None is now)
+        frame = self.store.snapshot_frame(None if at is None and now.mode == "live" else now.at)
+        if respect_unavailable and self.unavailable is not None:
+            frame = self.unavailable.drop_from(frame, at=at).reset_index(drop=True)
+        if exclude:
+            keys = {(o.cloud.value, o.region, o.zone, o.instance_type, o.market.value) for o in exclude}
+            cols = ("cloud", "region", "zone", "instance_type", "market")
+            rows = zip(*(frame[c].astype(str).to_numpy() for c in cols), strict=True)
+            frame = frame[[tuple(r) not in keys for r in rows]].reset_index(drop=True)
+        return now, key, frame, None
+
+    def _store_table(self, key: tuple[Any, ...], offers: pd.DataFrame, table: OfferTable) -> None:
+        with self._tables_lock:
+            if len(self._tables) >= TABLE_CACHE_SIZE:
+                self._tables.clear()
+            self._tables[key] = (time.monotonic() + TABLE_TTL_S, offers, table)
 
     def _binding_constraint(
         self,

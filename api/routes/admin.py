@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Path, Request, Response
 
-from api.auth import AdminDep, TeamsDep
+from api.auth import AdminDep, TeamsDep, forget_keys
 from api.errors import ApiError
 from api.job_schemas import KeyCreate, KeyCreated, KeyPublic, TeamCreate, TeamCreated, TeamPublic, TeamsListPublic
 from costopt.jobs.teams import ApiKey, Role, Team, TeamError
@@ -66,9 +66,11 @@ def create_key(team_id: TeamId, body: KeyCreate, caller: AdminDep, teams: TeamsD
 
 
 @router.delete("/keys/{key_id}", status_code=204, response_class=Response)
-def revoke_key(key_id: KeyId, caller: AdminDep, teams: TeamsDep) -> Response:
-    """Revoke a key (idempotent): it authenticates as nothing from now on."""
+def revoke_key(key_id: KeyId, request: Request, caller: AdminDep, teams: TeamsDep) -> Response:
+    """Revoke a key (idempotent): it authenticates as nothing from now on in this process, and within
+    :data:`api.auth.KEY_CACHE_TTL_S` seconds in the service's other worker processes."""
     if not teams.revoke(key_id):
         raise ApiError(404, "not_found", f"no key {key_id!r}")
+    forget_keys(request.app)
     log.info("admin key %s revoked key %s", caller.key_id, key_id)
     return Response(status_code=204)
