@@ -7,6 +7,7 @@ import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
@@ -15,6 +16,9 @@ from api.routes import admin, batches, health, jobs, metrics, plans, prices
 from api.wiring import build_sources, build_store, seed_if_empty
 from costopt.settings import Settings, get_settings
 from pricing.store import PriceStore
+
+if TYPE_CHECKING:
+    from api.scheduler import ServiceTime
 
 log = logging.getLogger("costopt.api")
 
@@ -63,6 +67,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 else None,
                 # every scheduled job runs once per tick across the replicas sharing this database
                 leases=LeaseStore(store.engine),
+                # over the simulated cloud, job-side schedules count its (faster) time
+                service_time=_service_time(settings, app.state.sim_clock),
             )
             scheduler.start()
         app.state.scheduler = scheduler
@@ -96,6 +102,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(metrics.router)
     return app
+
+
+def _service_time(settings: Settings, sim_clock: object) -> ServiceTime | None:
+    """The job-side schedules on the simulated clock when the service runs one (None: wall clock)."""
+    from api.scheduler import ServiceTime
+    from api.sim_clock import SimClockDriver
+
+    if not isinstance(sim_clock, SimClockDriver):
+        return None
+    return ServiceTime(now=sim_clock.now, poll=settings.sim_tick)
 
 
 def install_job_service(app: FastAPI, store: PriceStore, settings: Settings) -> None:

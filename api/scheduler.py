@@ -20,6 +20,13 @@ process (across replicas, the reconciler leaves in-flight migrations alone: docs
   (:meth:`costopt.jobs.engine.JobEngine.tick`) and ``rebalance`` on the ``COSTOPT_REBALANCE_CRON``
   crontab (:meth:`costopt.jobs.rebalance.Rebalancer.run_once`).
 
+**Service time**: over the simulated cloud (``COSTOPT_PROVIDER=sim``, whose clock runs
+``COSTOPT_SIM_TIME_SCALE`` x faster than real time), the migration and job-service schedules are counted
+on the service clock (:class:`ServiceTime`, :class:`OnServiceClock`): the scheduler polls every
+``COSTOPT_SIM_TICK`` of wall time and runs a job when its interval or crontab has a new tick in simulated
+time, so an hourly rebalance runs every simulated hour (6 s of wall time at 600x). Price collection
+stays on the wall clock. These runs take no lease: the embedded simulated cloud lives in one process.
+
 **Replicas**: every job fires at aligned times (:mod:`api.ticks`: intervals anchored at a fixed
 instant, crontabs) and, given a :class:`~costopt.jobs.leases.LeaseStore` (``leases=``), runs a tick
 only when it wins that tick's lease, so each tick runs exactly once across the replicas sharing a
@@ -45,6 +52,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sqlalchemy import Engine, select
 
 from api.ticks import DEFAULT_LEASE_TTL, Every, Schedule, TickExecutor, add_leased_job
+from costopt.clock import ServiceClock
 from costopt.cloud import CloudProvider, Instance, InstanceState, Interruption, LaunchSpec
 from costopt.db.migration_schema import migration_jobs
 from costopt.domain import Cloud, Market, OfferKey
@@ -196,7 +204,9 @@ class MigrationJobs:
       unavailable=unavailable)``, not billed: give one with the service's ledger to bill copies);
     - ``watch_overlap``: how far back each watcher re-reads before its last pass;
     - ``resume_on_start``: the first reconciler pass resumes every migration left active (by a crash).
-      Assumes one service process drives migrations per database.
+      Assumes one service process drives migrations per database;
+    - ``clock``: the service clock's now (:mod:`costopt.clock`) the watchers and the reconciler read
+      (None: each provider's own clock when it has one, else the wall clock).
     """
 
     def __init__(
@@ -211,6 +221,7 @@ class MigrationJobs:
         watch_interval: timedelta = DEFAULT_WATCH_INTERVAL,
         watch_overlap: timedelta = timedelta(minutes=10),
         resume_on_start: bool = True,
+        clock: Callable[[], datetime] | None = None,
     ) -> None:
         if reconcile_interval <= timedelta(0) or watch_interval <= timedelta(0):
             raise ValueError(f"intervals must be positive (reconcile {reconcile_interval}, watch {watch_interval})")
@@ -228,13 +239,18 @@ class MigrationJobs:
         self.migrators = {name: build(engine, p) for name, p in self.providers.items()}
         self.watchers = {
             name: InterruptionWatcher(
-                m, offers_for, unavailable=self.unavailable, overlap=watch_overlap, clock=_provider_clock(m.provider)
+                m,
+                offers_for,
+                unavailable=self.unavailable,
+                overlap=watch_overlap,
+                clock=clock or _provider_clock(m.provider),
             )
             for name, m in self.migrators.items()
         }
         self.reconcile_interval = reconcile_interval
         self.watch_interval = watch_interval
         self.resume_on_start = resume_on_start
+        self.clock = clock
         self.lock = threading.Lock()
         self._started = False
 
@@ -254,6 +270,7 @@ class MigrationJobs:
                         ledger=migrator.ledger,
                         unavailable=migrator.unavailable or self.unavailable,
                         egress=migrator.egress,
+                        now=self.clock or _provider_clock(migrator.provider) or _wall_now,
                     )
                 except Exception:
                     log.exception("reconciler: provider %s failed; the other providers go on", name)
@@ -281,6 +298,10 @@ class MigrationJobs:
         return out
 
 
+def _wall_now() -> datetime:
+    return datetime.now(UTC)
+
+
 def reconcile_job(jobs: MigrationJobs) -> None:
     """The ``migration:reconcile`` job (never raises: errors are logged)."""
     try:
@@ -297,16 +318,99 @@ def watch_job(jobs: MigrationJobs) -> None:
         log.exception("interruption watcher pass failed")
 
 
+@dataclass(frozen=True, slots=True)
+class ServiceTime:
+    """Job-side schedules counted on the service clock instead of the wall clock (the simulated cloud's
+    clock, running ``COSTOPT_SIM_TIME_SCALE`` x faster than real time): the scheduler polls every ``poll``
+    of wall time and each job runs when its schedule has a tick on ``now`` it has not run yet."""
+
+    now: Callable[[], datetime]
+    poll: timedelta
+
+
+class OnServiceClock:
+    """``work(*args)`` once per tick of ``schedule`` counted on the service clock ``now``: each call runs
+    it when the schedule's latest tick at ``now()`` is newer than the last one run (ticks skipped between
+    two calls coalesce into one run). ``first_run_now`` False: the tick current at creation is skipped (the
+    first run is at the next tick). Returns True when it ran."""
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        now: Callable[[], datetime],
+        work: Callable[..., object],
+        args: Sequence[Any] = (),
+        *,
+        first_run_now: bool = True,
+    ) -> None:
+        self.schedule = schedule
+        self.now = now
+        self.work = work
+        self.args = tuple(args)
+        self.last: datetime | None = None if first_run_now else schedule.tick_at(now())
+        self.__name__ = getattr(work, "__name__", "work")
+
+    def __call__(self) -> bool:
+        tick = self.schedule.tick_at(self.now())
+        if self.last is not None and tick <= self.last:
+            return False
+        self.last = tick
+        self.work(*self.args)
+        return True
+
+
+def _add(
+    scheduler: BackgroundScheduler,
+    name: str,
+    description: str,
+    schedule: Schedule,
+    work: Callable[..., object],
+    args: Sequence[Any],
+    *,
+    leases: LeaseStore | None,
+    lease_ttl: timedelta,
+    first_run_now: bool = True,
+    service_time: ServiceTime | None = None,
+) -> Job:
+    if service_time is None:
+        return add_leased_job(
+            scheduler,
+            name,
+            description,
+            schedule,
+            work,
+            args,
+            leases=leases,
+            lease_ttl=lease_ttl,
+            first_run_now=first_run_now,
+        )
+    # The simulated cloud lives in this process (a replica has its own): no lease across replicas.
+    on_clock = OnServiceClock(schedule, service_time.now, work, args, first_run_now=first_run_now)
+    return add_leased_job(scheduler, name, description, Every(service_time.poll), on_clock, ())
+
+
 def add_migration_jobs(
     scheduler: BackgroundScheduler,
     jobs: MigrationJobs,
     *,
     leases: LeaseStore | None = None,
     lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+    service_time: ServiceTime | None = None,
 ) -> list[Job]:
-    """``migration:reconcile`` and ``migration:watch``, first runs right away, under ``leases`` when given."""
+    """``migration:reconcile`` and ``migration:watch``, first runs right away, under ``leases`` when given
+    (``service_time``: their intervals counted on the service clock)."""
     return [
-        add_leased_job(scheduler, job_id, name, Every(interval), func, [jobs], leases=leases, lease_ttl=lease_ttl)
+        _add(
+            scheduler,
+            job_id,
+            name,
+            Every(interval),
+            func,
+            [jobs],
+            leases=leases,
+            lease_ttl=lease_ttl,
+            service_time=service_time,
+        )
         for job_id, func, interval, name in (
             (RECONCILE_JOB_ID, reconcile_job, jobs.reconcile_interval, "reconcile instances with jobs"),
             (WATCH_JOB_ID, watch_job, jobs.watch_interval, "react to preemption notices and preemptions"),
@@ -365,11 +469,12 @@ def add_job_service_jobs(
     *,
     leases: LeaseStore | None = None,
     lease_ttl: timedelta = DEFAULT_LEASE_TTL,
+    service_time: ServiceTime | None = None,
 ) -> list[Job]:
     """``engine`` (first run right away) and ``rebalance`` (first run at its next scheduled time), under
-    ``leases`` when given."""
+    ``leases`` when given (``service_time``: the interval and the crontab counted on the service clock)."""
     return [
-        add_leased_job(
+        _add(
             scheduler,
             ENGINE_JOB_ID,
             "advance managed jobs",
@@ -378,8 +483,9 @@ def add_job_service_jobs(
             [jobs.engine_tick],
             leases=leases,
             lease_ttl=lease_ttl,
+            service_time=service_time,
         ),
-        add_leased_job(
+        _add(
             scheduler,
             REBALANCE_JOB_ID,
             "move running jobs where the decision rule says it pays",
@@ -389,33 +495,62 @@ def add_job_service_jobs(
             leases=leases,
             lease_ttl=lease_ttl,
             first_run_now=False,
+            service_time=service_time,
         ),
     ]
 
 
+def _timeouts(provider: CloudProvider) -> dict[str, float]:
+    """A provider's own migrator timeouts when it has them (the simulated cloud's, in its seconds: its
+    boot and restore take minutes of simulated time), else the migrator's defaults."""
+    own = getattr(provider, "migrator_timeouts", None)
+    return dict(own()) if callable(own) else {}
+
+
 def build_migration_jobs(
-    settings: Settings, store: PriceStore, providers: Mapping[Cloud, CloudProvider] | None = None
+    settings: Settings,
+    store: PriceStore,
+    providers: Mapping[Cloud, CloudProvider] | None = None,
+    clock: ServiceClock | None = None,
 ) -> MigrationJobs:
     """The service's reconciler and interruption watcher over every configured provider (None:
     :func:`api.wiring.build_cloud_providers`): migrators billed to the ledger in the store's database
-    (priced at the store's prices), recoveries on :func:`api.recovery.recovery_offers`."""
+    (priced at the store's prices), recoveries on :func:`api.recovery.recovery_offers`.
+
+    ``clock``: the service's one clock (:func:`api.sim_clock.service_clock` when None): the migrators'
+    ``now`` and ``sleep``, the unavailable-offers cache, the watchers and the reconciler all read it, so
+    ledger intervals, migration times and job events are on one clock (the simulated one over the sim)."""
     from api.recovery import recovery_offers_for
+    from api.sim_clock import service_clock
     from api.wiring import build_cloud_providers, build_unavailable
     from costopt.ledger.prices import StorePriceView
     from costopt.ledger.sql import SqlLedger
 
     engine = store.engine
+    provs = providers if providers is not None else build_cloud_providers(settings, store)
+    if clock is None:
+        clock = service_clock(settings, {p.name: p for p in provs.values()})
     unavailable = build_unavailable(settings, engine)
+    unavailable.clock = clock.now
     ledger = SqlLedger(engine, StorePriceView(store))
     return MigrationJobs(
         engine,
-        providers if providers is not None else build_cloud_providers(settings, store),
+        provs,
         recovery_offers_for(store, settings),
         unavailable=unavailable,
-        make_migrator=lambda eng, prov: Migrator(eng, prov, ledger=ledger, unavailable=unavailable),
+        make_migrator=lambda eng, prov: Migrator(
+            eng,
+            prov,
+            ledger=ledger,
+            unavailable=unavailable,
+            now=clock.now,
+            sleep=clock.sleep,
+            **_timeouts(prov),  # type: ignore[arg-type]  # checkpoint_timeout and verify_timeout only
+        ),
         reconcile_interval=settings.reconcile_interval,
         watch_interval=settings.interruption_poll_interval,
         watch_overlap=settings.interruption_overlap,
+        clock=clock.now,
     )
 
 
@@ -427,11 +562,13 @@ def build_scheduler(
     migration: MigrationJobs | None = None,
     job_service: JobServiceJobs | None = None,
     leases: LeaseStore | None = None,
+    service_time: ServiceTime | None = None,
 ) -> BackgroundScheduler:
     """A scheduler (not started) with the price jobs (``store`` and ``sources`` given; ``settings`` for
     their intervals), the migration jobs (``migration`` given) and the job service's (``job_service``
     given), each run once per tick across replicas when ``leases`` is given (the service passes a
-    :class:`~costopt.jobs.leases.LeaseStore` on its database)."""
+    :class:`~costopt.jobs.leases.LeaseStore` on its database). ``service_time``: the migration and job
+    service jobs' schedules counted on the service clock (the simulated one; price jobs stay on the wall)."""
     scheduler = new_scheduler()
     ttl = settings.scheduler_lease_ttl if settings is not None else DEFAULT_LEASE_TTL
     if store is not None and sources:
@@ -439,9 +576,9 @@ def build_scheduler(
             raise ValueError("price jobs need the settings (their intervals): pass settings=")
         add_price_jobs(scheduler, store, sources, settings, leases=leases)
     if migration is not None:
-        add_migration_jobs(scheduler, migration, leases=leases, lease_ttl=ttl)
+        add_migration_jobs(scheduler, migration, leases=leases, lease_ttl=ttl, service_time=service_time)
     if job_service is not None:
-        add_job_service_jobs(scheduler, job_service, leases=leases, lease_ttl=ttl)
+        add_job_service_jobs(scheduler, job_service, leases=leases, lease_ttl=ttl, service_time=service_time)
     return scheduler
 
 

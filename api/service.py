@@ -12,11 +12,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from api.scheduler import MigrationJobs, build_migration_jobs
+from costopt.clock import ServiceClock
 from costopt.cloud import CloudProvider
 from costopt.domain import Cloud, OfferKey
 from costopt.jobs.costs import job_cost
@@ -56,6 +57,7 @@ class JobService:
     engine: JobEngine
     providers: Mapping[str, CloudProvider]
     clock: Callable[[], datetime]
+    service_clock: ServiceClock
 
     @property
     def migrators(self) -> Mapping[str, Migrator]:
@@ -87,15 +89,11 @@ def managed_offers_for(repo: JobRepository, engine: JobEngine, fallback: OffersF
     return offers_for
 
 
-def _wall_clock() -> datetime:
-    return datetime.now(UTC)
-
-
 def build_job_service(
     settings: Settings,
     store: PriceStore,
     providers: Mapping[Cloud, CloudProvider] | None = None,
-    clock: Callable[[], datetime] | None = None,
+    clock: ServiceClock | None = None,
     *,
     placements: Placements | None = None,
     workers: int | None = None,
@@ -103,34 +101,36 @@ def build_job_service(
     """The job service over ``store``'s database (see the module doc).
 
     - ``providers``: by cloud (None: :func:`api.wiring.build_cloud_providers` from the settings);
-    - ``clock``: the service's now (None: the default provider's own clock when it has one, the simulated
-      cloud's, else the wall clock);
+    - ``clock``: the service's one clock (None: :func:`api.sim_clock.service_clock`: the simulated cloud's
+      driver when the service launches on it, else the wall clock): the repository, the engine, the
+      rebalancer, the watchers, the reconciler, the migrators (``now`` and ``sleep``), the ledger's
+      intervals and the unavailable-offers cache all read it;
     - ``placements``: where jobs may run (None: :class:`api.job_planning.JobPlanner` over the store, its
       budgets reduced by each job's cost so far);
     - ``workers``: the engine's worker threads (None: ``settings.engine_workers``; 0 runs migrations in
       the tick).
     """
+    from api.sim_clock import service_clock
     from api.wiring import build_cloud_providers
 
     provs = providers if providers is not None else build_cloud_providers(settings, store)
-    migration = build_migration_jobs(settings, store, provs)
-    by_name = dict(migration.providers)
     if clock is None:
-        default = by_name.get(settings.provider)
-        own = getattr(default, "now", None) if default is not None else None
-        clock = own if callable(own) else _wall_clock
+        clock = service_clock(settings, {p.name: p for p in provs.values()})
+    migration = build_migration_jobs(settings, store, provs, clock)
+    by_name = dict(migration.providers)
+    now = clock.now
     ledger = next((m.ledger for m in migration.migrators.values() if m.ledger is not None), None)
     if ledger is None:  # build_migration_jobs bills every migrator: this is a wiring bug
         raise RuntimeError("the migration jobs' migrators have no ledger: the job service cannot bill jobs")
     engine_db = store.engine
-    repo = JobRepository(engine_db, now=clock)
+    repo = JobRepository(engine_db, now=now)
     if placements is None:
         placements = _planner(settings, store, migration.unavailable, ledger)
     engine = JobEngine(
         repo,
         migration.migrators,
         placements,
-        clock,
+        now,
         settings.checkpoint_root,
         launch_attempts=settings.launch_attempts,
         cancel_timeout=settings.cancel_timeout.total_seconds(),
@@ -147,7 +147,8 @@ def build_job_service(
         migration=migration,
         engine=engine,
         providers=by_name,
-        clock=clock,
+        clock=now,
+        service_clock=clock,
     )
 
 

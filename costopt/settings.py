@@ -175,9 +175,10 @@ class Settings(BaseSettings):
     )
     # Migration jobs of the service (the reconciler and the interruption watcher; docs/migration.md).
     migration_jobs_enabled: bool = Field(
-        default=False,
-        description="Run the reconciler and the interruption watcher in the service. Off by default: the "
-        "embedded simulated cloud only moves when a backtest or drill advances its clock.",
+        default=True,
+        description="Run the job engine's tick, the rebalancer, the reconciler and the interruption watcher in "
+        "the service (without them a submitted job stays queued). Over the embedded simulated cloud their "
+        "schedules count simulated time (docs/jobs.md 'Service time').",
     )
     reconcile_interval: timedelta = Field(
         default=timedelta(minutes=5), description="How often every provider's instances are reconciled with jobs."

@@ -639,12 +639,16 @@ class JobEngine:
         if job.state is JobState.LAUNCHING:  # finished before a tick saw it run: it ran
             job = self._to_running(job, migrator, mj)
         audit = control.audit_job(uri, job.steps_total)
+        # the finishing copy's exit code (None: the provider does not know it), read before it is terminated
+        iid = mj.instance_id
+        code = self._exit_code(migrator, iid, self._describe(migrator, iid)) if iid is not None else None
         self._finish_copy(migrator, job.id, f"{_FINISHED_BY_ENGINE} succeeded")
         self.repo.set_progress(job.id, job.steps_total)
         self._to(
             self.repo.get(job.id),
             JobState.SUCCEEDED,
             f"finished: {job.steps_total} steps",
+            **({"exit_code": code} if code is not None else {}),
             detail={
                 "audit": {
                     k: audit.to_dict()[k]

@@ -11,6 +11,7 @@ ledger (:mod:`costopt.migration.ledger_sync`). It runs as a scheduled job in the
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -72,6 +73,7 @@ def reconcile(
     ledger: Ledger | None = None,
     unavailable: UnavailableOffers | None = None,
     egress: EgressRates = DEFAULT_EGRESS,
+    now: Callable[[], datetime] = _utcnow,
 ) -> ReconcileReport:
     """List the instances carrying costopt's tags on ``provider``; terminate orphans (no job, an epoch
     below the job's, or an epoch no active migration launched); mark this provider's jobs (registered
@@ -81,8 +83,10 @@ def reconcile(
     Billing: every copy it finds ended (orphans it terminated, a job's vanished instance, any recorded
     copy of a job without an active migration that is no longer alive) is closed in
     ``migration_copies`` with the provider's end time, then the ledger is synced (when given). A copy
-    found preempted marks its offer in ``unavailable`` (when given)."""
-    now = _utcnow()
+    found preempted marks its offer in ``unavailable`` (when given). ``now``: the service clock (tz-aware
+    UTC; the simulated cloud's time over it), the end of a copy whose provider does not know it."""
+    clock = now
+    now_at = clock()
     pname = provider.name
     with engine.connect() as conn:
         jobs = {r.job_id: JobRecord.of(r) for r in conn.execute(select(migration_jobs)).all()}
@@ -114,7 +118,7 @@ def reconcile(
             provider.terminate(inst.instance_id)
             gone = describe_or_none(provider, inst.instance_id) or inst
             job_id = inst.tags.get(TAG_JOB) or "(untagged)"
-            ends.append(copy_end(gone, job_id, epoch, inst.instance_id, EndReason.ORPHAN, _utcnow()))
+            ends.append(copy_end(gone, job_id, epoch, inst.instance_id, EndReason.ORPHAN, clock()))
 
     recover: list[str] = []
     finished: list[str] = []
@@ -145,12 +149,12 @@ def reconcile(
                         migration_jobs.c.epoch == job.epoch,
                         migration_jobs.c.instance_id == job.instance_id,
                     )
-                    .values(status=status.value, reason=reason, updated_at=_utcnow())
+                    .values(status=status.value, reason=reason, updated_at=clock())
                 ).rowcount
             if changed != 1:
                 (finished if end_reason is EndReason.FINISHED else recover).remove(job.job_id)
                 continue
-            ends.append(copy_end(found, job.job_id, job.epoch, job.instance_id, end_reason, _utcnow()))
+            ends.append(copy_end(found, job.job_id, job.epoch, job.instance_id, end_reason, clock()))
 
     # Any other recorded copy still open whose instance is gone (jobs in flight are their migrator's).
     seen = {e.instance_id for e in ends}
@@ -164,14 +168,14 @@ def reconcile(
             continue  # a migration started since the snapshot (another replica): its migrator closes it
         job = jobs.get(copy.job_id)
         reason = end_reason_of(found, job.checkpoint_uri if job else None, copy.epoch)
-        ends.append(copy_end(found, copy.job_id, copy.epoch, copy.instance_id, reason, now))
+        ends.append(copy_end(found, copy.job_id, copy.epoch, copy.instance_id, reason, now_at))
 
     closed: list[str] = []
     if not dry_run:
         for end in ends:
             mark_preempted(unavailable, end)
             with engine.begin() as conn:
-                if write_copy_end(conn, pname, end, _utcnow()):
+                if write_copy_end(conn, pname, end, clock()):
                     closed.append(interval_key(pname, end.job_id, end.epoch, end.instance_id))
     synced = sync_ledger(engine, ledger, egress=egress) if ledger is not None and not dry_run else None
     return ReconcileReport(tuple(orphans), tuple(recover), tuple(finished), tuple(closed), synced)

@@ -98,5 +98,6 @@ def test_the_service_schedules_the_migration_jobs_only_when_enabled(tmp_path: Pa
         ids = {j.id for j in scheduler.get_jobs()}
         assert {RECONCILE_JOB_ID, WATCH_JOB_ID} <= ids and not any(i.startswith("collect:") for i in ids)
         assert client.get("/livez").status_code == 200
-    with TestClient(create_app(_settings(tmp_path, **base))) as client:
+    assert Settings().migration_jobs_enabled  # on by default (make run runs jobs)
+    with TestClient(create_app(_settings(tmp_path, migration_jobs_enabled=False, **base))) as client:
         assert client.app.state.scheduler is None  # type: ignore[attr-defined]
