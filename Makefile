@@ -39,6 +39,7 @@ bench: setup
 	$(BIN)/python bench/plan_bench.py
 	$(BIN)/python bench/plan_collection_bench.py
 	$(BIN)/python bench/backtest_bench.py
+	$(BIN)/python bench/api_load.py
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache

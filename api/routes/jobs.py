@@ -36,7 +36,7 @@ from api.job_schemas import (
 )
 from costopt.domain import OfferKey
 from costopt.jobs.model import JobState
-from costopt.jobs.records import JobNotFound, JobRecord, JobRepository, NewJob, new_job_id
+from costopt.jobs.records import JobEvent, JobNotFound, JobRecord, JobRepository, NewJob, new_job_id
 from costopt.jobs.view import MoveView, job_view
 from costopt.planning.model import InvalidJob
 from costopt.settings import Settings
@@ -141,15 +141,23 @@ def _move(m: MoveView) -> MovePublic:
     )
 
 
-def render_job(request: Request, jobs: JobRepository, job: JobRecord, *, now: datetime | None = None) -> JobPublic:
+def render_job(
+    request: Request,
+    jobs: JobRepository,
+    job: JobRecord,
+    *,
+    now: datetime | None = None,
+    events: Sequence[JobEvent] | None = None,
+) -> JobPublic:
     """A job as the API shows it: the record, its quote and placement, and the live figures of
     :func:`costopt.jobs.view.job_view` (ETA, the ledger's cost so far, moves and preemptions with their
-    reason and cost) at the service's now."""
+    reason and cost) at the service's now. ``events``: the job's events when read already (a page's,
+    :meth:`JobRepository.events_of`; None: read here)."""
     at = now or jobs.now()
     spec = job.spec
     view = job_view(
         job,
-        jobs.events(job.id),
+        jobs.events(job.id) if events is None else events,
         ledger=getattr(request.app.state, "ledger", None),
         placements=request.app.state.job_planner,
         at=at,
@@ -326,9 +334,10 @@ def list_jobs(
     except ValueError as exc:
         raise ApiError(422, "invalid_request", str(exc), [{"field": "query.cursor", "problem": str(exc)}]) from exc
     now = jobs.now()
+    events = jobs.events_of([j.id for j in page.items])  # one query for the page, not one per job
     return JobsListPublic(
         total=page.total,
-        items=[render_job(request, jobs, j, now=now) for j in page.items],
+        items=[render_job(request, jobs, j, now=now, events=events[j.id]) for j in page.items],
         next_cursor=page.next_cursor,
     )
 

@@ -255,6 +255,18 @@ class SqlLedger:
         end: datetime | None = None,
     ) -> list[IntervalLine]:
         """Stored intervals of a job and/or team overlapping ``[start, end)`` (None: unbounded)."""
+        with self.engine.connect() as conn:
+            return self._intervals(conn, job_id=job_id, team=team, start=start, end=end)
+
+    def _intervals(
+        self,
+        conn: Connection,
+        *,
+        job_id: str | None,
+        team: str | None,
+        start: datetime | None,
+        end: datetime | None,
+    ) -> list[IntervalLine]:
         t = ledger_intervals.c
         conds: list[Any] = []
         if job_id is not None:
@@ -265,11 +277,10 @@ class SqlLedger:
             conds.append(t.started_at < end)
         if start is not None:
             conds.append(or_(t.ended_at.is_(None), t.ended_at > start))
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(ledger_intervals).where(and_(True, *conds)).order_by(t.started_at, t.interval_key)
-            ).fetchall()
-            segs = self._segments(conn, [r.id for r in rows if r.ended_at is not None])
+        rows = conn.execute(
+            select(ledger_intervals).where(and_(True, *conds)).order_by(t.started_at, t.interval_key)
+        ).fetchall()
+        segs = self._segments(conn, [r.id for r in rows if r.ended_at is not None])
         return [_interval_line(r, segs) for r in rows]
 
     @staticmethod
@@ -297,6 +308,18 @@ class SqlLedger:
         end: datetime | None = None,
     ) -> list[ChargeLine]:
         """Stored charges of a job and/or team dated within ``[start, end)``."""
+        with self.engine.connect() as conn:
+            return self._charges(conn, job_id=job_id, team=team, start=start, end=end)
+
+    @staticmethod
+    def _charges(
+        conn: Connection,
+        *,
+        job_id: str | None,
+        team: str | None,
+        start: datetime | None,
+        end: datetime | None,
+    ) -> list[ChargeLine]:
         t = ledger_charges.c
         conds: list[Any] = []
         if job_id is not None:
@@ -307,10 +330,7 @@ class SqlLedger:
             conds.append(t.at >= start)
         if end is not None:
             conds.append(t.at < end)
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(ledger_charges).where(and_(True, *conds)).order_by(t.at, t.charge_key)
-            ).fetchall()
+        rows = conn.execute(select(ledger_charges).where(and_(True, *conds)).order_by(t.at, t.charge_key)).fetchall()
         return [ChargeLine(_charge_record(r), int(r.amount_micro_usd)) for r in rows]
 
     def costs(
@@ -324,11 +344,14 @@ class SqlLedger:
     ) -> CostReport:
         """Costs of a job and/or team within ``[start, end)``: intervals clipped to the period and
         integrated across price changes, open ones up to ``as_of`` (default: the period end), and the
-        charges dated within it."""
+        charges dated within it. Intervals and charges are read in one transaction (one connection)."""
+        with self.engine.connect() as conn:
+            intervals = self._intervals(conn, job_id=job_id, team=team, start=start, end=end)
+            charges = self._charges(conn, job_id=job_id, team=team, start=start, end=end)
         return report(
             self.prices,
-            self.intervals(job_id=job_id, team=team, start=start, end=end),
-            self.charges(job_id=job_id, team=team, start=start, end=end),
+            intervals,
+            charges,
             start,
             end,
             as_of,
