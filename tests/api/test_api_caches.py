@@ -1,0 +1,84 @@
+"""The request path's caches (issue 10's load work): verified keys (api/auth.py), the planner's offer
+table (api/job_planning.py), a page's events in one query (JobRepository.events_of)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+import api.auth
+from costopt.domain import PricePoint
+from tests.api.jobs_helpers import P3_2X_SPOT, T0, Service, bearer, service
+
+
+@pytest.fixture
+def svc(engine: Engine, tmp_path: Path) -> Iterator[Service]:
+    yield from service(engine, tmp_path)
+
+
+def _key(svc: Service) -> tuple[str, dict[str, str]]:
+    issued = svc.teams.create_key(svc.alpha_team)
+    return issued.key.id, bearer(issued.secret)
+
+
+def test_revoked_through_the_api_stops_at_once(svc: Service) -> None:
+    key_id, headers = _key(svc)
+    assert svc.client.get("/v1/jobs", headers=headers).status_code == 200  # verified: cached now
+    assert svc.client.delete(f"/v1/admin/keys/{key_id}", headers=svc.admin).status_code == 204
+    assert svc.client.get("/v1/jobs", headers=headers).status_code == 401
+
+
+def test_revoked_elsewhere_stops_within_the_ttl(svc: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Revoked by another process (here: the repository, behind the service's back): the cached key is
+    trusted until its TTL runs out, then refused."""
+    now = [1000.0]
+    monkeypatch.setattr(api.auth.time, "monotonic", lambda: now[0])
+    key_id, headers = _key(svc)
+    assert svc.client.get("/v1/jobs", headers=headers).status_code == 200
+    assert svc.teams.revoke(key_id)
+    now[0] += api.auth.KEY_CACHE_TTL_S / 2
+    assert svc.client.get("/v1/jobs", headers=headers).status_code == 200
+    now[0] += api.auth.KEY_CACHE_TTL_S
+    assert svc.client.get("/v1/jobs", headers=headers).status_code == 401
+
+
+def test_the_cache_holds_hashes_only_and_no_bad_key(svc: Service) -> None:
+    _, headers = _key(svc)
+    secret = headers["Authorization"].removeprefix("Bearer ")
+    assert svc.client.get("/v1/jobs", headers=headers).status_code == 200
+    bad = secret[:-1] + ("A" if secret[-1] != "A" else "B")
+    assert svc.client.get("/v1/jobs", headers=bearer(bad)).status_code == 401
+    cache = svc.app.state.key_cache
+    assert secret not in cache and bad not in cache
+    assert len(cache) == 1 and all(len(d) == 64 for d in cache)
+
+
+def test_a_new_price_is_quoted_at_once(svc: Service) -> None:
+    """The offer table is cached per price version: a price written after a quote changes the next."""
+    first = svc.submit(svc.alpha)
+    assert first["quote"]["usd_per_hour"] > 0.01
+    again = svc.submit(svc.alpha)  # the cached table: the same winner
+    assert again["quote"]["offer"] == first["quote"]["offer"]
+    # the cheapest offer's price drops far below every other: the next quote must take it
+    svc.store.write([PricePoint(P3_2X_SPOT, T0 + timedelta(hours=6), 0.01, "t")])
+    after = svc.submit(svc.alpha)
+    assert after["quote"]["offer"]["instance_type"] == P3_2X_SPOT.instance_type
+    assert after["quote"]["usd_per_hour"] == pytest.approx(0.01)
+
+
+def test_a_page_renders_each_jobs_own_events(svc: Service) -> None:
+    ids = [svc.submit(svc.alpha)["id"] for _ in range(3)]
+    svc.client.post(f"/v1/jobs/{ids[1]}/cancel", headers=svc.alpha)
+    page = svc.client.get("/v1/jobs", params={"limit": 50}, headers=svc.alpha).json()["items"]
+    for item in page:
+        alone = svc.client.get(f"/v1/jobs/{item['id']}", headers=svc.alpha).json()
+        assert item["moves"] == alone["moves"] and item["state"] == alone["state"]
+    events = svc.jobs.events_of([*ids, "job-none"])
+    assert events["job-none"] == []
+    for job_id in ids:
+        assert events[job_id] == svc.jobs.events(job_id)
+    assert len(events[ids[1]]) > len(events[ids[0]])  # the cancelled one has more
