@@ -679,7 +679,9 @@ class JobEngine:
         if alive:
             rid = f"{CANCEL_PREFIX}-{job.id}-e{mj.epoch}"[:64]
             if not self._events(job.id, "checkpoint_requested"):
-                control.request_checkpoint(uri, epoch=mj.epoch, request_id=rid, reason="cancelled by the team")
+                control.request_checkpoint(
+                    uri, epoch=mj.epoch, request_id=rid, reason="cancelled by the team", at=self.clock().timestamp()
+                )
                 self.repo.add_event(
                     job.id,
                     "checkpoint_requested",

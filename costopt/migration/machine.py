@@ -461,7 +461,11 @@ class Migrator:
             )
         assert mig.request_id is not None
         control.request_checkpoint(
-            job.checkpoint_uri, epoch=mig.from_epoch, request_id=mig.request_id, reason=f"migration {mig.id}"
+            job.checkpoint_uri,
+            epoch=mig.from_epoch,
+            request_id=mig.request_id,
+            reason=f"migration {mig.id}",
+            at=self.now().timestamp(),
         )
         return self._advance(mig, State.CHECKPOINTING, deadline_at=self._deadline(self.checkpoint_timeout))
 
@@ -592,7 +596,7 @@ class Migrator:
     def _step_launched(self, mig: MigrationRecord) -> MigrationRecord:
         job = self.job(mig.job_id)
         try:
-            control.claim_epoch(job.checkpoint_uri, mig.to_epoch)
+            control.claim_epoch(job.checkpoint_uri, mig.to_epoch, at=self.now().timestamp())
         except StaleEpoch as exc:
             ended = []
             if mig.new_instance_id:

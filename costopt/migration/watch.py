@@ -302,7 +302,11 @@ class InterruptionWatcher:
         rid = notice_request_id(ev.instance_id, ev.noticed_at)
         left = f"; taken at {utc(ev.deadline).isoformat()}" if ev.deadline is not None else ""
         control.request_checkpoint(
-            job.checkpoint_uri, epoch=job.epoch, request_id=rid, reason=f"preemption notice on {ev.instance_id}{left}"
+            job.checkpoint_uri,
+            epoch=job.epoch,
+            request_id=rid,
+            reason=f"preemption notice on {ev.instance_id}{left}",
+            at=self.clock().timestamp(),
         )
         return rid
 
