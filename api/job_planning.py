@@ -208,18 +208,25 @@ class JobPlanner:
     :class:`costopt.jobs.placement.Placements`.
 
     ``unavailable``: the unavailable-offers cache (None: none left out). ``spent``: the job's cost so far
-    (job id, time -> Decimal USD; None: budgets are not reduced by what was spent)."""
+    (job id, time -> Decimal USD; None: budgets are not reduced by what was spent). ``now``: the
+    service's time when it is not the wall clock (the simulated cloud's), so quotes use the prices the
+    job will launch at; None: "now" is the settings' clock (live, or the data's own time)."""
 
     store: PriceStore
     settings: Settings
     unavailable: UnavailableOffers | None = None
     spent: Callable[[str, datetime], Decimal] | None = None
+    now: Callable[[], datetime] | None = None
     _tables: dict[tuple[Any, ...], tuple[float, pd.DataFrame, OfferTable]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
     _tables_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     # -- inputs ----------------------------------------------------------------------------------------
+
+    def default_at(self) -> datetime | None:
+        """When a plan without ``at`` is made: the service's time (``now``), or None (the settings' clock)."""
+        return self.now() if self.now is not None else None
 
     def catalog_for(self, spec: Mapping[str, Any]) -> tuple[JobType, ThroughputCatalog]:
         """The job's type and the catalog to plan it on (raises :class:`UnknownJobType`)."""
@@ -260,6 +267,8 @@ class JobPlanner:
         from costopt.planning.evaluate import OfferTable
         from costopt.planning.single import plan_job
 
+        if at is None:
+            at = self.default_at()
         job_type, catalog = self.catalog_for(spec)
         inputs = planner_inputs(self.settings, self.store)
         assumptions = replace(inputs.assumptions, per_gpu_packing=False)

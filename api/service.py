@@ -125,7 +125,7 @@ def build_job_service(
     engine_db = store.engine
     repo = JobRepository(engine_db, now=now)
     if placements is None:
-        placements = _planner(settings, store, migration.unavailable, ledger)
+        placements = _planner(settings, store, migration.unavailable, ledger, clock)
     engine = JobEngine(
         repo,
         migration.migrators,
@@ -152,8 +152,11 @@ def build_job_service(
     )
 
 
-def _planner(settings: Settings, store: PriceStore, unavailable: UnavailableOffers, ledger: Ledger) -> JobPlanner:
+def _planner(
+    settings: Settings, store: PriceStore, unavailable: UnavailableOffers, ledger: Ledger, clock: ServiceClock
+) -> JobPlanner:
     from api.job_planning import JobPlanner
+    from costopt.clock import WallClock
 
     def spent(job_id: str, at: datetime) -> Decimal:
         try:
@@ -162,4 +165,6 @@ def _planner(settings: Settings, store: PriceStore, unavailable: UnavailableOffe
             log.warning("job %s: cost so far unknown (%s); its budget is not reduced", job_id, exc)
             return Decimal(0)
 
-    return JobPlanner(store, settings, unavailable=unavailable, spent=spent)
+    # Over the simulated cloud, quotes are made at its time (the prices the job will launch at).
+    sim_now = None if isinstance(clock, WallClock) else clock.now
+    return JobPlanner(store, settings, unavailable=unavailable, spent=spent, now=sim_now)

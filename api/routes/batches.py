@@ -101,7 +101,7 @@ def _plan(body: BatchCreate, specs: list[dict[str, Any]], planner: Any) -> tuple
         groups.append(JobGroup(JobSpec(job_type, float(spec["steps"]), int(spec["gpus"])), 1, f"job {i}"))
     objective = _collection_objective(body)
     quotas = tuple(Quota(q.cloud.value, q.region, q.gpus) for q in body.quotas)
-    now, frame = offers_at(planner.store, planner.settings, None, None, unavailable=planner.unavailable)
+    now, frame = offers_at(planner.store, planner.settings, planner.default_at(), None, unavailable=planner.unavailable)
     table = OfferTable.from_frame(apply_constraints(frame, constraints[0]), inputs.hazards)
     assumptions = replace(inputs.assumptions, per_gpu_packing=False)
     try:

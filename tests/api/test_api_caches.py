@@ -63,8 +63,10 @@ def test_a_new_price_is_quoted_at_once(svc: Service) -> None:
     assert first["quote"]["usd_per_hour"] > 0.01
     again = svc.submit(svc.alpha)  # the cached table: the same winner
     assert again["quote"]["offer"] == first["quote"]["offer"]
-    # the cheapest offer's price drops far below every other: the next quote must take it
-    svc.store.write([PricePoint(P3_2X_SPOT, T0 + timedelta(hours=6), 0.01, "t")])
+    # the cheapest offer's price drops far below every other (now, on the service's simulated clock,
+    # which is when quotes are made): the next quote must take it
+    sim_now = svc.app.state.providers["sim"].clock.now()
+    svc.store.write([PricePoint(P3_2X_SPOT, sim_now, 0.01, "t")])
     after = svc.submit(svc.alpha)
     assert after["quote"]["offer"]["instance_type"] == P3_2X_SPOT.instance_type
     assert after["quote"]["usd_per_hour"] == pytest.approx(0.01)
@@ -82,3 +84,14 @@ def test_a_page_renders_each_jobs_own_events(svc: Service) -> None:
     for job_id in ids:
         assert events[job_id] == svc.jobs.events(job_id)
     assert len(events[ids[1]]) > len(events[ids[0]])  # the cancelled one has more
+
+
+def test_quotes_are_made_at_the_service_clock_over_the_simulated_cloud(svc: Service) -> None:
+    """Over the simulated cloud the job launches at the sim's time, so its quote is priced then, not at
+    the data's newest time (p3.2xlarge spot is 0.95 USD/h at T0 and 1.05 from T0 + 5 h)."""
+    sim_now = svc.app.state.providers["sim"].clock.now()
+    assert sim_now < T0 + timedelta(hours=5)
+    doc = svc.submit(svc.alpha, constraints={"clouds": ["aws"], "accelerators": ["v100"], "max_usd_per_hour": 2.0})
+    assert doc["quote"]["as_of"] == sim_now.isoformat().replace("+00:00", "Z")
+    assert doc["quote"]["offer"]["instance_type"] == P3_2X_SPOT.instance_type
+    assert doc["quote"]["usd_per_hour"] == pytest.approx(0.95)
