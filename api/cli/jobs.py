@@ -152,6 +152,19 @@ def _placement(job: Mapping[str, Any]) -> str | None:
     return f"{p['cloud']}/{zone}/{p['instance_type']}/{p['market']}"
 
 
+def _cents(value: Any) -> str | None:
+    """A sum of money (decimal string or number) rounded to the cent, for tables only (JSON and CSV keep
+    the exact value)."""
+    if value is None:
+        return None
+    from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
+
+    try:
+        return str(Decimal(str(value)).quantize(Decimal("0.01"), rounding=ROUND_HALF_EVEN))
+    except InvalidOperation:
+        return str(value)
+
+
 def _row(job: Mapping[str, Any]) -> dict[str, Any]:
     placement = job.get("placement") or {}
     return {
@@ -171,13 +184,19 @@ def _show(job: Mapping[str, Any], fmt: OutputFormat) -> None:
         emit_object(job, fmt)
         return
     quote = job.get("quote") or {}
+    table = fmt is OutputFormat.table
+    row = _row(job)
+    hours = quote.get("expected_hours")
     record = {
-        **_row(job),
+        **row,
+        "cost_so_far_usd": f"{_cents(row['cost_so_far_usd'])} USD"
+        if table and row["cost_so_far_usd"]
+        else row["cost_so_far_usd"],
         "reason": job.get("reason"),
         "job_type": job.get("job_type"),
         "gpus": job.get("gpus"),
-        "quote (USD)": quote.get("expected_cost_usd"),
-        "quote (h)": quote.get("expected_hours"),
+        "quote (USD)": _cents(quote.get("expected_cost_usd")) if table else quote.get("expected_cost_usd"),
+        "quote (h)": f"{float(hours):.2f}" if table and hours is not None else hours,
         "exit_code": job.get("exit_code"),
         "created_at": job.get("created_at"),
         "finished_at": job.get("finished_at"),
@@ -288,7 +307,10 @@ def list_(
     if fmt is OutputFormat.json:
         emit(items, _JOB_COLUMNS, fmt)
     else:
-        emit([_row(j) for j in items], _JOB_COLUMNS, fmt, title="Jobs")
+        rows = [_row(j) for j in items]
+        if fmt is OutputFormat.table:
+            rows = [{**r, "cost_so_far_usd": _cents(r["cost_so_far_usd"])} for r in rows]
+        emit(rows, _JOB_COLUMNS, fmt, title="Jobs")
     note(f"{len(items)} of {total} job(s)")
 
 

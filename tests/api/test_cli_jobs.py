@@ -109,3 +109,10 @@ def test_admin_local_makes_a_team_whose_key_authenticates(env):
     assert again.exit_code == 1 and "exists already" in again.output
     listed = runner.invoke(app, ["admin", "teams", "--local", "-f", "json"])
     assert '"vision"' in listed.stdout
+
+
+@pytest.mark.parametrize(("value", "shown"), [("0.423828", "0.42"), ("0.125", "0.12"), ("0.135", "0.14"), (None, None)])
+def test_tables_show_money_to_the_cent(value, shown):
+    from api.cli.jobs import _cents
+
+    assert _cents(value) == shown
