@@ -488,7 +488,9 @@ def test_a_sweep_of_gavel_job_types_meets_its_deadline_under_quotas(shared_data:
         JobGroup(JobSpec(lm, 500_000.0), 12, "lm-sweep"),
     )
     quotas = (Quota("aws", "us-east-1", 16), Quota("gcp", None, 12))
-    plan = plan_collection(CollectionSpec(groups, SweepMinCost(deadline_hours=24.0), quotas), table_of(rows), cat, PACKED)
+    plan = plan_collection(
+        CollectionSpec(groups, SweepMinCost(deadline_hours=24.0), quotas), table_of(rows), cat, PACKED
+    )
     assert plan.status == "optimal"
     assert plan.max_hours_at_confidence is not None and plan.max_hours_at_confidence <= 24.0
     for use in plan.quota_use:
