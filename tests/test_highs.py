@@ -9,13 +9,16 @@ import sys
 import pytest
 
 _PULP_FIRST = """
-import pulp
-from costopt.highs import HIGHS_THREADS
-p = pulp.LpProblem("x", pulp.LpMinimize)
-x = pulp.LpVariable("x", 0, 10, cat=pulp.LpInteger)
-p += x
-p += x >= 1
-p.solve(pulp.HiGHS(msg=False, threads=HIGHS_THREADS))
+import numpy as np
+import scipy.sparse as sp
+from costopt.planning.collection_solve import PairModel, PulpBackend
+model = PairModel(
+    group=np.array([0, 0]), offer=np.array([0, 1]), cost=np.array([2.0, 1.0]), hours=np.array([1.0, 1.0]),
+    gpus=np.array([1, 1]), counts=np.array([1]), quota_rows=sp.csr_array((0, 2)),
+    quota_max=np.array([], dtype=np.int64),
+)
+result = PulpBackend(model).min_cost(model.full_bounds(), None, None)
+assert result.status == "optimal" and result.jobs is not None and result.jobs.tolist() == [0, 1], result
 """
 _GAVEL = """
 from costopt.gavel.lp import _new_highs
