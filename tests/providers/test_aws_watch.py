@@ -7,7 +7,7 @@ import builtins
 import json
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from costopt.agent import Agent, control
-from costopt.agent.contract import ENV_CHECKPOINT_URI, ENV_EPOCH, ENV_JOB_ID
-from costopt.cloud import Instance, InstanceState, Interruption, LaunchSpec, NotFoundError
+from costopt.agent import control
+from costopt.cloud import Interruption
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.migration.machine import Migrator
 from costopt.migration.watch import InterruptionWatcher, MemoryWatermark, notice_request_id
 from providers.aws import AwsProvider, setup_interruption_queue
 from tests.aws_support import REGION, fake_session
+from tests.migration.test_watch import Clock, InProcessCloud
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "aws"
 T0 = datetime(2026, 3, 2, 14, 0, tzinfo=UTC)
@@ -34,58 +34,23 @@ VISIBILITY = 1
 """Seconds a notice read but not acknowledged stays hidden (SQS VisibilityTimeout) in these tests."""
 
 
-class QueueCloud:
-    """Instances 'run' in this process (a launch restores, steps and checkpoints with a real Agent, so the
-    migrator's verification passes at once); interruptions come from the real AWS provider's queue."""
+class QueueCloud(InProcessCloud):
+    """Instances 'run' in this process (the migration tests' in-process cloud: a launch restores, steps and
+    checkpoints with a real Agent, so the migrator's verification passes at once); interruptions come from
+    the real AWS provider's queue, and acknowledgements go back to it."""
 
     name = "aws"
 
-    def __init__(self, aws: AwsProvider, clock: Any) -> None:
+    def __init__(self, aws: AwsProvider, clock: Clock) -> None:
+        super().__init__(clock, prefix="i-0")
         self.aws = aws
-        self.clock = clock
-        self.instances: dict[str, Instance] = {}
-        self.tokens: dict[str, str] = {}
-        self.acknowledged: list[Interruption] = []
-
-    def launch(self, spec: LaunchSpec, idempotency_token: str) -> Instance:
-        if idempotency_token in self.tokens:
-            return self.instances[self.tokens[idempotency_token]]
-        iid = f"i-0{uuid.uuid4().hex[:12]}"
-        agent = Agent(spec.env[ENV_JOB_ID], spec.env[ENV_CHECKPOINT_URI], int(spec.env[ENV_EPOCH]))
-        ckpt = agent.restore()
-        step = (ckpt.step if ckpt else 0) + 1
-        agent.report(step)
-        agent.checkpoint(step, {"step": step})
-        agent.close()
-        inst = Instance(iid, spec.offer, InstanceState.RUNNING, dict(spec.tags), launched_at=self.clock())
-        self.instances[iid] = inst
-        self.tokens[idempotency_token] = iid
-        return inst
-
-    def terminate(self, instance_id: str) -> None:
-        inst = self.instances.get(instance_id)
-        if inst is not None:
-            self.instances[instance_id] = Instance(
-                instance_id, inst.offer, InstanceState.TERMINATED, inst.tags, inst.launched_at
-            )
-
-    def describe(self, instance_id: str) -> Instance:
-        if instance_id not in self.instances:
-            raise NotFoundError(instance_id)
-        return self.instances[instance_id]
-
-    def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
-        return [i for i in self.instances.values() if all(i.tags.get(k) == v for k, v in tags.items())]
 
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         return [e for e in self.aws.interruptions(since) if e.kind == "notice"]
 
     def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
-        self.acknowledged.extend(interruptions)
+        super().acknowledge(interruptions)
         self.aws.acknowledge(interruptions)
-
-    def output(self, instance_id: str, *, tail: int | None = None) -> str:
-        return ""
 
 
 def queued(moto_url: str, queue_url: str) -> int:
@@ -101,13 +66,13 @@ class Setup:
         self.queue_url = setup_interruption_queue(
             REGION, session=fake_session(), endpoint_url=moto_url, queue_name=f"watch-{uuid.uuid4().hex[:8]}"
         ).queue_url
-        self.now = T0
+        self.clock = Clock(T0)
         aws = AwsProvider(
             [REGION], session=fake_session(), endpoint_url=moto_url, interruption_queue_urls={REGION: self.queue_url},
             queue_wait_seconds=0, notice_visibility_seconds=VISIBILITY, max_attempts=2,
         )  # fmt: skip
-        self.cloud = QueueCloud(aws, lambda: self.now)
-        self.migrator = Migrator(engine, self.cloud, backoff_base=0.001, now=lambda: self.now)  # type: ignore[arg-type]
+        self.cloud = QueueCloud(aws, self.clock)
+        self.migrator = Migrator(engine, self.cloud, backoff_base=0.001, now=self.clock)  # type: ignore[arg-type]
         self.uri = str(tmp_path / "ckpt" / "job-1")
         self.watermark = MemoryWatermark()
 
@@ -122,14 +87,14 @@ class Setup:
     def watcher(self) -> InterruptionWatcher:
         """A watcher as a (re)started service process makes it (nothing in memory)."""
         return InterruptionWatcher(
-            self.migrator, lambda job: OFFERS, clock=lambda: self.now, overlap=timedelta(minutes=5),
+            self.migrator, lambda job: OFFERS, clock=self.clock, overlap=timedelta(minutes=5),
             watermark=self.watermark,
         )  # fmt: skip
 
     def aws_warns(self, instance_id: str) -> None:
         template = (FIXTURES / "spot_interruption_warning.json").read_text()
         event = json.loads(template.replace("INSTANCE_ID", instance_id))
-        event["time"] = self.now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        event["time"] = self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
         sqs = fake_session().client("sqs", endpoint_url=self.moto_url)
         sqs.send_message(QueueUrl=self.queue_url, MessageBody=json.dumps(event))
 
