@@ -16,7 +16,6 @@ from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from costopt.backtest.job import JobBacktest, JobBacktestError, run_job_backtest
@@ -31,6 +30,7 @@ from costopt.throughput.catalog import ThroughputCatalog
 from costopt.throughput.loaders import GAVEL_ORACLE_FILE, load_throughput_file
 from costopt.throughput.model import JobType, Throughput, ThroughputKey
 from providers.sim import SimConfig, sim_factory
+from tests.price_support import step_prices
 
 RESNET = "ResNet-50 (batch size 128)"
 WEEK = (datetime(2020, 3, 2, tzinfo=UTC), datetime(2020, 3, 9, tzinfo=UTC))
@@ -44,22 +44,9 @@ B = OfferKey(Cloud.AWS, "us-west-2", "us-west-2a", "p3.2xlarge", Market.SPOT)
 
 
 def _toy_prices() -> StepPrices:
-    rows = [(A, T0 - timedelta(days=1), 1.00), (A, T0 + timedelta(hours=24), 3.00), (B, T0 - timedelta(days=1), 1.50)]
-    frame = pd.DataFrame(
-        [
-            {
-                "cloud": k.cloud.value,
-                "region": k.region,
-                "zone": k.zone,
-                "instance_type": k.instance_type,
-                "market": k.market.value,
-                "valid_from": t,
-                "usd_per_hour": p,
-            }
-            for k, t, p in rows
-        ]
+    return step_prices(
+        [(A, T0 - timedelta(days=1), 1.00), (A, T0 + timedelta(hours=24), 3.00), (B, T0 - timedelta(days=1), 1.50)]
     )
-    return StepPrices.from_history(frame, {("aws", "p3.2xlarge"): ("v100", 1.0)})
 
 
 TOY_CATALOG = ThroughputCatalog({ThroughputKey(JobType.parse("Toy"), "v100"): Throughput(10.0, "measured")})

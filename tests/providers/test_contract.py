@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
@@ -37,7 +36,6 @@ from costopt.cloud import (
     tags_match,
 )
 from costopt.domain import Cloud, Market, OfferKey
-from costopt.ledger import StepPrices
 from costopt.risk.hazard import HazardModel
 from providers.aws import AwsProvider
 from providers.azure import AzureProvider, vm_name
@@ -45,6 +43,7 @@ from providers.gcp import GcpProvider, instance_name, sanitize_label
 from providers.local import LocalProvider
 from providers.sim import SimCloud, SimConfig
 from tests.aws_support import REGION, fake_session
+from tests.price_support import step_prices
 from tests.providers.azure_fake import FakeArm, make_provider
 from tests.providers.gcp_fake import PROJECT, ZONE, FakeCompute
 
@@ -103,20 +102,7 @@ class Harness:
 
 def _sim() -> Harness:
     offer = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.ON_DEMAND)
-    frame = pd.DataFrame(
-        [
-            {
-                "cloud": "aws",
-                "region": offer.region,
-                "zone": offer.zone,
-                "instance_type": offer.instance_type,
-                "market": offer.market.value,
-                "valid_from": SIM_START - timedelta(days=1),
-                "usd_per_hour": 3.06,
-            }
-        ]
-    )
-    prices = StepPrices.from_history(frame, {("aws", "p3.2xlarge"): ("v100", 1.0)})
+    prices = step_prices([(offer, SIM_START - timedelta(days=1), 3.06)])
     cloud = SimCloud(prices, HazardModel(defaults=dict.fromkeys(Cloud, 0.0)), start=SIM_START, config=SimConfig())
 
     def settle() -> None:

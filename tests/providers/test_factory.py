@@ -8,7 +8,6 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
@@ -24,6 +23,7 @@ from providers.gcp import GcpProvider
 from providers.local import LocalProvider
 from providers.sim import SimCloud
 from tests.aws_support import REGION
+from tests.price_support import step_prices
 from tests.providers.azure_fake import RG, SSH_KEY, SUBNET, SUBSCRIPTION, FakeArm, FakeCredential
 from tests.providers.gcp_fake import PROJECT, ZONE, FakeCompute
 
@@ -102,20 +102,7 @@ def test_local_from_the_settings(tmp_path: Path) -> None:
 
 
 def _prices(offer: OfferKey, since: datetime) -> StepPrices:
-    frame = pd.DataFrame(
-        [
-            {
-                "cloud": offer.cloud.value,
-                "region": offer.region,
-                "zone": offer.zone,
-                "instance_type": offer.instance_type,
-                "market": offer.market.value,
-                "valid_from": since,
-                "usd_per_hour": 1.0,
-            }
-        ]
-    )
-    return StepPrices.from_history(frame, {(offer.cloud.value, offer.instance_type): ("v100", 1.0)})
+    return step_prices([(offer, since, 1.0)], {(offer.cloud.value, offer.instance_type): ("v100", 1.0)})
 
 
 def test_sim_needs_prices_and_runs_over_them_from_the_sim_start() -> None:
