@@ -52,7 +52,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import Engine, func, select
 
 from costopt.agent import control
 from costopt.agent.contract import job_env as contract_job_env
@@ -62,7 +62,7 @@ from costopt.cloud import CloudError, Instance, InstanceState, NotFoundError
 from costopt.db.migration_schema import migration_jobs, migrations
 from costopt.domain import OfferKey
 from costopt.errors import CostoptError
-from costopt.jobs.costs import CopyKeys, job_charges, migration_cost
+from costopt.jobs.costs import CopyKeys, MigrationCost, job_charges, migration_cost
 from costopt.jobs.model import ACTIVE_STATES, JobState
 from costopt.jobs.placement import Placement, Placements
 from costopt.jobs.records import ConcurrentUpdate, IllegalTransition, JobEvent, JobRecord, JobRepository
@@ -178,6 +178,11 @@ def _offer_doc(offer: OfferKey | None) -> dict[str, str] | None:
     return offer.to_doc() if offer is not None else None
 
 
+def _total(cost: MigrationCost | None) -> Decimal | None:
+    """A migration's cost for its event (None: unknown)."""
+    return cost.total if cost is not None and cost.known else None
+
+
 def _usd(value: float | Decimal | None) -> Decimal | None:
     if value is None:
         return None
@@ -236,7 +241,7 @@ class JobEngine:
         self._work: dict[str, Future[Any]] = {}
         self._orphaned: set[str] = set()  # jobs whose worker died: their migration is resumed
         self._ranked: dict[str, dict[OfferKey, Placement]] = {}
-        self._dirty: set[str] = set()  # jobs whose row this tick wrote (re-read before deciding further)
+        self._moved: dict[str, JobState] = {}  # job -> the state this step's last transition left it in
         self._seen_steps: dict[str, tuple[int, int]] = {}  # job -> (epoch, last step) at the previous look
         self._history_mark: dict[str, int] = {}  # the last finished migration whose events are recorded
         self._tick_lock = threading.Lock()
@@ -400,15 +405,14 @@ class JobEngine:
             out.busy.append(job.id)
             return
         migrator = self.migrator_of(job)
-        self._dirty.discard(job.id)
+        self._moved.pop(job.id, None)
         if job.state is JobState.QUEUED:
             self._queued(job, migrator)
         else:
             self._active(job, migrator, first=first, snap=snap)
-        if job.id in self._dirty:
-            after = self.repo.get(job.id).state
-            if after is not before:
-                out.changed.append(f"{job.id}: {before.value} -> {after.value}")
+        after = self._moved.pop(job.id, before)
+        if after is not before:
+            out.changed.append(f"{job.id}: {before.value} -> {after.value}")
 
     # queued: rank, register, launching, start.
     def _queued(self, job: JobRecord, migrator: Migrator) -> None:
@@ -734,15 +738,10 @@ class JobEngine:
         self._to(self.repo.get(job.id), JobState.FAILED, reason[:4000], detail=detail, **fields)
 
     def _finish_copy(self, migrator: Migrator, job_id: str, reason: str) -> None:
-        """Mark the migrator's job finished (so neither the watcher nor the reconciler recovers it), terminate
-        its copy (idempotent), and close the copy's interval the migrator's way (its reconciler pass closes
-        every copy found gone, with the provider's end time, and syncs the ledger)."""
-        with migrator.engine.begin() as conn:
-            conn.execute(
-                update(migration_jobs)
-                .where(migration_jobs.c.job_id == job_id, migration_jobs.c.status != JobStatus.FINISHED.value)
-                .values(status=JobStatus.FINISHED.value, reason=reason[:2000], updated_at=self.now())
-            )
+        """Finish the migrator's job (:meth:`Migrator.finish`: neither the watcher nor the reconciler recovers
+        it), terminate its copy (idempotent), and close the copy's interval the migrator's way (its reconciler
+        pass closes every copy found gone, with the provider's end time, and syncs the ledger)."""
+        migrator.finish(job_id, reason)
         mj = migrator.job(job_id)
         if mj.instance_id is not None:
             migrator.provider.terminate(mj.instance_id)
@@ -752,7 +751,10 @@ class JobEngine:
 
     def _record_history(self, job: JobRecord, migrator: Migrator) -> bool:
         """Record, once each, the preemptions, recoveries and moves the migrator ran for the job (keyed by
-        migration id: a restarted engine records nothing twice). True when it wrote (or failed the job)."""
+        migration id: a restarted engine records nothing twice). True when it wrote (or failed the job).
+
+        Reads the history and the job's events; the copies (and the cloud, for a loss's kind) only when there
+        is something to record, so a tick during a recovery that is recorded already costs two reads."""
         history = migrator.history(job.id)
         if not history:
             return False
@@ -760,31 +762,34 @@ class JobEngine:
             return False  # nothing new since the last look
         wrote = False
         seen = self._seen(job.id)
-        copies = migrator.copies(job.id)
-        charges: tuple[Any, ...] | None = None
+        read: list[list[CopyRecord]] = []
+
+        def copies() -> list[CopyRecord]:
+            if not read:
+                read.append(migrator.copies(job.id))
+            return read[0]
+
         for mig in history:
             if mig.kind is Kind.RECOVER and mig.from_epoch >= 1:
-                lost_kind = self._lost_kind(migrator, mig, copies)
-                if (lost_kind, mig.id) not in seen:
-                    self._record_loss(job, migrator, mig, lost_kind, copies)
+                if ("preemption", mig.id) not in seen and ("copy_lost", mig.id) not in seen:
+                    lost_kind = self._lost_kind(migrator, mig, copies())
+                    self._record_loss(job, migrator, mig, lost_kind, copies())
                     wrote = True
                     if lost_kind == "copy_lost" and self._failed_copy(
                         self.repo.get(job.id), migrator, mig.old_instance_id
                     ):
                         return True
                 if mig.state is State.DONE and ("recovery", mig.id) not in seen:
-                    charges = charges if charges is not None else self._charges(job.id)
-                    cost = self._migration_cost(job.id, mig, copies, charges)
                     self.repo.add_event(
                         job.id,
                         "recovery",
                         f"recovered on {mig.offers[mig.offer_index]} (epoch {mig.to_epoch})",
-                        cost_usd=cost,
+                        cost_usd=_total(self._migration_cost(job.id, mig, copies())),
                         detail={
                             "migration_id": mig.id,
                             "instance_id": mig.new_instance_id,
                             "epoch": mig.to_epoch,
-                            "from": _offer_doc(self._copy_offer(copies, mig.old_instance_id)),
+                            "from": _offer_doc(self._copy_offer(copies(), mig.old_instance_id)),
                             "to": mig.offers[mig.offer_index].to_doc(),
                         },
                         at=self.now(),
@@ -813,8 +818,15 @@ class JobEngine:
         copies = migrator.copies(job.id)
         src = self._copy_offer(copies, mig.old_instance_id)
         if mig.state is State.DONE:
-            cost = self._migration_cost(job.id, mig, copies, None)
-            detail = self._move_detail(job.id, mig, copies)
+            cost = self._migration_cost(job.id, mig, copies)
+            detail: dict[str, Any] = {}
+            if cost is not None:
+                detail = {
+                    "egress_usd": str(cost.egress),
+                    "overlap_usd": str(cost.overlap),
+                    "restart_usd": str(cost.restart),
+                    "cost_known": cost.known,
+                }
             detail.update(
                 {
                     "migration_id": mig.id,
@@ -823,7 +835,7 @@ class JobEngine:
                     "expected_saving_usd": str(expected) if expected is not None else None,
                 }
             )
-            self.repo.add_event(job.id, "move", reason, cost_usd=cost, detail=detail, at=self.now())
+            self.repo.add_event(job.id, "move", reason, cost_usd=_total(cost), detail=detail, at=self.now())
         else:
             self.repo.add_event(
                 job.id,
@@ -887,26 +899,10 @@ class JobEngine:
                 return "preemption"
         return "copy_lost"
 
-    def _move_detail(self, job_id: str, mig: MigrationRecord, copies: Sequence[CopyRecord]) -> dict[str, Any]:
+    def _migration_cost(self, job_id: str, mig: MigrationRecord, copies: Sequence[CopyRecord]) -> MigrationCost | None:
+        """The migration's cost from the ledger's charge lines (None: no ledger, or its charges unreadable)."""
         charges = self._charges(job_id)
-        if charges is None:
-            return {}
-        cost = migration_cost(charges, job_id, mig.id, self._keys(mig, copies))
-        return {
-            "egress_usd": str(cost.egress),
-            "overlap_usd": str(cost.overlap),
-            "restart_usd": str(cost.restart),
-            "cost_known": cost.known,
-        }
-
-    def _migration_cost(
-        self, job_id: str, mig: MigrationRecord, copies: Sequence[CopyRecord], charges: Sequence[Any] | None
-    ) -> Decimal | None:
-        lines = charges if charges is not None else self._charges(job_id)
-        if lines is None:
-            return None
-        cost = migration_cost(lines, job_id, mig.id, self._keys(mig, copies))
-        return cost.total if cost.known else None
+        return migration_cost(charges, job_id, mig.id, self._keys(mig, copies)) if charges is not None else None
 
     def _charges(self, job_id: str) -> tuple[Any, ...] | None:
         if self.ledger is None:
@@ -932,14 +928,14 @@ class JobEngine:
     def _to(self, job: JobRecord, to: JobState, reason: str, **kwargs: Any) -> JobRecord:
         """Change the job's state (compare-and-set from the state it was read in). Another writer that got
         there first (already in ``to``, or finished) is not an error: the fresh record is returned."""
-        self._dirty.add(job.id)
         try:
-            return self.repo.transition(job.id, to, reason, expect=job.state, **kwargs)
+            done = self.repo.transition(job.id, to, reason, expect=job.state, **kwargs)
         except (ConcurrentUpdate, IllegalTransition):
-            fresh = self.repo.get(job.id)
-            if fresh.state is to or fresh.state.terminal:
-                return fresh
-            return self.repo.transition(job.id, to, reason, expect=fresh.state, **kwargs)
+            done = self.repo.get(job.id)
+            if done.state is not to and not done.state.terminal:
+                done = self.repo.transition(job.id, to, reason, expect=done.state, **kwargs)
+        self._moved[job.id] = done.state
+        return done
 
     def _submit(self, job_id: str, fn: Callable[[], Any]) -> None:
         """Run one migration step of the job in a worker (at most one per job), or inline without workers."""

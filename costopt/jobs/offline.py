@@ -44,7 +44,7 @@ from costopt.agent.storage import drop_memory
 from costopt.db.migration_schema import migration_copies
 from costopt.domain import Cloud, utc
 from costopt.jobs.engine import JobEngine
-from costopt.jobs.model import JobState
+from costopt.jobs.model import ACTIVE_STATES, JobState
 from costopt.jobs.placement import Placements
 from costopt.jobs.rebalance import Rebalancer, RebalanceReport
 from costopt.jobs.records import JobEvent, JobRecord, JobRepository, NewJob
@@ -220,6 +220,7 @@ def run_offline(
         for j in jobs
     ]
     ids = [r.id for r in records]
+    wanted = set(ids)
     passes: list[RebalanceReport] = []
     next_pass = start + rebalance_every if rebalancer is not None and rebalance_every is not None else None
     settle = timedelta(seconds=poll_seconds)
@@ -228,7 +229,7 @@ def run_offline(
         while True:
             engine.tick()
             watcher.poll()
-            active = [job for job in (repo.get(i) for i in ids) if not job.state.terminal]
+            active = [job for job in repo.in_states(ACTIVE_STATES) if job.id in wanted]
             now = utc(cloud.now())
             if not active or now >= until:
                 break
@@ -256,9 +257,10 @@ def run_offline(
         engine.close()
     ended = utc(cloud.now())
     final = [repo.get(i) for i in ids]
+    events = repo.events_of(ids)
     run = OfflineRun(
         jobs=tuple(final),
-        events={i: tuple(repo.events(i)) for i in ids},
+        events={i: tuple(events[i]) for i in ids},
         copies={i: tuple(migrator.copies(i)) for i in ids},
         costs={i: ledger.costs(job_id=i, as_of=ended) for i in ids},
         rebalances=tuple(passes),

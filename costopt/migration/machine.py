@@ -218,6 +218,17 @@ class Migrator:
             values["status"] = values["status"].value
         conn.execute(update(migration_jobs).where(migration_jobs.c.job_id == job_id).values(**values))
 
+    def finish(self, job_id: str, reason: str) -> bool:
+        """Mark the job finished with ``reason`` (so neither the watcher nor the reconciler recovers it);
+        its copy is left to the caller to terminate. Idempotent: True when this call finished it."""
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                update(migration_jobs)
+                .where(migration_jobs.c.job_id == job_id, migration_jobs.c.status != JobStatus.FINISHED.value)
+                .values(status=JobStatus.FINISHED.value, reason=reason[:2000], updated_at=self.now())
+            )
+        return bool(done.rowcount)
+
     # -- migrations ------------------------------------------------------------------------------------
 
     def migration(self, migration_id: int) -> MigrationRecord:
