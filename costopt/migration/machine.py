@@ -532,13 +532,20 @@ class Migrator:
             offer=offer, command=job.command, env=env, tags=job_tags(job.job_id, mig.to_epoch), image=self.image
         )
 
-    def _terminate_epoch_leftovers(
-        self, job: JobRecord, epoch: int, reason: EndReason, keep: str | None = None
-    ) -> list[CopyEnd]:
+    def _terminate_leftovers(self, job: JobRecord, epochs: range, reason: EndReason) -> list[CopyEnd]:
+        """Terminate every instance of the job tagged with an epoch in ``epochs`` that still holds resources,
+        found with one ``list`` call (however many epochs: a job preempted n times has n of them)."""
+        if not epochs:
+            return []
+        wanted = {str(e) for e in epochs}
+        tags = {TAG_JOB: job.job_id}
+        if len(epochs) == 1:
+            tags[TAG_EPOCH] = str(epochs[0])
         gone = []
-        for inst in self.provider.list({TAG_JOB: job.job_id, TAG_EPOCH: str(epoch)}):
-            if inst.instance_id != keep and inst.state in HELD_STATES:
-                gone.append(self._stop(job, epoch, inst.instance_id, alive_reason=reason))
+        for inst in self.provider.list(tags):
+            epoch = inst.tags.get(TAG_EPOCH, "")
+            if epoch in wanted and inst.state in HELD_STATES:
+                gone.append(self._stop(job, int(epoch), inst.instance_id, alive_reason=reason))
         return gone
 
     def _next_offer(self, mig: MigrationRecord) -> int | None:
@@ -568,7 +575,7 @@ class Migrator:
             if why is not None and self.unavailable is not None:
                 self.unavailable.mark(offer, why, at=self.now(), detail=f"{type(exc).__name__}: {exc}"[:500])
             # An ambiguous failure may have left an instance: never two copies of one epoch.
-            ended = self._terminate_epoch_leftovers(job, mig.to_epoch, EndReason.FAILED_LAUNCH)
+            ended = self._terminate_leftovers(job, range(mig.to_epoch, mig.to_epoch + 1), EndReason.FAILED_LAUNCH)
             nxt = self._next_offer(mig)
             if nxt is None:
                 all_reason = f"launch failed on all {len(mig.offers)} offer(s); last: {reason}"
@@ -674,8 +681,7 @@ class Migrator:
                 )
             )
         # Anything else tagged with an older epoch of this job is an orphan by now.
-        for epoch in range(1, mig.to_epoch):
-            ended.extend(self._terminate_epoch_leftovers(job, epoch, EndReason.ORPHAN))
+        ended.extend(self._terminate_leftovers(job, range(1, mig.to_epoch), EndReason.ORPHAN))
         return self._advance(
             mig,
             State.DONE,
