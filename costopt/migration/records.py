@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any
 
 from costopt.cloud import ACTIVE_STATES
@@ -91,6 +92,19 @@ class EndReason(StrEnum):
     ORPHAN = "orphan"  # a stale epoch's copy, or one of no job, terminated by the reconciler
 
 
+@lru_cache(maxsize=4096)
+def offer_of(text: str) -> OfferKey:
+    """The offer of a stored JSON document (:meth:`OfferKey.to_doc`). Parsed once per distinct text: the
+    records of a job name the same few offers in every row, and ``OfferKey`` is immutable."""
+    return OfferKey.from_doc(json.loads(text))
+
+
+@lru_cache(maxsize=1024)
+def offers_of(text: str) -> tuple[OfferKey, ...]:
+    """The offers of a stored JSON list of documents (a migration's candidates), parsed once per text."""
+    return tuple(OfferKey.from_doc(d) for d in json.loads(text))
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     job_id: str
@@ -114,7 +128,7 @@ class JobRecord:
             checkpoint_uri=row.checkpoint_uri,
             epoch=int(row.epoch),
             instance_id=row.instance_id,
-            offer=OfferKey.from_doc(json.loads(row.offer)) if row.offer else None,
+            offer=offer_of(row.offer) if row.offer else None,
             status=JobStatus(row.status),
             reason=row.reason or "",
         )
@@ -156,7 +170,7 @@ class MigrationRecord:
             new_instance_id=row.new_instance_id,
             request_id=row.request_id,
             token=row.token,
-            offers=tuple(OfferKey.from_doc(d) for d in json.loads(row.offers)),
+            offers=offers_of(row.offers),
             offer_index=int(row.offer_index),
             attempts=int(row.attempts),
             reason=row.reason or "",
@@ -209,9 +223,9 @@ class CopyRecord:
             epoch=int(row.epoch),
             instance_id=row.instance_id,
             provider=row.provider,
-            offer=OfferKey.from_doc(json.loads(row.offer)),
+            offer=offer_of(row.offer),
             migration_id=None if row.migration_id is None else int(row.migration_id),
-            source_offer=OfferKey.from_doc(json.loads(row.source_offer)) if row.source_offer else None,
+            source_offer=offer_of(row.source_offer) if row.source_offer else None,
             egress_gb=row.egress_gb,
             started_at=row.started_at,
             verified_at=row.verified_at,
