@@ -5,7 +5,8 @@ engine tick and the rebalancer through the real job-service jobs), whose work re
 ``(name, tick, pid)`` in ``replica_runs``.
 
 Run: ``python -m tests.api.replica_worker <database url> <interval seconds>``; prints ``ready`` once
-scheduled; stops on SIGTERM.
+scheduled; stops on SIGTERM, or when its stdin closes (the test holds the other end: a killed pytest
+leaves no replica behind).
 """
 
 from __future__ import annotations
@@ -145,6 +146,12 @@ def main(url: str, base: float) -> None:
     )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def parent_gone() -> None:
+        sys.stdin.read()  # returns at EOF: the parent closed the pipe, or died
+        stop.set()
+
+    threading.Thread(target=parent_gone, name="parent-watch", daemon=True).start()
     scheduler.start()
     sys.stdout.write("ready\n")
     sys.stdout.flush()

@@ -205,6 +205,7 @@ class Replica:
             [sys.executable, "-m", "tests.api.replica_worker", url, str(BASE_INTERVAL)],
             cwd=PROJECT_ROOT,
             env=env,
+            stdin=subprocess.PIPE,  # the replica exits when this closes, also when pytest is killed
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
@@ -223,8 +224,9 @@ class Replica:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
         self.log.close()
 
 
