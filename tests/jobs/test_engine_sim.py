@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from sqlalchemy import Engine
 
@@ -30,6 +29,7 @@ from costopt.migration.watch import InterruptionWatcher, MemoryWatermark
 from costopt.risk.hazard import HazardModel
 from costopt.simulated import WorkloadTiming
 from providers.sim import SimCloud, SimConfig
+from tests.price_support import step_prices
 
 START = datetime(2020, 3, 1, tzinfo=UTC)
 OD_A = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.ON_DEMAND)
@@ -41,19 +41,7 @@ TIMING = WorkloadTiming(checkpoint_interval=timedelta(minutes=30))
 
 
 def _prices() -> StepPrices:
-    rows = [
-        {
-            "cloud": k.cloud.value,
-            "region": k.region,
-            "zone": k.zone,
-            "instance_type": k.instance_type,
-            "market": k.market.value,
-            "valid_from": START - timedelta(days=1),
-            "usd_per_hour": p,
-        }
-        for k, p in PRICE.items()
-    ]
-    return StepPrices.from_history(pd.DataFrame(rows), {("aws", "p3.2xlarge"): ("v100", 1.0)})
+    return step_prices((k, START - timedelta(days=1), p) for k, p in PRICE.items())
 
 
 class SimPlacements:

@@ -7,7 +7,6 @@ from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
-import pandas as pd
 import pytest
 
 from costopt.agent import control
@@ -19,6 +18,7 @@ from costopt.jobs.records import JobRecord
 from costopt.ledger import StepPrices
 from costopt.risk.hazard import HazardModel
 from providers.sim import SimCloud
+from tests.price_support import step_prices
 
 T0 = datetime(2020, 3, 2, tzinfo=UTC)
 A = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.ON_DEMAND)
@@ -28,22 +28,8 @@ NO_HAZARD = HazardModel(defaults=dict.fromkeys(Cloud, 0.0))
 
 
 def _prices() -> StepPrices:
-    rows = [(A, T0 - timedelta(days=1), 1.0), (A, T0 + timedelta(hours=24), 3.0), (B, T0 - timedelta(days=1), 2.0)]
-    frame = pd.DataFrame(
-        [
-            {
-                "cloud": k.cloud.value,
-                "region": k.region,
-                "zone": k.zone,
-                "instance_type": k.instance_type,
-                "market": k.market.value,
-                "valid_from": t,
-                "usd_per_hour": p,
-            }
-            for k, t, p in rows
-        ]
-    )
-    return StepPrices.from_history(frame, {("aws", "p3.2xlarge"): ("v100", 1.0)})
+    day_before = T0 - timedelta(days=1)
+    return step_prices([(A, day_before, 1.0), (A, T0 + timedelta(hours=24), 3.0), (B, day_before, 2.0)])
 
 
 class Cheapest:
