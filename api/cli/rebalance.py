@@ -103,7 +103,9 @@ def rebalance(
         note(f"no running job at {report.at:%Y-%m-%d %H:%M:%S} UTC: nothing to rebalance")
         raise typer.Exit(Exit.OK)
     emit(report_rows(report, fmt), COLUMNS, fmt, title="rebalancer pass" + (" (dry run)" if dry_run else ""))
-    made = [i for i in report.items if i.outcome.value in ("moved", "proposed")]
+    from costopt.jobs.rebalance import Outcome
+
+    made = report.with_outcome(Outcome.PROPOSED if dry_run else Outcome.MOVED)
     verb = "would move" if dry_run else "moved"
     note(
         f"{verb} {len(made)} of {len(report.items)} running jobs at {report.at:%Y-%m-%d %H:%M:%S} UTC, expected "

@@ -258,13 +258,13 @@ class Rebalancer:
                     job_events.c.job_id == job_id, job_events.c.kind.in_(MOVE_EVENT_KINDS)
                 )
             ).scalar_one()
+            if by_event is not None:
+                return _as_time(by_event)
             by_migration = conn.execute(
                 select(func.max(migrations.c.updated_at)).where(
                     migrations.c.job_id == job_id, migrations.c.state == "done", migrations.c.from_epoch > 0
                 )
             ).scalar_one()
-        if by_event is not None:
-            return _as_time(by_event)
         if by_migration is not None and _as_time(by_migration) <= now:
             return _as_time(by_migration)
         return None
