@@ -20,13 +20,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from costopt.db.schema import offers as t_offers
 from costopt.db.schema import price_points as t_points
 from costopt.db.schema import price_repeats as t_repeats
-from costopt.db.types import db_value_to_ns
 from costopt.domain import MAX_SANE_USD_PER_HOUR, Cloud, Market
 from costopt.errors import BadRecord, StoreError
 from pricing.pgcopy import encode_binary_copy
@@ -207,8 +206,9 @@ class Ingestor:
             return {}
         clouds = sorted({k[0] for k in keys})
         regions = sorted({k[1] for k in keys})
-        newest = func.coalesce(t_offers.c.newest_valid_from, t_offers.c.current_valid_from)
-        stmt = select(t_offers.c.id, *[t_offers.c[c] for c in KEY_COLUMNS], newest)
+        # newest_valid_from is set with current_valid_from by every write (and by migration 0007 for
+        # stores written before it): NULL only for an offer with no point yet.
+        stmt = select(t_offers.c.id, *[t_offers.c[c] for c in KEY_COLUMNS], t_offers.c.newest_valid_from)
         stmt = stmt.where(t_offers.c.cloud.in_(clouds))
         if len(regions) < 500:
             stmt = stmt.where(t_offers.c.region.in_(regions))
@@ -217,7 +217,7 @@ class Ingestor:
         for row in self.conn.execute(stmt):
             key = tuple(row[1:6])
             if key in wanted:
-                out[key] = (row[0], db_value_to_ns(row[6]) if row[6] is not None else -1)
+                out[key] = (row[0], dt_to_ns(row[6]) if row[6] is not None else -1)
         return out
 
     # -------------------------------------------------------------- stored context
