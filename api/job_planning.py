@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from api.planning import planner_inputs
+from api.planning import offers_at, plan_now, planner_inputs, snapshot_time
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.errors import CostoptError
 from costopt.jobs.placement import Placement
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
     from costopt.migration.unavailable import UnavailableOffers
     from costopt.planning.evaluate import OfferTable
+    from costopt.risk.hazard import HazardModel
 
 __all__ = [
     "USER_JOB_TYPE",
@@ -262,8 +263,8 @@ class JobPlanner:
     ) -> tuple[Now, Plan]:
         """Plan the job ``spec`` (its ``steps`` unless ``steps`` is given; its objective unless
         ``objective`` is given) at ``at`` (None: now by the settings' clock), whole-instance priced.
-        ``only``: price this one offer (its constraints are not applied). Raises
-        :class:`UnknownJobType` or :class:`JobInfeasible`."""
+        ``only``: price this one offer (its constraints, ``exclude`` and unavailability are not applied).
+        Raises :class:`UnknownJobType` or :class:`JobInfeasible`."""
         from costopt.planning.evaluate import OfferTable
         from costopt.planning.single import plan_job
 
@@ -281,94 +282,78 @@ class JobPlanner:
         )
         goal = objective if objective is not None else objective_of(spec.get("objective") or {})
         constraints: Mapping[str, Any] = spec.get("constraints") or {}
-        now, key, offers, table = self._cached_table(
-            at, exclude, respect_unavailable, constraints, only, inputs.hazards
+        if only is not None:  # one offer: the store filters it out of the snapshot (no table to cache)
+            now = plan_now(self.store, self.settings, at)
+            one = self.store.snapshot_frame(
+                snapshot_time(now),
+                cloud=only.cloud,
+                region=only.region,
+                zone=only.zone,
+                instance_type=only.instance_type,
+                market=only.market,
+            )
+            table = OfferTable.from_frame(one, inputs.hazards)
+            try:
+                return now, plan_job(job, goal, table, catalog, assumptions, top=top)
+            except Infeasible as exc:
+                raise JobInfeasible(str(exc), binding=exc.binding) from exc
+        now, offers, table = self.offer_table(
+            at, constraints, inputs.hazards, exclude=exclude, respect_unavailable=respect_unavailable
         )
-        if table is not None:
-            frame = table.frame
-        elif only is not None:
-            frame = offers[
-                (offers["cloud"].astype(str) == only.cloud.value)
-                & (offers["region"] == only.region)
-                & (offers["zone"] == only.zone)
-                & (offers["instance_type"] == only.instance_type)
-                & (offers["market"].astype(str) == only.market.value)
-            ].reset_index(drop=True)
-        else:
-            frame = apply_constraints(offers, constraints)
 
         def run(f: pd.DataFrame, obj: Objective, n: int) -> Plan:
             return plan_job(job, obj, OfferTable.from_frame(f, inputs.hazards), catalog, assumptions, top=n)
 
         try:
-            if table is None:
-                table = OfferTable.from_frame(frame, inputs.hazards)
-                self._store_table(key, offers, table)
             return now, plan_job(job, goal, table, catalog, assumptions, top=top)
         except Infeasible as exc:
-            if only is not None or exc.binding not in ("offers", "throughput"):
+            if exc.binding not in ("offers", "throughput"):
                 raise JobInfeasible(str(exc), binding=exc.binding) from exc
             raise self._binding_constraint(exc, offers, constraints, run, goal, job) from exc
 
-    def _table_key(
+    def offer_table(
         self,
-        now: Now,
         at: datetime | None,
-        exclude: Collection[OfferKey],
-        respect_unavailable: bool,
         constraints: Mapping[str, Any],
-        only: OfferKey | None,
-        hazards: object,
-    ) -> tuple[Any, ...]:
+        hazards: HazardModel,
+        *,
+        exclude: Collection[OfferKey] = (),
+        respect_unavailable: bool = True,
+    ) -> tuple[Now, pd.DataFrame, OfferTable]:
+        """(now, the offers in effect at ``at`` (None: now by the settings' clock) less the unavailable
+        ones (unless not ``respect_unavailable``) and ``exclude``, their offer table under ``constraints``).
+        The pair is cached per price version, plan time, unavailable offers, exclusions and constraints for
+        :data:`TABLE_TTL_S`; the key (price version first) is read before the offers, so a cached table is
+        never older than its key."""
+        from costopt.planning.evaluate import OfferTable
         from pricing.mirror import read_version
 
-        unavailable = (
-            self.unavailable.unavailable_set(at=at) if respect_unavailable and self.unavailable is not None else None
-        )
-        return (
+        now = plan_now(self.store, self.settings, at)
+        unavailable = self.unavailable if respect_unavailable else None
+        key = (
             read_version(self.store.engine),
-            None if at is None and now.mode == "live" else now.at,
-            unavailable,
+            snapshot_time(now),
+            None if unavailable is None else unavailable.unavailable_set(at=at),
             frozenset(exclude),
             json.dumps(constraints, sort_keys=True, default=str),
-            only,
             id(hazards),
         )
-
-    def _cached_table(
-        self,
-        at: datetime | None,
-        exclude: Collection[OfferKey],
-        respect_unavailable: bool,
-        constraints: Mapping[str, Any],
-        only: OfferKey | None,
-        hazards: object,
-    ) -> tuple[Now, tuple[Any, ...], pd.DataFrame, OfferTable | None]:
-        """(now, key, the offers frame at now, the cached offer table of these inputs or None when none is
-        fresh: the caller builds it and :meth:`_store_table` keeps it). The key (price version first) is
-        read before the frame, so a cached table is never older than its key."""
-        now = Now(at, "replay") if at is not None else self.store.resolve_now(self.settings.clock)
-        key = self._table_key(now, at, exclude, respect_unavailable, constraints, only, hazards)
         with self._tables_lock:
             hit = self._tables.get(key)
         if hit is not None and hit[0] > time.monotonic():
-            return now, key, hit[1], hit[2]
-        # what offers_at gives, at the now resolved above (unavailable offers as of ``at``: None is now)
-        frame = self.store.snapshot_frame(None if at is None and now.mode == "live" else now.at)
-        if respect_unavailable and self.unavailable is not None:
-            frame = self.unavailable.drop_from(frame, at=at).reset_index(drop=True)
+            return now, hit[1], hit[2]
+        _, offers = offers_at(self.store, self.settings, at, None, unavailable=unavailable, now=now)
         if exclude:
             keys = {(o.cloud.value, o.region, o.zone, o.instance_type, o.market.value) for o in exclude}
             cols = ("cloud", "region", "zone", "instance_type", "market")
-            rows = zip(*(frame[c].astype(str).to_numpy() for c in cols), strict=True)
-            frame = frame[[tuple(r) not in keys for r in rows]].reset_index(drop=True)
-        return now, key, frame, None
-
-    def _store_table(self, key: tuple[Any, ...], offers: pd.DataFrame, table: OfferTable) -> None:
+            rows = zip(*(offers[c].astype(str).to_numpy() for c in cols), strict=True)
+            offers = offers[[tuple(r) not in keys for r in rows]].reset_index(drop=True)
+        table = OfferTable.from_frame(apply_constraints(offers, constraints), hazards)
         with self._tables_lock:
             if len(self._tables) >= TABLE_CACHE_SIZE:
                 self._tables.clear()
             self._tables[key] = (time.monotonic() + TABLE_TTL_S, offers, table)
+        return now, offers, table
 
     def _binding_constraint(
         self,

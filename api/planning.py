@@ -58,6 +58,17 @@ def reset() -> None:
         _cache.clear()
 
 
+def plan_now(store: PriceStore, settings: Settings, at: datetime | None) -> Now:
+    """When a plan is made: ``at`` (a replay of the prices then), or None: now as the settings' clock
+    defines it."""
+    return Now(at, "replay") if at is not None else store.resolve_now(settings.clock)
+
+
+def snapshot_time(now: Now) -> datetime | None:
+    """The ``at`` of :meth:`PriceStore.snapshot_frame` for a plan made at ``now`` (None: live now)."""
+    return None if now.mode == "live" else now.at
+
+
 def offers_at(
     store: PriceStore,
     settings: Settings,
@@ -65,17 +76,15 @@ def offers_at(
     clouds: list[Cloud] | None,
     *,
     unavailable: UnavailableOffers | None = None,
+    now: Now | None = None,
 ) -> tuple[Now, pd.DataFrame]:
     """Offers in effect at ``at`` (None: now as the settings' clock defines it), optionally only
     on some clouds; stale offers are left out, and so are the offers ``unavailable`` holds (marked
     unavailable at ``at`` when given, else now by the cache's clock: a replay of old prices still
-    avoids what is unavailable today)."""
-    if at is not None:
-        now = Now(at, "replay")
-        frame = store.snapshot_frame(at, cloud=clouds)
-    else:
-        now = store.resolve_now(settings.clock)
-        frame = store.snapshot_frame(None if now.mode == "live" else now.at, cloud=clouds)
+    avoids what is unavailable today). ``now``: :func:`plan_now` of ``at`` when resolved already."""
+    if now is None:
+        now = plan_now(store, settings, at)
+    frame = store.snapshot_frame(snapshot_time(now), cloud=clouds)
     if unavailable is not None:
         frame = unavailable.drop_from(frame, at=at).reset_index(drop=True)
     return now, frame

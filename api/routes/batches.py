@@ -28,7 +28,7 @@ from sqlalchemy.exc import IntegrityError
 from api.auth import CallerDep
 from api.deps import JobPlannerDep, JobsDep, SettingsDep
 from api.errors import ApiError
-from api.job_planning import JobInfeasible, UnknownJobType, apply_constraints, candidate_doc
+from api.job_planning import JobInfeasible, JobPlanner, UnknownJobType, candidate_doc
 from api.job_schemas import BatchCreate, BatchPublic
 from api.routes.jobs import job_spec, planning_error, provider_for, render_job
 from costopt.db.jobs_schema import batches
@@ -63,10 +63,12 @@ def _collection_objective(body: BatchCreate) -> Any:
     )
 
 
-def _plan(body: BatchCreate, specs: list[dict[str, Any]], planner: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _plan(
+    body: BatchCreate, specs: list[dict[str, Any]], planner: JobPlanner
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(the plan's summary, each job's quote) of the batch."""
     from api.cli.plan_batch import plan_record
-    from api.planning import offers_at, planner_inputs
+    from api.planning import planner_inputs
     from costopt.planning.collection import (
         CollectionInfeasible,
         CollectionSpec,
@@ -75,7 +77,6 @@ def _plan(body: BatchCreate, specs: list[dict[str, Any]], planner: Any) -> tuple
         SolverOptions,
         plan_collection,
     )
-    from costopt.planning.evaluate import OfferTable
     from costopt.planning.model import JobSpec
     from costopt.throughput.model import JobType
 
@@ -101,8 +102,7 @@ def _plan(body: BatchCreate, specs: list[dict[str, Any]], planner: Any) -> tuple
         groups.append(JobGroup(JobSpec(job_type, float(spec["steps"]), int(spec["gpus"])), 1, f"job {i}"))
     objective = _collection_objective(body)
     quotas = tuple(Quota(q.cloud.value, q.region, q.gpus) for q in body.quotas)
-    now, frame = offers_at(planner.store, planner.settings, planner.default_at(), None, unavailable=planner.unavailable)
-    table = OfferTable.from_frame(apply_constraints(frame, constraints[0]), inputs.hazards)
+    now, _, table = planner.offer_table(planner.default_at(), constraints[0], inputs.hazards)
     assumptions = replace(inputs.assumptions, per_gpu_packing=False)
     try:
         plan = plan_collection(
@@ -166,7 +166,7 @@ def _steps_per_s(catalog: Any, job_type: Any, accelerator: str, gpus: int) -> fl
     return None if cell is None else float(cell.steps_per_s)
 
 
-def _alternatives(planner: Any, spec: dict[str, Any], planned: dict[str, Any]) -> list[dict[str, Any]]:
+def _alternatives(planner: JobPlanner, spec: dict[str, Any], planned: dict[str, Any]) -> list[dict[str, Any]]:
     """The job's next best single-job placements (fallbacks when its planned offer cannot launch)."""
     try:
         _, plan = planner.plan(spec, top=5)
