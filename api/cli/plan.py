@@ -88,17 +88,12 @@ _OPTIONS = {
 
 
 def candidate_record(c: Candidate) -> dict[str, Any]:
-    """A candidate as plain JSON values (floats; money rounded to the cent)."""
+    """A candidate as plain JSON values (its offer as a quote has it; floats; money rounded to the cent)."""
+    from api.job_planning import offer_doc
     from costopt.planning.model import to_cents
 
     return {
-        "cloud": c.cloud,
-        "region": c.region,
-        "zone": c.zone,
-        "instance_type": c.instance_type,
-        "market": c.market,
-        "accelerator": c.accelerator,
-        "gpu_count": c.gpu_count,
+        **offer_doc(c),
         "usd_per_hour": c.usd_per_hour,
         "job_usd_per_hour": c.job_usd_per_hour,
         "steps_per_s": c.steps_per_s,
