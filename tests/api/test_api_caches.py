@@ -6,13 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
 
 import api.auth
 from costopt.domain import PricePoint
-from tests.api.jobs_helpers import P3_2X_SPOT, T0, Service, bearer, service
+from pricing.store import PriceStore
+from tests.api.jobs_helpers import BODY, P3_2X_SPOT, P3_8X_SPOT, T0, Service, bearer, service
 
 
 @pytest.fixture
@@ -57,25 +59,50 @@ def test_the_cache_holds_hashes_only_and_no_bad_key(svc: Service) -> None:
     assert len(cache) == 1 and all(len(d) == 64 for d in cache)
 
 
-def test_a_new_price_is_quoted_at_once(svc: Service) -> None:
-    """The offer table is cached per price version: a price written after a quote changes the next."""
-    first = svc.submit(svc.alpha)
-    assert first["quote"]["usd_per_hour"] > 0.01
-    again = svc.submit(svc.alpha)  # the cached table: the same winner
-    assert again["quote"]["offer"] == first["quote"]["offer"]
+def test_a_new_price_is_quoted_at_once(svc: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The offer table is cached per price version: a price written after a quote changes the next.
+    The quotes are made at one time of the service's (simulated) clock, so the table is reused."""
+    reads: list[object] = []
+    snapshot = PriceStore.snapshot_frame
+
+    def counted(self: PriceStore, *args: Any, **kwargs: Any) -> Any:
+        reads.append(args)
+        return snapshot(self, *args, **kwargs)
+
+    monkeypatch.setattr(PriceStore, "snapshot_frame", counted)
+
+    def submit() -> dict[str, Any]:
+        r = svc.client.post("/v1/jobs", json=BODY, headers=svc.alpha)
+        assert r.status_code == 201, r.text
+        return dict(r.json()["quote"])
+
+    first = submit()
+    assert first["usd_per_hour"] > 0.01 and len(reads) == 1
+    again = submit()  # the cached table: the same winner, no snapshot read
+    assert again["offer"] == first["offer"] and len(reads) == 1
     # the cheapest offer's price drops far below every other (now, on the service's simulated clock,
     # which is when quotes are made): the next quote must take it
     sim_now = svc.app.state.providers["sim"].clock.now()
+    assert first["as_of"] == again["as_of"] == sim_now.isoformat().replace("+00:00", "Z")
     svc.store.write([PricePoint(P3_2X_SPOT, sim_now, 0.01, "t")])
-    after = svc.submit(svc.alpha)
-    assert after["quote"]["offer"]["instance_type"] == P3_2X_SPOT.instance_type
-    assert after["quote"]["usd_per_hour"] == pytest.approx(0.01)
+    after = submit()  # a new price version: the table is built again
+    assert len(reads) == 2
+    assert after["offer"]["instance_type"] == P3_2X_SPOT.instance_type
+    assert after["usd_per_hour"] == pytest.approx(0.01)
 
 
 def test_a_page_renders_each_jobs_own_events(svc: Service) -> None:
     ids = [svc.submit(svc.alpha)["id"] for _ in range(3)]
     svc.client.post(f"/v1/jobs/{ids[1]}/cancel", headers=svc.alpha)
+    for i, job_id in enumerate(ids):  # each job its own number of moves (0, 1, 2), each with its reason
+        for n in range(i):
+            detail = {"from": P3_2X_SPOT.to_doc(), "to": P3_8X_SPOT.to_doc()}
+            svc.jobs.add_event(job_id, "move", f"{job_id} move {n}", detail=detail)
     page = svc.client.get("/v1/jobs", params={"limit": 50}, headers=svc.alpha).json()["items"]
+    assert [item["id"] for item in page] == ids
+    assert [[m["reason"] for m in item["moves"]] for item in page] == [
+        [f"{job_id} move {n}" for n in range(i)] for i, job_id in enumerate(ids)
+    ]
     for item in page:
         alone = svc.client.get(f"/v1/jobs/{item['id']}", headers=svc.alpha).json()
         assert item["moves"] == alone["moves"] and item["state"] == alone["state"]
