@@ -767,8 +767,7 @@ def _confirmed_at_file_time(parsed: _Parsed, path: Path) -> _Parsed:
 
 
 def _parse(found: Detected) -> _Parsed:
-    if found.kind not in KINDS:  # pragma: no cover - detect() only names registered kinds for price data
-        raise NotPriceData(f"{found.path}: not price data ({found.kind})")
+    """Parse a file :func:`detect` found well-formed price data (its kind is a registered one)."""
     kind = KINDS.get(found.kind)
     parsed = kind.parse(found)
     return _confirmed_at_file_time(parsed, found.path) if kind.confirmed_at_file_time else parsed
