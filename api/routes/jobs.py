@@ -226,12 +226,17 @@ def planning_error(exc: UnknownJobType | JobInfeasible | InvalidJob) -> ApiError
     return ApiError(422, "infeasible", str(exc), [{"binding": exc.binding}])
 
 
+def not_found(job_id: str) -> ApiError:
+    """The 404 of a job the caller may not see: the same for another team's as for none."""
+    return ApiError(404, "not_found", f"no job {job_id!r}: `costopt jobs list` shows your jobs")
+
+
 def get_job(jobs: JobRepository, caller: Caller, job_id: str) -> JobRecord:
     """The job, when the caller may see it (404 otherwise, the same for another team's as for none)."""
     try:
         return jobs.get(job_id, caller.scope)
     except JobNotFound as exc:
-        raise ApiError(404, "not_found", f"no job {job_id!r}: `costopt jobs list` shows your jobs") from exc
+        raise not_found(job_id) from exc
 
 
 def parse_states(state: str | None) -> list[JobState] | None:
@@ -352,11 +357,10 @@ def show_job(job_id: JobId, request: Request, caller: CallerDep, jobs: JobsDep) 
 def cancel_job(job_id: JobId, request: Request, caller: CallerDep, jobs: JobsDep) -> JobPublic:
     """Ask for the job to be cancelled (checkpointed, terminated; a queued job at once). Idempotent; a
     finished job is returned unchanged."""
-    get_job(jobs, caller, job_id)
     try:
         job = jobs.request_cancel(job_id, caller.scope)
     except JobNotFound as exc:
-        raise ApiError(404, "not_found", f"no job {job_id!r}") from exc
+        raise not_found(job_id) from exc
     log.info("job %s: cancel requested by key %s", job_id, caller.key_id)
     return render_job(request, jobs, job)
 
@@ -388,19 +392,6 @@ def job_events(
     )
 
 
-def _copies(jobs: JobRepository, job_id: str) -> Sequence[Any]:
-    from sqlalchemy import select
-
-    from costopt.db.migration_schema import migration_copies as mc
-
-    with jobs.engine.connect() as conn:
-        return conn.execute(
-            select(mc.c.epoch, mc.c.instance_id, mc.c.provider, mc.c.started_at, mc.c.ended_at)
-            .where(mc.c.job_id == job_id)
-            .order_by(mc.c.epoch, mc.c.started_at, mc.c.instance_id)
-        ).all()
-
-
 @router.get("/{job_id}/logs", response_model=LogsPublic)
 def job_logs(
     job_id: JobId,
@@ -411,11 +402,12 @@ def job_logs(
 ) -> LogsPublic:
     """Each copy's own output (its last ``tail`` lines), oldest copy first."""
     from costopt.cloud import NotFoundError
+    from costopt.migration.ledger_sync import copies
 
     get_job(jobs, caller, job_id)
     providers = job_providers(request)
     out: list[LogCopyPublic] = []
-    for row in _copies(jobs, job_id):
+    for row in copies(jobs.engine, job_id):
         provider = providers(row.provider)
         text, error = "", None
         if provider is None:
