@@ -14,6 +14,7 @@ from api.deps import SettingsDep, StoreDep
 from api.errors import ApiError
 from api.job_planning import UnknownJobType, close_matches
 from api.planning import plan_single, planner_inputs
+from api.routes.jobs import planning_error
 from api.wiring import build_unavailable
 from costopt.domain import Cloud
 from costopt.errors import CostoptError
@@ -99,13 +100,7 @@ def create_plan(body: PlanRequest, store: StoreDep, settings: SettingsDep) -> di
     except Infeasible as exc:
         names = [jt.name for jt in planner_inputs(settings, store).catalog.job_types()]
         if exc.binding == "throughput" and body.job_type not in names:
-            matches = close_matches(body.job_type, names)
-            raise ApiError(
-                422,
-                "unknown_job_type",
-                str(UnknownJobType(body.job_type, matches)),
-                [{"field": "job_type", "problem": f"unknown job type {body.job_type!r}", "did_you_mean": matches}],
-            ) from exc
+            raise planning_error(UnknownJobType(body.job_type, close_matches(body.job_type, names))) from exc
         raise ApiError(404, "infeasible", str(exc), [{"binding": exc.binding}]) from exc
     except (InvalidJob, CostoptError) as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from exc

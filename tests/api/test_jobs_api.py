@@ -71,6 +71,13 @@ def test_plans_are_whole_instance_unless_packing_is_asked(svc: Service) -> None:
     assert packed["instance_type"] == "p3.8xlarge" and packed["job_usd_per_hour"] == pytest.approx(0.90)
 
 
+def test_a_plan_of_an_unknown_job_type_is_a_422_with_close_matches(svc: Service) -> None:
+    r = svc.client.post("/v1/plans", json={"job_type": "resnet-50 (batch size 12)", "steps": 50_000})
+    err = error_of(r, 422, "unknown_job_type")
+    assert err["details"][0]["field"] == "job_type" and JOB_TYPE in err["details"][0]["did_you_mean"]
+    assert JOB_TYPE in err["message"]
+
+
 def test_a_job_given_by_its_own_throughput_is_planned_on_it(svc: Service) -> None:
     body = {**{k: v for k, v in BODY.items() if k != "job_type"}, "throughput": {"k80": 2.0}}
     r = svc.client.post("/v1/jobs", json=body, headers=svc.alpha)
