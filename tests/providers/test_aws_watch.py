@@ -4,7 +4,6 @@ only after the watcher acted on it, so a watcher that dies between reading and a
 from __future__ import annotations
 
 import builtins
-import json
 import time
 import uuid
 from collections.abc import Sequence
@@ -23,8 +22,8 @@ from costopt.migration.watch import InterruptionWatcher, MemoryWatermark, notice
 from providers.aws import AwsProvider, setup_interruption_queue
 from tests.aws_support import REGION, fake_session
 from tests.migration.test_watch import Clock, InProcessCloud
+from tests.providers.test_aws_provider import queued, send_notice
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "aws"
 T0 = datetime(2026, 3, 2, 14, 0, tzinfo=UTC)
 OFFERS = (
     OfferKey(Cloud.AWS, REGION, "us-east-1a", "g5.xlarge", Market.SPOT),
@@ -51,13 +50,6 @@ class QueueCloud(InProcessCloud):
     def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
         super().acknowledge(interruptions)
         self.aws.acknowledge(interruptions)
-
-
-def queued(moto_url: str, queue_url: str) -> int:
-    sqs = fake_session().client("sqs", endpoint_url=moto_url)
-    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-    attrs = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=names)["Attributes"]
-    return int(attrs["ApproximateNumberOfMessages"]) + int(attrs["ApproximateNumberOfMessagesNotVisible"])
 
 
 class Setup:
@@ -92,11 +84,7 @@ class Setup:
         )  # fmt: skip
 
     def aws_warns(self, instance_id: str) -> None:
-        template = (FIXTURES / "spot_interruption_warning.json").read_text()
-        event = json.loads(template.replace("INSTANCE_ID", instance_id))
-        event["time"] = self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
-        sqs = fake_session().client("sqs", endpoint_url=self.moto_url)
-        sqs.send_message(QueueUrl=self.queue_url, MessageBody=json.dumps(event))
+        send_notice(self.moto_url, self.queue_url, instance_id, self.clock())
 
     def queued(self) -> int:
         return queued(self.moto_url, self.queue_url)
