@@ -62,6 +62,7 @@ from costopt.throughput.model import JobType
 __all__ = [
     "DEFAULT_CHECKPOINT_GB",
     "JOB_POLICIES",
+    "PREEMPTION_EVENTS",
     "JobBacktest",
     "JobBacktestError",
     "PlannerPlacements",
@@ -74,6 +75,10 @@ JOB_POLICIES: tuple[str, ...] = ("static", "dynamic", "dynamic_migration_cost")
 """``static``: the planner's choice at the start, kept (relaunched on the same offer after a
 preemption). ``dynamic``: rebalanced every ``rebalance_hours``, moving whenever another offer is cheaper
 per step (moves taken as free). ``dynamic_migration_cost``: rebalanced with the migration decision rule."""
+
+PREEMPTION_EVENTS: tuple[str, ...] = ("preemption", "copy_lost")
+"""The job engine's events of a copy the cloud took (a preemption, or a copy found gone): what the
+backtests count as preemptions."""
 
 DEFAULT_CHECKPOINT_GB = 1.0
 """Checkpoint size (GB) of a job type the paper's table does not size (an assumption)."""
@@ -230,7 +235,7 @@ class JobBacktest:
 
     @property
     def preemptions(self) -> int:
-        return self._count("preemption", "copy_lost")
+        return self._count(*PREEMPTION_EVENTS)
 
     @property
     def finished(self) -> bool:

@@ -45,6 +45,7 @@ from sqlalchemy import Engine
 
 from costopt.backtest.engine import JobBatch, PlacementPolicy, run_backtest
 from costopt.backtest.grid import BacktestError
+from costopt.backtest.job import PREEMPTION_EVENTS
 from costopt.backtest.paper import (
     PAPER_CHECKPOINT_GB,
     PAPER_POLICIES,
@@ -259,7 +260,7 @@ def _outcome(run: OfflineRun) -> _Outcome:
     return _Outcome(
         cost=run.costs[job.id].total_usd,
         hours=(end - run.started_at).total_seconds() / 3600.0,
-        preemptions=sum(1 for e in events if e.kind in ("preemption", "copy_lost")),
+        preemptions=sum(1 for e in events if e.kind in PREEMPTION_EVENTS),
         moves=sum(1 for e in events if e.kind == "move"),
         lost_usd=lost,
         finished=job.state.value == "succeeded",
