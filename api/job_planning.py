@@ -79,6 +79,8 @@ replay time; None: live now), unavailable offers, exclusions and constraints: bo
 turning stale by the wall clock alone (``stale_after``) is noticed in live mode."""
 TABLE_CACHE_SIZE = 64
 CONSTRAINT_ORDER = ("clouds", "regions", "markets", "accelerators", "max_usd_per_hour")
+_LIST_CONSTRAINTS = {"clouds": "cloud", "regions": "region", "markets": "market"}
+"""The constraints that list the values allowed in an offers frame's column (constraint -> column)."""
 
 
 class UnknownJobType(CostoptError, LookupError):
@@ -179,12 +181,9 @@ def _placement(c: Candidate) -> Placement:
 def _constrain(frame: pd.DataFrame, name: str, value: Any) -> pd.DataFrame:
     if value is None:
         return frame
-    if name == "clouds":
-        return frame[frame["cloud"].astype(str).isin([str(v) for v in value])]
-    if name == "regions":
-        return frame[frame["region"].astype(str).isin([str(v) for v in value])]
-    if name == "markets":
-        return frame[frame["market"].astype(str).isin([str(v) for v in value])]
+    column = _LIST_CONSTRAINTS.get(name)
+    if column is not None:
+        return frame[frame[column].astype(str).isin([str(v) for v in value])]
     if name == "accelerators":
         from costopt.domain import normalize_accelerator
 
