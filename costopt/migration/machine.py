@@ -390,17 +390,18 @@ class Migrator:
     ) -> MigrationRecord:
         """Compare-and-set the row from ``mig.state`` to ``state``; in the same transaction update the job
         and write the copies' facts (``started``, ``ended``, ``verified``: the instance seen progressing).
-        Then the hook, then the ledger sync."""
+        Then the hook, then the ledger sync. Returns the row as the transition wrote it."""
         values = {k: (v.value if isinstance(v, StrEnum) else v) for k, v in values.items()}
         pname = self.provider.name
         with self.engine.begin() as conn:
             now = self.now()
-            res = conn.execute(
+            row = conn.execute(
                 update(migrations)
                 .where(migrations.c.id == mig.id, migrations.c.state == mig.state.value)
                 .values(state=state.value, updated_at=now, **values)
-            )
-            if res.rowcount != 1:
+                .returning(*migrations.c)
+            ).first()
+            if row is None:
                 raise ConcurrentTransition(f"migration {mig.id} is no longer {mig.state.value}")
             if job:
                 self._set_job(conn, mig.job_id, **job)
@@ -415,7 +416,7 @@ class Migrator:
             self.hook(f"enter:{state.value}")
         if started is not None or ended or verified is not None:
             self.sync_ledger(mig.job_id)
-        return self.migration(mig.id)
+        return MigrationRecord.of(row)
 
     def _rollback(
         self, mig: MigrationRecord, reason: str, *, job: Mapping[str, Any], ended: Sequence[CopyEnd] = ()
