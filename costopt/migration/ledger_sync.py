@@ -31,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
 
 from sqlalchemy import Engine, and_, insert, not_, or_, select, update
 from sqlalchemy.engine import Connection
@@ -167,13 +166,15 @@ class LedgerSync:
     errors: tuple[str, ...]
 
 
-def _pending_condition() -> Any:
-    c = migration_copies.c
-    return or_(
-        not_(c.ledger_opened),
-        and_(not_(c.ledger_memo), or_(c.verified_at.is_not(None), c.ended_at.is_not(None))),
-        and_(not_(c.ledger_closed), c.ended_at.is_not(None)),
-    )
+_PENDING = or_(
+    not_(migration_copies.c.ledger_opened),
+    and_(
+        not_(migration_copies.c.ledger_memo),
+        or_(migration_copies.c.verified_at.is_not(None), migration_copies.c.ended_at.is_not(None)),
+    ),
+    and_(not_(migration_copies.c.ledger_closed), migration_copies.c.ended_at.is_not(None)),
+)
+"""The copies whose facts the ledger does not hold yet (:attr:`CopyRecord.synced` in SQL), built once."""
 
 
 def sync_ledger(
@@ -193,7 +194,7 @@ def sync_ledger(
     ``"ledger:closed"`` right after those writes, before their flags are committed (fault injection).
     """
     c = migration_copies.c
-    query = select(migration_copies).where(_pending_condition()).order_by(c.started_at, c.interval_key)
+    query = select(migration_copies).where(_PENDING).order_by(c.started_at, c.interval_key)
     if job_id is not None:
         query = query.where(c.job_id == job_id)
     with engine.connect() as conn:
