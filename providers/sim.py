@@ -747,7 +747,11 @@ class SimCloud:
             raise ClockError(f"run_until({until}) is before now ({self.clock.now()})")
         self._catch_up()
         self._sync_agents(self.clock.micros())
-        ids = set(self._instances) if watch is None else set(watch)
+        if watch is None:  # every instance that may still have an event (each event is at or before its end)
+            start = self.clock.micros()
+            ids = {iid for iid, inst in self._instances.items() if (end := inst.end()) is None or end >= start}
+        else:
+            ids = set(watch)
         reported: list[SimEvent] = []
         while True:
             now = self.clock.micros()
