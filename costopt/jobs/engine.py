@@ -52,14 +52,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import func, select
 
 from costopt.agent import control
 from costopt.agent.contract import job_env as contract_job_env
 from costopt.agent.storage import is_local_uri
 from costopt.cloud import ACTIVE_STATES as ALIVE_STATES
 from costopt.cloud import CloudError, Instance, InstanceState, NotFoundError
-from costopt.db.migration_schema import migration_jobs, migrations
+from costopt.db.migration_schema import migrations
 from costopt.domain import OfferKey
 from costopt.errors import CostoptError
 from costopt.jobs.costs import CopyKeys, MigrationCost, job_charges, migration_cost
@@ -77,7 +77,6 @@ from costopt.migration.records import (
     MigrationError,
     MigrationRecord,
     State,
-    active_condition,
 )
 from costopt.migration.records import JobRecord as MigratorJob
 
@@ -158,13 +157,10 @@ class _Snapshot:
     last_migration: Mapping[str, int]
 
 
-def _snapshot(db: Engine) -> _Snapshot:
-    with db.connect() as conn:
-        mjobs = {r.job_id: MigratorJob.of(r) for r in conn.execute(select(migration_jobs)).all()}
-        active = {
-            r.job_id: MigrationRecord.of(r)
-            for r in conn.execute(select(migrations).where(active_condition()).order_by(migrations.c.id)).all()
-        }
+def _snapshot(migrator: Migrator) -> _Snapshot:
+    mjobs = {j.job_id: j for j in migrator.jobs()}
+    active = {m.job_id: m for m in migrator.active_migrations()}
+    with migrator.engine.connect() as conn:
         last = {
             job_id: int(mid)
             for job_id, mid in conn.execute(
@@ -303,14 +299,11 @@ class JobEngine:
             snaps: dict[int, _Snapshot] = {}
             for job in jobs:
                 try:
-                    migrator = self.migrators.get(job.provider)
-                    snap = None
-                    if migrator is not None:
-                        key = id(migrator.engine)
-                        snap = snaps.get(key)
-                        if snap is None:
-                            snap = snaps[key] = _snapshot(migrator.engine)
-                    self._step(job, out, first=first, snap=snap)
+                    migrator = self.migrator_of(job)
+                    snap = snaps.get(id(migrator.engine))
+                    if snap is None:
+                        snap = snaps[id(migrator.engine)] = _snapshot(migrator)
+                    self._step(job, migrator, snap, out, first=first)
                 except (CostoptError, CloudError, OSError, ValueError) as exc:
                     msg = f"{job.id}: {type(exc).__name__}: {exc}"
                     log.exception("engine: job %s", job.id)
@@ -389,7 +382,7 @@ class JobEngine:
 
     # -- one job ---------------------------------------------------------------------------------------
 
-    def _step(self, job: JobRecord, out: _Pass, *, first: bool, snap: _Snapshot | None = None) -> None:
+    def _step(self, job: JobRecord, migrator: Migrator, snap: _Snapshot, out: _Pass, *, first: bool) -> None:
         with self._work_lock:
             fut = self._work.get(job.id)
             if fut is not None and fut.done():
@@ -401,15 +394,14 @@ class JobEngine:
                     self.repo.add_event(job.id, "engine_error", f"{type(exc).__name__}: {exc}"[:2000], at=self.now())
         before = job.state
         if self.busy(job.id):
-            self._follow_progress(job, self.migrator_of(job))
+            self._follow_progress(job, migrator)
             out.busy.append(job.id)
             return
-        migrator = self.migrator_of(job)
         self._moved.pop(job.id, None)
         if job.state is JobState.QUEUED:
             self._queued(job, migrator)
         else:
-            self._active(job, migrator, first=first, snap=snap)
+            self._active(job, migrator, snap, first=first)
         after = self._moved.pop(job.id, before)
         if after is not before:
             out.changed.append(f"{job.id}: {before.value} -> {after.value}")
@@ -470,8 +462,8 @@ class JobEngine:
             self._fail(job, migrator, why[:4000], detail={"refusals": reasons})
 
     # launching, running, migrating, recovering.
-    def _active(self, job: JobRecord, migrator: Migrator, *, first: bool, snap: _Snapshot | None = None) -> None:
-        mj = snap.jobs.get(job.id) if snap is not None else self._migrator_job(migrator, job.id)
+    def _active(self, job: JobRecord, migrator: Migrator, snap: _Snapshot, *, first: bool) -> None:
+        mj = snap.jobs.get(job.id)
         if mj is None:  # crashed between the transition and the registration
             if job.state is JobState.LAUNCHING:
                 if job.cancel_requested_at is not None:
@@ -480,10 +472,10 @@ class JobEngine:
                     self._launch(job, migrator)
                 return
             raise EngineError(f"job {job.id} is {job.state.value} but its migrator does not know it")
-        active = snap.active.get(job.id) if snap is not None else migrator.active_migration(job.id)
-        last = snap.last_migration.get(job.id) if snap is not None else None
+        active = snap.active.get(job.id)
+        last = snap.last_migration.get(job.id)
         unseen = last is not None and self._history_mark.get(job.id) != last
-        if (active is not None or unseen or snap is None) and self._record_history(job, migrator):
+        if (active is not None or unseen) and self._record_history(job, migrator):
             job = self.repo.get(job.id)
         if job.state.terminal:
             return
