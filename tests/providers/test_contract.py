@@ -421,6 +421,7 @@ def test_output_is_the_instances_console_and_tail_keeps_its_last_lines(harness: 
     inst = provider.launch(harness.console_spec(job), f"{job}:1")
     harness.settle()
     expected = harness.console(inst.instance_id)
+    assert expected, "the harness names what the console must show"  # else the loop below checks nothing
     text = provider.output(inst.instance_id)
     lines = text.splitlines()
     at = 0
