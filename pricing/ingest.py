@@ -369,28 +369,22 @@ class Ingestor:
         # the change points are those of all observations, the last write of each key winning).
         first = np.r_[True, all_oid[1:] != all_oid[:-1]]
         change = first | (all_price != np.r_[np.nan, all_price[:-1]])
-        new = kind == INCOMING
-        was_change, was_repeat = kind == CHANGE, kind == REPEAT
-        demote = was_change & ~change
-        restore = was_repeat & change
-        self._delete(t_points.name, all_oid[demote], all_vf[demote])
-        self._delete(t_repeats.name, all_oid[restore], all_vf[restore])
-        to_points = (new | restore) & change
-        to_repeats = (new | demote) & ~change
-        self._insert(t_points.name, all_oid[to_points], all_vf[to_points], all_price[to_points], all_source[to_points])
-        self._insert(
-            t_repeats.name, all_oid[to_repeats], all_vf[to_repeats], all_price[to_repeats], all_source[to_repeats]
-        )
-        in_place = corrected & ~demote & ~restore
-        for table, rows in ((t_points.name, in_place & was_change), (t_repeats.name, in_place & was_repeat)):
-            self._update(table, all_oid[rows], all_vf[rows], all_price[rows], all_source[rows])
+        target = np.where(change, CHANGE, REPEAT)  # the table each row belongs in after this write
+        moved = kind != target  # the incoming rows, and stored rows whose table changes
+        for table, code in ((t_points.name, CHANGE), (t_repeats.name, REPEAT)):
+            leave, enter = moved & (kind == code), moved & (target == code)
+            fix = corrected & ~moved & (kind == code)  # corrected where it is
+            self._delete(table, all_oid[leave], all_vf[leave])
+            self._insert(table, all_oid[enter], all_vf[enter], all_price[enter], all_source[enter])
+            self._update(table, all_oid[fix], all_vf[fix], all_price[fix], all_source[fix])
+        restored, superseded = int((moved & (kind == REPEAT)).sum()), int((moved & (kind == CHANGE)).sum())
         if len(corr_idx):
             log.info("price store: %d stored price(s) corrected by a newer write", len(corr_idx))
-        if restore.any() or demote.any():
+        if restored or superseded:
             log.info(
                 "price store: %d observation(s) became change points again, %d change point(s) became repeats",
-                int(restore.sum()),
-                int(demote.sum()),
+                restored,
+                superseded,
             )
         # Per offer of the batch after this write: the latest change point (current) and the newest
         # observation. Complete: for appended offers the merge holds the stored current point and the
@@ -413,15 +407,15 @@ class Ingestor:
             conf_obs,
             last_source,
         )
-        inserted = int((new & change).sum())
+        inserted = int(((kind == INCOMING) & change).sum())
         return WriteResult(
             received=received,
             inserted=inserted,
             unchanged=received - inserted - len(corr_idx),
             corrected=len(corr_idx),
             offers_created=created,
-            restored=int(restore.sum()),
-            superseded=int(demote.sum()),
+            restored=restored,
+            superseded=superseded,
         )
 
     def _keyed(self, oid: np.ndarray, vf: np.ndarray) -> tuple[list[int], list[Any]]:
