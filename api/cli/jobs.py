@@ -367,20 +367,23 @@ def logs(
     interval: Annotated[float, typer.Option(help="Seconds between looks with --follow.")] = 2.0,
 ) -> None:
     """The job's own output across all its copies (oldest copy first)."""
-    printed: dict[str, int] = {}
+    shown: dict[str, list[str]] = {}  # per copy: the lines printed so far (the newest ANCHOR of them)
     with _api() as api:
         while True:
-            # Following needs whole outputs (a tail window moves); the first look shows only the tail.
-            doc = api.request("GET", f"/v1/jobs/{job_id}/logs", params={"tail": None if follow else tail})
+            # The service answers each copy's last lines; following asks for as many as it gives.
+            window = FOLLOW_WINDOW if follow else tail
+            doc = api.request("GET", f"/v1/jobs/{job_id}/logs", params={"tail": window})
             for copy in doc.get("copies", []):
                 key = f"{copy.get('epoch')}:{copy.get('instance_id')}"
                 lines = (copy.get("output") or "").splitlines()
-                if key not in printed:
+                if key not in shown:
                     sys.stdout.write(f"==> epoch {copy.get('epoch')} on {copy.get('instance_id')} <==\n")
-                    printed[key] = max(0, len(lines) - tail)
-                for line in lines[printed[key] :]:
+                    new = lines[-tail:]
+                else:
+                    new = new_lines(shown[key], lines)
+                for line in new:
                     sys.stdout.write(line + "\n")
-                printed[key] = max(printed[key], len(lines))
+                shown[key] = (shown.get(key, []) + new)[-ANCHOR:]
             sys.stdout.flush()
             if not follow:
                 return
@@ -389,3 +392,23 @@ def logs(
                 note(f"job {job_id} {job['state']}: {job.get('reason', '')}")
                 return
             time.sleep(interval)
+
+
+FOLLOW_WINDOW = 10_000
+"""Lines per copy asked for while following (the service's largest ``tail``)."""
+ANCHOR = 20
+"""How many of the last printed lines locate them in the next window."""
+
+
+def new_lines(printed: list[str], window: list[str]) -> list[str]:
+    """The lines of ``window`` (a copy's last lines now) after those already printed: found by the last
+    printed lines (``printed``, up to :data:`ANCHOR`), matched at their latest place in the window. When
+    they are no longer in it (more new output than a window holds), the whole window is new."""
+    if not printed:
+        return window
+    for k in range(min(len(printed), len(window)), 0, -1):
+        anchor = printed[-k:]
+        for end in range(len(window), k - 1, -1):
+            if window[end - k : end] == anchor:
+                return window[end:]
+    return window

@@ -116,3 +116,16 @@ def test_tables_show_money_to_the_cent(value, shown):
     from api.cli.jobs import _cents
 
     assert _cents(value) == shown
+
+
+def test_following_finds_what_is_new_in_a_moving_window():
+    from api.cli.jobs import new_lines
+
+    out = [f"step {i}" for i in range(30)]
+    assert new_lines([], out[:5]) == out[:5]
+    assert new_lines(out[:5], out[:8]) == out[5:8]  # the window still starts at the beginning
+    assert new_lines(out[:12], out[10:20]) == out[12:20]  # the window moved past the first lines
+    assert new_lines(out[:12], out[12:20]) == out[12:20]  # every line printed has left the window
+    assert new_lines(out[:12], out[2:12]) == []  # nothing new
+    repeated = ["x", "x", "y", "x", "x"]
+    assert new_lines(["y", "x", "x"], repeated + ["z"]) == ["z"]  # the anchor's latest place wins
