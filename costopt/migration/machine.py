@@ -309,8 +309,9 @@ class Migrator:
             marker = control.current_epoch(job.checkpoint_uri)
             to_epoch = max(job.epoch, marker) + 1
             now = self.now()
-            result = conn.execute(
-                insert(migrations).values(
+            planned = conn.execute(
+                insert(migrations)
+                .values(
                     job_id=job_id,
                     kind=kind.value,
                     state=State.PLANNED.value,
@@ -326,15 +327,14 @@ class Migrator:
                     created_at=now,
                     updated_at=now,
                 )
-            )
-            pk = result.inserted_primary_key
-            assert pk is not None
-            mid = int(pk[0])
+                .returning(*migrations.c)
+            ).one()
+            mid = int(planned.id)
             self._set_job(conn, job_id, status=JobStatus.MIGRATING if kind is Kind.MOVE else JobStatus.RECOVERING)
         if note:
             log.warning("migration %d (%s): %s", mid, job_id, note)
         self.hook(f"enter:{State.PLANNED.value}")
-        return self.migration(mid)
+        return MigrationRecord.of(planned)
 
     def move(
         self, job_id: str, offers: Sequence[OfferKey], *, checkpoint_gb: float | Decimal | None = None
