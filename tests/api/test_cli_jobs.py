@@ -128,4 +128,4 @@ def test_following_finds_what_is_new_in_a_moving_window():
     assert new_lines(out[:12], out[12:20]) == out[12:20]  # every line printed has left the window
     assert new_lines(out[:12], out[2:12]) == []  # nothing new
     repeated = ["x", "x", "y", "x", "x"]
-    assert new_lines(["y", "x", "x"], repeated + ["z"]) == ["z"]  # the anchor's latest place wins
+    assert new_lines(["y", "x", "x"], [*repeated, "z"]) == ["z"]  # the anchor's latest place wins
