@@ -37,6 +37,7 @@ from sqlalchemy.engine import Connection
 
 from costopt.agent import control
 from costopt.cloud import CloudProvider, Instance, InstanceState, NotFoundError
+from costopt.db.jobs_schema import jobs
 from costopt.db.migration_schema import migration_copies
 from costopt.ledger.book import Ledger
 from costopt.ledger.model import ChargeKind, ChargeRecord, IntervalRecord, LedgerError
@@ -199,12 +200,13 @@ def sync_ledger(
         query = query.where(c.job_id == job_id)
     with engine.connect() as conn:
         pending = [CopyRecord.of(r) for r in conn.execute(query).all()]
+        teams = _teams(conn, {copy.job_id for copy in pending})
     written = 0
     errors: list[str] = []
     left = 0
     for copy in pending:
         try:
-            written += _sync_copy(engine, ledger, copy, egress, hook)
+            written += _sync_copy(engine, ledger, copy, teams.get(copy.job_id, ""), egress, hook)
         except LedgerError as exc:
             left += 1
             msg = f"{copy.interval_key}: {type(exc).__name__}: {exc}"
@@ -218,6 +220,17 @@ def sync_ledger(
     return LedgerSync(written, left, tuple(errors))
 
 
+def _teams(conn: Connection, job_ids: set[str]) -> dict[str, str]:
+    """The team of each managed job among ``job_ids`` (``jobs.team_id``); a job the migrator runs
+    without a ``jobs`` row (a drill, a backtest) has none and is billed to team ``""``."""
+    ids = sorted(job_ids)
+    out: dict[str, str] = {}
+    for lo in range(0, len(ids), 500):
+        rows = conn.execute(select(jobs.c.id, jobs.c.team_id).where(jobs.c.id.in_(ids[lo : lo + 500])))
+        out.update({r.id: r.team_id for r in rows})
+    return out
+
+
 def _set_flags(engine: Engine, key: str, **flags: bool) -> None:
     with engine.begin() as conn:
         conn.execute(
@@ -228,7 +241,12 @@ def _set_flags(engine: Engine, key: str, **flags: bool) -> None:
 
 
 def _sync_copy(
-    engine: Engine, ledger: Ledger, copy: CopyRecord, egress: EgressRates, hook: Callable[[str], None] | None
+    engine: Engine,
+    ledger: Ledger,
+    copy: CopyRecord,
+    team: str,
+    egress: EgressRates,
+    hook: Callable[[str], None] | None,
 ) -> int:
     written = 0
     interval = IntervalRecord(
@@ -237,11 +255,12 @@ def _sync_copy(
         instance_id=copy.instance_id,
         offer=copy.offer,
         started_at=copy.started_at,
+        team=team,
         provider=copy.provider,
     )
     if not copy.ledger_opened:
         ledger.record_interval(interval)
-        charge = _egress_charge(copy, egress)
+        charge = _egress_charge(copy, egress, team)
         if charge is not None:
             ledger.record_charge(charge)
         written += 1
@@ -258,6 +277,7 @@ def _sync_copy(
                     job_id=copy.job_id,
                     kind=ChargeKind.RESTART,
                     at=memo_end,
+                    team=team,
                     offer=copy.offer,
                     interval_key=copy.interval_key,
                     span=(copy.started_at, memo_end),
@@ -270,7 +290,7 @@ def _sync_copy(
         _set_flags(engine, copy.interval_key, ledger_memo=True)
     if not copy.ledger_closed and copy.ended_at is not None:
         ledger.record_interval(replace(interval, ended_at=copy.ended_at, end_reason=copy.end_reason))
-        overlap = _overlap_charge(engine, copy)
+        overlap = _overlap_charge(engine, copy, team)
         if overlap is not None:
             ledger.record_charge(overlap)
         written += 1
@@ -280,7 +300,7 @@ def _sync_copy(
     return written
 
 
-def _egress_charge(copy: CopyRecord, egress: EgressRates) -> ChargeRecord | None:
+def _egress_charge(copy: CopyRecord, egress: EgressRates, team: str) -> ChargeRecord | None:
     """The move's egress: the checkpoint shipped from the source place to the copy's (None: same place,
     or no size given)."""
     src, dst = copy.source_offer, copy.offer
@@ -294,6 +314,7 @@ def _egress_charge(copy: CopyRecord, egress: EgressRates) -> ChargeRecord | None
         job_id=copy.job_id,
         kind=ChargeKind.EGRESS,
         at=copy.started_at,
+        team=team,
         quantity=copy.egress_gb,
         unit="GB",
         rate_usd=Decimal(repr(rate)),
@@ -304,7 +325,7 @@ def _egress_charge(copy: CopyRecord, egress: EgressRates) -> ChargeRecord | None
     )
 
 
-def _overlap_charge(engine: Engine, copy: CopyRecord) -> ChargeRecord | None:
+def _overlap_charge(engine: Engine, copy: CopyRecord, team: str) -> ChargeRecord | None:
     """A moved copy billed while its successor booted and was verified: ``[successor start, its end)``."""
     if copy.end_reason != EndReason.MOVED.value or copy.ended_at is None:
         return None
@@ -323,6 +344,7 @@ def _overlap_charge(engine: Engine, copy: CopyRecord) -> ChargeRecord | None:
         job_id=copy.job_id,
         kind=ChargeKind.OVERLAP,
         at=copy.ended_at,
+        team=team,
         offer=copy.offer,
         interval_key=copy.interval_key,
         span=(start, copy.ended_at),
