@@ -29,5 +29,10 @@ class MalformedAcceleratorSpecs(_FileEntryError):
     """The accelerator side-information CSV (``data/accelerators.csv``) is wrong."""
 
 
+class MalformedCalibrationFile(_FileEntryError):
+    """A calibration CSV (``data/calibration/*.csv``) row that cannot be used; the entry names the line,
+    GPU and model."""
+
+
 class InvalidThroughput(ThroughputError, BadRecord):
     """A throughput value or key given by a caller is invalid (negative, NaN, unknown placement...)."""

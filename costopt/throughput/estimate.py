@@ -65,7 +65,7 @@ from costopt.domain import normalize_accelerator
 from costopt.settings import PROJECT_ROOT
 from costopt.throughput.catalog import ThroughputCatalog, accelerator_order
 from costopt.throughput.errors import InvalidThroughput, MalformedAcceleratorSpecs
-from costopt.throughput.model import Placement, Throughput, ThroughputKey
+from costopt.throughput.model import Placement, Precision, Throughput, ThroughputKey
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,7 @@ SPEC_COLUMNS = (
     "accelerator",
     "variant",
     "fp32_tflops",
+    "tf32_tensor_tflops",
     "fp16_tensor_tflops",
     "memory_bandwidth_gbps",
     "memory_gb",
@@ -94,13 +95,16 @@ SPEC_COLUMNS = (
 class AcceleratorSpec:
     """Published peak figures of one accelerator (per GPU as a cloud exposes it).
 
-    ``fp16_tensor_tflops`` is the dense FP16/BF16 tensor rate (the FP16 or FP32 vector rate on GPUs
-    without tensor cores); ``source`` names the vendor datasheet.
+    ``tf32_tensor_tflops`` is the dense TF32 tensor rate, 0 on GPUs without TF32 (before Ampere), where
+    ``tf32`` computes as ``fp32``; ``fp16_tensor_tflops`` is the dense FP16/BF16 tensor rate with FP32
+    accumulation, what mixed precision uses (the FP16 or FP32 vector rate on GPUs without tensor
+    cores); ``source`` names the vendor datasheet.
     """
 
     accelerator: str
     variant: str
     fp32_tflops: float
+    tf32_tensor_tflops: float
     fp16_tensor_tflops: float
     memory_bandwidth_gbps: float
     memory_gb: float
@@ -110,6 +114,19 @@ class AcceleratorSpec:
     def features(self) -> tuple[float, float]:
         """``(log memory bandwidth, log FP32 TFLOPS)``: the estimator's regressors."""
         return math.log(self.memory_bandwidth_gbps), math.log(self.fp32_tflops)
+
+    @property
+    def has_tf32(self) -> bool:
+        """True when the GPU has TF32 tensor cores (Ampere and newer)."""
+        return self.tf32_tensor_tflops > 0
+
+    def rate_tflops(self, compute: Precision) -> float:
+        """Peak dense TFLOPS of the arithmetic ``compute`` runs on (see :func:`compute_class`)."""
+        if compute == "amp":
+            return self.fp16_tensor_tflops
+        if compute == "tf32" and self.has_tf32:
+            return self.tf32_tensor_tflops
+        return self.fp32_tflops
 
 
 def load_accelerator_specs(path: Path | None = None) -> dict[str, AcceleratorSpec]:
@@ -140,18 +157,23 @@ def load_accelerator_specs(path: Path | None = None) -> dict[str, AcceleratorSpe
             if not rec["source"].strip():
                 raise MalformedAcceleratorSpecs(path, entry, "every row must name its source")
             nums: dict[str, float] = {}
-            for col in ("fp32_tflops", "fp16_tensor_tflops", "memory_bandwidth_gbps", "memory_gb"):
+            for col in SPEC_COLUMNS[2:7]:
                 try:
                     value = float(rec[col])
                 except ValueError:
                     value = math.nan
+                if col == "tf32_tensor_tflops" and value == 0:
+                    nums[col] = 0.0  # no TF32 on this GPU
+                    continue
                 if not math.isfinite(value) or value <= 0:
-                    raise MalformedAcceleratorSpecs(path, entry, f"{col} must be a positive number, got {rec[col]!r}")
+                    what = "a positive number (0 = no TF32)" if col == "tf32_tensor_tflops" else "a positive number"
+                    raise MalformedAcceleratorSpecs(path, entry, f"{col} must be {what}, got {rec[col]!r}")
                 nums[col] = value
             specs[acc] = AcceleratorSpec(
                 accelerator=acc,
                 variant=rec["variant"],
                 fp32_tflops=nums["fp32_tflops"],
+                tf32_tensor_tflops=nums["tf32_tensor_tflops"],
                 fp16_tensor_tflops=nums["fp16_tensor_tflops"],
                 memory_bandwidth_gbps=nums["memory_bandwidth_gbps"],
                 memory_gb=nums["memory_gb"],

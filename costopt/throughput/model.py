@@ -23,8 +23,52 @@ Provenance = Literal["measured", "estimated", "user"]
 """``measured``: from a profiling file; ``user``: registered by a user or observed on a running job
 (possibly averaged with a file value); ``estimated``: produced by an estimator (named in the value)."""
 
+Precision = Literal["fp32", "tf32", "amp"]
+"""How a job computes: ``fp32`` float32 without autocast and with PyTorch's default math modes (since
+PyTorch 1.12 matmuls run in strict FP32 -- ``torch.backends.cuda.matmul.allow_tf32`` defaults to False --
+while cuDNN convolutions may use TF32 tensor cores, ``torch.backends.cudnn.allow_tf32`` defaults to True);
+``tf32`` float32 with TF32 allowed for matmuls too (``torch.set_float32_matmul_precision("high")``);
+``amp`` automatic mixed precision (FP16/BF16 autocast). On GPUs without TF32 (before Ampere) ``tf32``
+computes exactly as ``fp32``."""
+
+ModelFamily = Literal["convolutional", "transformer", "recurrent", "reinforcement_learning", "recommendation", "gan"]
+"""The model families the calibrated estimator fits separately."""
+
 PLACEMENTS: tuple[Placement, ...] = get_args(Placement)
 PROVENANCES: tuple[Provenance, ...] = get_args(Provenance)
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+MODEL_FAMILIES: tuple[ModelFamily, ...] = get_args(ModelFamily)
+
+DEFAULT_PRECISION: Precision = "fp32"
+"""PyTorch's own default (no autocast, matmul TF32 off since 1.12); also what Gavel's jobs were measured in."""
+
+CONV_DOMINATED_FAMILIES: frozenset[ModelFamily] = frozenset({"convolutional", "gan"})
+"""Families whose arithmetic is mostly cuDNN convolutions: in PyTorch's default ``fp32`` they already run
+on TF32 tensor cores where the GPU has them (cuDNN's ``allow_tf32`` default), so they compute as ``tf32``."""
+
+_GAVEL_FAMILIES: dict[str, ModelFamily] = {
+    "ResNet-18": "convolutional",
+    "ResNet-50": "convolutional",
+    "Transformer": "transformer",
+    "LM": "recurrent",
+    "A3C": "reinforcement_learning",
+    "Recommendation": "recommendation",
+    "CycleGAN": "gan",
+}
+
+
+def check_precision(value: object) -> Precision:
+    """``value`` as a :data:`Precision`, or :class:`InvalidThroughput` naming the accepted values."""
+    if value not in PRECISIONS:
+        raise InvalidThroughput(f"precision must be one of {', '.join(PRECISIONS)}, got {value!r}")
+    return value
+
+
+def family_of(job_type: JobType | str) -> ModelFamily | None:
+    """The model family of a Gavel job type (by its model name), or None for a model costopt does not know."""
+    model = job_type.model if isinstance(job_type, JobType) else JobType.parse(job_type).model
+    return _GAVEL_FAMILIES.get(model)
+
 
 _BATCH_RE = re.compile(r"^(?P<model>.+?) \(batch size (?P<bs>\d+)\)$")
 

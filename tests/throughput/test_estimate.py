@@ -35,10 +35,14 @@ MEASURED = ("k80", "p100", "v100")
 
 def test_specs_cover_measured_and_new_accelerators_with_a_source_each(specs: dict[str, AcceleratorSpec]) -> None:
     assert set(MEASURED + NEW_ACCELERATORS) <= set(specs)
-    assert set(specs) <= set(KNOWN_ACCELERATORS)
+    assert set(KNOWN_ACCELERATORS) <= set(specs)
     for spec in specs.values():
         assert spec.source.strip()
         assert spec.fp16_tensor_tflops >= spec.fp32_tflops > 0
+        assert spec.tf32_tensor_tflops == 0 or spec.tf32_tensor_tflops >= spec.fp32_tflops
+    assert not specs["v100"].has_tf32 and specs["a100"].has_tf32 and specs["rtx-4090"].has_tf32
+    assert specs["v100"].rate_tflops("tf32") == specs["v100"].fp32_tflops
+    assert specs["h100"].rate_tflops("tf32") == specs["h100"].tf32_tensor_tflops
     k80 = specs["k80"]  # one die of a two-GPU board, as clouds expose it
     assert (k80.fp32_tflops, k80.memory_bandwidth_gbps, k80.memory_gb) == (4.37, 240, 12)
     assert "2 GPUs" in k80.note
@@ -55,7 +59,7 @@ def _spec_file(tmp_path: Path, rows: list[str], header: str = ",".join(SPEC_COLU
     return path
 
 
-GOOD_ROW = "v100,V100,15.7,125,900,16,NVIDIA V100 datasheet,"
+GOOD_ROW = "v100,V100,15.7,0,125,900,16,NVIDIA V100 datasheet,"
 
 
 @pytest.mark.parametrize(
@@ -63,11 +67,12 @@ GOOD_ROW = "v100,V100,15.7,125,900,16,NVIDIA V100 datasheet,"
     [
         ([GOOD_ROW], "accelerator,fp32", "expected columns"),
         ([GOOD_ROW, GOOD_ROW], None, "listed twice"),
-        (["Tesla V100,V100,15.7,125,900,16,src,"], None, "canonical"),
-        (["v100,V100,-1,125,900,16,src,"], None, "positive number"),
-        (["v100,V100,fast,125,900,16,src,"], None, "positive number"),
-        (["v100,V100,15.7,125,900,16, ,"], None, "source"),
-        (["v100,V100,15.7,125,900"], None, "fields"),
+        (["Tesla V100,V100,15.7,0,125,900,16,src,"], None, "canonical"),
+        (["v100,V100,-1,0,125,900,16,src,"], None, "positive number"),
+        (["v100,V100,fast,0,125,900,16,src,"], None, "positive number"),
+        (["v100,V100,15.7,-3,125,900,16,src,"], None, "0 = no TF32"),
+        (["v100,V100,15.7,0,125,900,16, ,"], None, "source"),
+        (["v100,V100,15.7,0,125,900"], None, "fields"),
         ([], None, "no accelerator rows"),
     ],
 )
