@@ -12,6 +12,7 @@ from api.cli.common import Exit, failures, settings_with
 from api.cli.output import OutputFormat, emit, emit_object, note
 
 if TYPE_CHECKING:
+    from costopt.gavel.trace import Trace
     from costopt.gavel.workload import Workload
 
 app = typer.Typer(help="The Gavel-style scheduler: policies, simulation, benchmarks.", no_args_is_help=True)
@@ -90,9 +91,14 @@ def policies(fmt: FormatOpt = OutputFormat.table) -> None:
 def simulate(
     policy: PolicyOpt,
     cluster: Annotated[str, typer.Option(help="GPUs per type, V100:P100:K80.")] = "36:36:36",
-    rate: Annotated[float, typer.Option(min=0.0, help="Poisson arrivals in jobs/hour; 0 = a static trace.")] = 5.0,
-    seed: Annotated[int, typer.Option(help="Trace seed (same seed, same trace).")] = 0,
-    window: Annotated[str, typer.Option(help="Job ids measured, FIRST:END (END exclusive).")] = "4000:5000",
+    rate: Annotated[
+        float | None, typer.Option(min=0.0, help="Poisson arrivals in jobs/hour; 0 = a static trace. [default: 5]")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Trace seed (same seed, same trace). [default: 0]")] = None,
+    window: Annotated[
+        str | None,
+        typer.Option(help="Job ids measured, FIRST:END (END exclusive). [default: 4000:5000; every job of --trace]"),
+    ] = None,
     multi_gpu: Annotated[bool, typer.Option("--multi-gpu", help="The paper's 1/2/4/8-GPU job mix.")] = False,
     space_sharing: Annotated[bool, typer.Option("--space-sharing", help="Co-locate job pairs.")] = False,
     restart_overhead: Annotated[
@@ -103,41 +109,75 @@ def simulate(
     cap: Annotated[
         str, typer.Option("--max-simulated", help="Stop after this much simulated time, e.g. 30d.")
     ] = "5e7s",
+    trace_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--trace",
+            help="Run this recorded trace (JSON lines: job_id, arrival_s, job_type, scale_factor, total_steps, "
+            "priority_weight, slo_s) instead of a generated one.",
+        ),
+    ] = None,
+    dump_trace: Annotated[
+        Path | None, typer.Option("--dump-trace", help="Write the trace simulated to this file (same format).")
+    ] = None,
     data: DataOpt = None,
     fmt: FormatOpt = OutputFormat.table,
 ) -> None:
-    """Simulate a policy on a generated trace and print average JCT, makespan, utilization and wall time.
+    """Simulate a policy on a generated or recorded trace and print average JCT, makespan, utilization
+    and wall time.
 
-    Exit 3 when the window's jobs did not all finish by the simulation's cap (the JCT is then a lower bound)."""
-    from costopt.gavel.simulator import parse_cluster
-    from costopt.gavel.simulator import simulate as run_simulation
+    Exit 1 when --trace cannot be read (the message names the line), 3 when the window's jobs did not
+    all finish by the simulation's cap (the JCT is then a lower bound)."""
+    from costopt.gavel.policies import get_policy
+    from costopt.gavel.simulator import generated_trace, parse_cluster, simulate_trace
 
     policy = _check_policy(policy)
-    lo_hi = parse_window(window)
+    if trace_file is not None:
+        for given, option in (
+            (rate, "--rate"),
+            (seed, "--seed"),
+            (multi_gpu or None, "--multi-gpu"),
+            (slos or None, "--slos"),
+        ):
+            if given is not None:
+                raise typer.BadParameter(
+                    f"{option} shapes a generated trace; it does not apply to --trace", param_hint=option
+                )
+    lo_hi = parse_window(window) if window is not None else None
     overhead_s = parse_seconds(restart_overhead, "--restart-overhead")
     round_s = parse_seconds(round_length, "--round")
     cap_s = parse_seconds(cap, "--max-simulated")
     if round_s <= 0 or overhead_s >= round_s:
         raise typer.BadParameter("need --round > 0 and --restart-overhead shorter than a round", param_hint="--round")
     try:
-        parse_cluster(cluster)
+        capacity = parse_cluster(cluster)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--cluster") from None
     workload = _workload(data)
+    rate_h = 5.0 if rate is None else rate
+    seed_n = 0 if seed is None else seed
     with failures():
-        result = run_simulation(
-            policy,
-            cluster=cluster,
-            rate=rate if rate > 0 else None,
-            seed=seed,
+        if trace_file is not None:
+            trace = _read_trace_file(trace_file, workload)
+        else:
+            lo_hi = lo_hi or (4000, 5000)
+            trace = generated_trace(workload, rate_h if rate_h > 0 else None, seed_n, lo_hi, multi_gpu, slos=slos)
+        if dump_trace is not None:
+            _dump(trace, workload, dump_trace)
+        result = simulate_trace(
+            get_policy(policy),
+            trace,
+            workload,
+            capacity,
             window=lo_hi,
-            multi_gpu=multi_gpu,
             space_sharing=space_sharing,
             restart_overhead_s=overhead_s,
-            workload=workload,
             round_s=round_s,
-            slos=slos,
             max_simulated_s=cap_s,
+            seed=seed_n,
+            rate=None if trace_file is not None or rate_h <= 0 else rate_h,
+            multi_gpu=multi_gpu,
+            source=None if trace_file is None else str(trace_file),
         )
     record = result.as_dict()
     shown = record if fmt is OutputFormat.json else _shown_simulation(record)
@@ -150,12 +190,42 @@ def simulate(
         raise typer.Exit(Exit.PARTIAL)
 
 
+def _read_trace_file(path: Path, workload: Workload) -> Trace:
+    from costopt.gavel.errors import TraceFileError
+    from costopt.gavel.trace import read_trace
+
+    try:
+        with path.open(encoding="utf-8") as f:
+            return read_trace(f, workload, source=str(path))
+    except OSError as exc:
+        raise TraceFileError(str(path), 0, f"cannot read it ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise TraceFileError(str(path), 0, "not UTF-8 text (a trace is JSON lines)") from None
+
+
+def _dump(trace: Trace, workload: Workload, path: Path) -> None:
+    from costopt.gavel.errors import TraceFileError
+    from costopt.gavel.trace import write_trace
+
+    try:
+        with path.open("w", encoding="utf-8") as f:
+            lines = write_trace(trace, workload, f)
+    except OSError as exc:
+        raise TraceFileError(str(path), 0, f"cannot write it ({exc.strerror or exc})") from None
+    note(f"wrote {lines} jobs to {path}")
+
+
 def _shown_simulation(r: dict[str, Any]) -> dict[str, Any]:
     return {
         "policy": r["policy"],
         "cluster (V100:P100:K80)": r["cluster"],
-        "rate": "static trace" if r["rate_per_hour"] is None else f"{r['rate_per_hour']:g} jobs/h",
-        "window": f"jobs {r['window'][0]}-{r['window'][1] - 1}",
+        "trace": r["trace"]
+        or (
+            f"generated, static (seed {r['seed']})"
+            if r["rate_per_hour"] is None
+            else f"generated, {r['rate_per_hour']:g} jobs/h (seed {r['seed']})"
+        ),
+        "window": f"job ids {r['window'][0]}-{r['window'][1] - 1} ({r['jobs_in_window']} jobs)",
         "average JCT": f"{r['avg_jct_s']:,.0f} s ({r['avg_jct_s'] / 3600:.2f} h)",
         "makespan": f"{r['makespan_s']:,.0f} s ({r['makespan_s'] / 3600:.1f} h)",
         "utilization": f"{r['utilization']:.1%}",

@@ -14,6 +14,17 @@ class InvalidState(GavelError, ValueError):
     """A cluster state, trace or argument that breaks its contract (shapes, negative values, NaN...)."""
 
 
+class TraceFileError(GavelError, ValueError):
+    """A recorded trace that cannot be read: ``line`` (1-based) is the line at fault (0: the whole file)."""
+
+    def __init__(self, source: str, line: int, problem: str) -> None:
+        self.source = source
+        self.line = line
+        self.problem = problem
+        where = f"{source} line {line}" if line > 0 else source
+        super().__init__(f"{where}: {problem}")
+
+
 class UnknownPolicy(GavelError, UnknownName):
     """A policy name that is not in the registry; the message lists the known names and close matches."""
 

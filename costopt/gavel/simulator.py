@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from costopt.gavel.errors import InvalidState
 from costopt.gavel.mechanism import DEFAULT_ROUND_S, RoundMechanism
@@ -76,11 +77,33 @@ class SimResult:
     multi_gpu: bool
     space_sharing: bool
     restart_overhead_s: float
+    trace: str | None = None  # the file a recorded trace was read from (None: generated)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["window"] = list(self.window)
         return out
+
+
+def generated_trace(
+    workload: Workload,
+    rate: float | None = 5.0,
+    seed: int = 0,
+    window: tuple[int, int] = (4000, 5000),
+    multi_gpu: bool = False,
+    *,
+    slos: bool = False,
+    extra_jobs: int | None = None,
+) -> Trace:
+    """The trace :func:`simulate` runs: ``window[1]`` jobs for a static trace (``rate=None``), else
+    ``window[1] + extra_jobs`` (default: the window's size more) so the window's last jobs do not
+    finish on an emptying cluster."""
+    lo, hi = window
+    if not 0 <= lo < hi:
+        raise InvalidState(f"window must be 0 <= first < end, got {window}")
+    extra = (hi - lo) if extra_jobs is None else extra_jobs
+    n = hi if rate is None else hi + extra
+    return generate_trace(workload, n, rate_per_hour=rate, seed=seed, multi_gpu=multi_gpu, slos=slos)
 
 
 def simulate(
@@ -101,7 +124,8 @@ def simulate(
     extra_jobs: int | None = None,
     max_simulated_s: float = 5.0e7,
 ) -> SimResult:
-    """Simulate ``policy_name`` on a generated trace (see :mod:`costopt.gavel.trace`).
+    """Simulate ``policy_name`` on a generated trace (see :mod:`costopt.gavel.trace` and
+    :func:`generated_trace`).
 
     ``rate`` in jobs/hour; ``rate=None`` is a static trace of ``window[1]`` jobs all at t = 0 (for
     makespan). With arrivals, ``extra_jobs`` (default: the window's size) keep arriving after the
@@ -109,12 +133,7 @@ def simulate(
     the window is done, or at ``max_simulated_s`` (then ``window_complete`` is false and the JCTs of
     unfinished jobs count up to that time).
     """
-    lo, hi = window
-    if not 0 <= lo < hi:
-        raise InvalidState(f"window must be 0 <= first < end, got {window}")
-    extra = (hi - lo) if extra_jobs is None else extra_jobs
-    n = hi if rate is None else hi + extra
-    trace = generate_trace(workload, n, rate_per_hour=rate, seed=seed, multi_gpu=multi_gpu, slos=slos)
+    trace = generated_trace(workload, rate, seed, window, multi_gpu, slos=slos, extra_jobs=extra_jobs)
     return simulate_trace(
         get_policy(policy_name),
         trace,
@@ -151,8 +170,10 @@ def simulate_trace(
     rate: float | None = None,
     multi_gpu: bool = False,
     fast_forward: bool = True,
+    source: str | None = None,
 ) -> SimResult:
-    """Simulate ``policy`` on ``trace``; see :func:`simulate` (window defaults to every job).
+    """Simulate ``policy`` on ``trace``; see :func:`simulate`. ``window``: the job ids measured,
+    ``[first, end)`` (default: every job); ``source``: where the trace was read from (reported).
 
     ``fast_forward``: when every job runs, each on the only type its allocation names, the rounds until
     the next arrival or completion repeat the current one and are advanced in one step (exact; off
@@ -161,9 +182,14 @@ def simulate_trace(
     if round_s <= 0 or restart_overhead_s < 0 or restart_overhead_s >= round_s:
         raise InvalidState("need round_s > 0 and 0 <= restart_overhead_s < round_s")
     n, nt = trace.n_jobs, len(workload.worker_types)
-    lo, hi = window if window is not None else (0, n)
-    if hi > n:
-        raise InvalidState(f"window end {hi} beyond the trace's {n} jobs")
+    in_window = trace.window_mask(window)
+    if not in_window.any():
+        raise InvalidState(
+            f"no job of the trace has an id in the window [{window[0]}, {window[1]})"
+            if window
+            else "the trace has no jobs"
+        )
+    lo, hi = window if window is not None else (int(trace.job_id.min()), int(trace.job_id.max()) + 1)
     cap = np.array(capacity, dtype=np.float64)
     price = np.array(
         prices if prices is not None else [DEFAULT_PRICES_USD_PER_H.get(w, 1.0) for w in workload.worker_types],
@@ -190,7 +216,7 @@ def simulate_trace(
     solve_s = 0.0
     last_solve = -np.inf
     dirty = True
-    window_left = hi - lo
+    window_left = int(in_window.sum())
     while window_left > 0 and t < max_simulated_s:
         # admit
         k = int(np.searchsorted(trace.arrival_s, t, side="right"))
@@ -214,6 +240,7 @@ def simulate_trace(
                 prices=price,
                 job_ids=active,
                 scale_factor=sf[active],
+                weight=trace.weight[active],
                 steps_remaining=remaining[active],
                 arrival_s=trace.arrival_s[active],
                 slo_s=trace.slo_s[active],
@@ -275,7 +302,7 @@ def simulate_trace(
             if finishes.any():
                 fin = jobs[finishes]
                 mech.forget(fin)
-                window_left -= int(np.sum((fin >= lo) & (fin < hi)))
+                window_left -= int(in_window[fin].sum())
                 active = active[~np.isin(active, fin)]
                 dirty = True
             elif (
@@ -319,6 +346,7 @@ def simulate_trace(
         done_integral - admitted_integral,
         moves,
         (lo, hi),
+        in_window,
         t,
         busy_gpu_s,
         active_s,
@@ -331,6 +359,7 @@ def simulate_trace(
         seed,
         rate,
         multi_gpu,
+        source,
     )
 
 
@@ -343,6 +372,7 @@ def _result(
     jobs_seen: FloatArray,
     moves: IntArray,
     window: tuple[int, int],
+    in_window: npt.NDArray[np.bool_],
     t_end: float,
     busy_gpu_s: float,
     active_s: float,
@@ -355,9 +385,10 @@ def _result(
     seed: int,
     rate: float | None,
     multi_gpu: bool,
+    source: str | None,
 ) -> SimResult:
     lo, hi = window
-    ids = np.arange(lo, hi)
+    ids = np.nonzero(in_window)[0]
     finished = np.isfinite(done_at[ids])
     end = np.where(finished, done_at[ids], t_end)
     jct = end - trace.arrival_s[ids]
@@ -396,4 +427,5 @@ def _result(
         multi_gpu=multi_gpu,
         space_sharing=space_sharing,
         restart_overhead_s=float(restart_overhead_s),
+        trace=source,
     )

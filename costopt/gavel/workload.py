@@ -48,6 +48,10 @@ class Workload:
         out: IntArray = np.nonzero(self.scale_factor == sf)[0].astype(np.int64)
         return out
 
+    def job_type_name(self, entry: int) -> str:
+        """The catalog's job type of ``entry`` (its name without the `` xN`` GPU count)."""
+        return self.names[entry].rsplit(" x", 1)[0]
+
     def reference_type(self) -> int:
         """Column of the V100 (durations in traces are V100 seconds); the first type otherwise."""
         return self.worker_types.index("v100") if "v100" in self.worker_types else 0
