@@ -1,0 +1,78 @@
+"""What a report reads from the database, in one place: the ledger's lines, the jobs, their events, and
+how each copy was launched (a job's start, a move or a recovery: the migrator's ``migration_copies`` and
+``migrations``). Reads only; the report itself (:mod:`costopt.reports.savings`) is computed from a
+:class:`ReportData` and never touches the database.
+
+Scope: ``team`` None reads every team's lines (an admin); a team reads the lines billed to it (the
+ledger's ``team``: a managed job's team id, see docs/ledger.md) and its own jobs only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine, select
+
+from costopt.db.jobs_schema import jobs, teams
+from costopt.db.migration_schema import migration_copies, migrations
+from costopt.jobs.records import JobEvent, JobRecord, JobRepository
+from costopt.ledger.model import ChargeLine, IntervalLine
+from costopt.ledger.sql import SqlLedger
+
+__all__ = ["CopyKind", "ReportData", "load_report_data"]
+
+_CHUNK = 500
+
+
+class CopyKind:
+    """How a copy was launched: its job's first launch, a move, a recovery, or unknown (no migration)."""
+
+    START = "start"
+    MOVE = "move"
+    RECOVERY = "recovery"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class ReportData:
+    """The lines and records a report is computed from (``jobs``: by id; ``team_names``: id -> name)."""
+
+    intervals: Sequence[IntervalLine]
+    charges: Sequence[ChargeLine]
+    jobs: Mapping[str, JobRecord] = field(default_factory=dict)
+    events: Mapping[str, Sequence[JobEvent]] = field(default_factory=dict)
+    copy_kinds: Mapping[str, str] = field(default_factory=dict)
+    team_names: Mapping[str, str] = field(default_factory=dict)
+
+
+def load_report_data(engine: Engine, ledger: SqlLedger, *, team: str | None) -> ReportData:
+    """Every ledger line of ``team`` (None: all), the jobs they bill, those jobs' events and copy kinds."""
+    intervals = ledger.intervals(team=team)
+    charges = ledger.charges(team=team)
+    ids = sorted({ln.record.job_id for ln in intervals} | {c.record.job_id for c in charges})
+    found: dict[str, JobRecord] = {}
+    kinds: dict[str, str] = {}
+    with engine.connect() as conn:
+        for lo in range(0, len(ids), _CHUNK):
+            chunk = ids[lo : lo + _CHUNK]
+            query = select(jobs).where(jobs.c.id.in_(chunk))
+            if team is not None:
+                query = query.where(jobs.c.team_id == team)
+            found.update({r.id: JobRecord.of(r) for r in conn.execute(query)})
+            c, m = migration_copies.c, migrations.c
+            rows = conn.execute(
+                select(c.interval_key, m.kind, m.from_epoch)
+                .select_from(migration_copies.outerjoin(migrations, m.id == c.migration_id))
+                .where(c.job_id.in_(chunk))
+            )
+            for r in rows:
+                if r.kind is None:
+                    kinds[r.interval_key] = CopyKind.UNKNOWN
+                elif r.kind == "move":
+                    kinds[r.interval_key] = CopyKind.MOVE
+                else:  # a recovery; the migrator starts a job as its recovery from epoch 0
+                    kinds[r.interval_key] = CopyKind.START if int(r.from_epoch) == 0 else CopyKind.RECOVERY
+        names = {r.id: r.name for r in conn.execute(select(teams.c.id, teams.c.name))}
+    events = JobRepository(engine).events_of(sorted(found))
+    return ReportData(intervals, charges, found, events, kinds, names)
