@@ -381,6 +381,12 @@ class Settings(BaseSettings):
     engine_workers: int = Field(
         default=4, ge=0, description="Worker threads of the job engine (starts, recoveries); 0 runs them in the tick."
     )
+    report_baselines: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=lambda: {"*": "aws/us-east-1"},
+        description="Savings reports: where each team's on-demand baseline runs. Keys: a team id or name, or * "
+        "(every team), optionally :<gpus>; values cloud/region (the planner picks the cheapest on-demand instance "
+        "there for the job at its submission) or cloud/region/instance_type. JSON object or key=value pairs.",
+    )
 
     def resolved_throughput_file(self) -> Path | None:
         """The throughput file to load (None: no file configured and no data folder)."""
@@ -406,7 +412,14 @@ class Settings(BaseSettings):
     def _split_csv(cls, v: object) -> object:
         return parse_list(v)
 
-    @field_validator("aws_ami_ids", "aws_interruption_queue_urls", "aws_subnet_ids", "azure_subnet_ids", mode="before")
+    @field_validator(
+        "aws_ami_ids",
+        "aws_interruption_queue_urls",
+        "aws_subnet_ids",
+        "azure_subnet_ids",
+        "report_baselines",
+        mode="before",
+    )
     @classmethod
     def _mapping(cls, v: object) -> object:
         return parse_mapping(v)
@@ -435,6 +448,14 @@ class Settings(BaseSettings):
     def _positive(cls, v: timedelta) -> timedelta:
         if v <= timedelta(0):
             raise ValueError(f"must be a positive duration (seconds or ISO 8601 like PT30S), got {v}")
+        return v
+
+    @field_validator("report_baselines")
+    @classmethod
+    def _report_baselines(cls, v: dict[str, str]) -> dict[str, str]:
+        from costopt.reports.baselines import ReferenceRules  # checked at start-up, not at the first report
+
+        ReferenceRules(v)
         return v
 
     @field_validator("aws_security_group_ids", mode="before")
