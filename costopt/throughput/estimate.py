@@ -54,9 +54,10 @@ from __future__ import annotations
 import csv
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -65,7 +66,18 @@ from costopt.domain import normalize_accelerator
 from costopt.settings import PROJECT_ROOT
 from costopt.throughput.catalog import ThroughputCatalog, accelerator_order
 from costopt.throughput.errors import InvalidThroughput, MalformedAcceleratorSpecs
-from costopt.throughput.model import Placement, Precision, Throughput, ThroughputKey
+from costopt.throughput.model import (
+    DEFAULT_PRECISION,
+    JobType,
+    Placement,
+    Precision,
+    Throughput,
+    ThroughputKey,
+    family_of,
+)
+
+if TYPE_CHECKING:
+    from costopt.throughput.calibration import CalibrationRow
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +89,8 @@ DEFAULT_ACCELERATOR_SPECS = PROJECT_ROOT / "data" / "accelerators.csv"
 ESTIMATOR_LOWRANK = "lowrank-completion"
 ESTIMATOR_HARDWARE = "hardware-loglinear"
 ESTIMATOR_SCALING = "v100-scaling"
+ESTIMATOR_CALIBRATED = "family-calibrated"
+HARDWARE_ESTIMATORS = (ESTIMATOR_CALIBRATED, ESTIMATOR_HARDWARE)
 
 SPEC_COLUMNS = (
     "accelerator",
@@ -199,8 +213,15 @@ class EstimatorConfig:
     scaling_reference: str = "v100"
     max_scaling_efficiency: float = 1.0
     memory_guard: bool = True
+    hardware_estimator: str = "family-calibrated"
+    """Which estimator fills unmeasured accelerators: ``family-calibrated`` (fitted with the published
+    calibration set, :mod:`costopt.throughput.calibrated`) or ``hardware-loglinear`` (the baseline)."""
 
     def __post_init__(self) -> None:
+        if self.hardware_estimator not in HARDWARE_ESTIMATORS:
+            raise InvalidThroughput(
+                f"hardware_estimator must be one of {', '.join(HARDWARE_ESTIMATORS)}, got {self.hardware_estimator!r}"
+            )
         b, c = self.prior_slopes
         if b < 0 or c < 0 or b + c > 1:
             raise InvalidThroughput(f"prior_slopes must satisfy b, c >= 0 and b + c <= 1, got {self.prior_slopes}")
@@ -425,15 +446,26 @@ def estimate_catalog(
     *,
     accelerators: Iterable[str] | None = None,
     config: EstimatorConfig | None = None,
+    precision: Precision = DEFAULT_PRECISION,
+    calibration: Iterable[CalibrationRow] | None = None,
 ) -> ThroughputCatalog:
     """The catalog's measured/user cells plus estimates for every unknown cell the estimators can fill.
 
     ``accelerators``: targets of the hardware model (default: every accelerator in ``specs``). Previous
     estimates in ``catalog`` are discarded and refitted. Only accelerators with a row in ``specs`` get
     hardware estimates; without specs for the measured accelerators, no hardware model is fitted.
+
+    ``precision``: the jobs' precision. The catalog's measurements are taken to be at the default
+    ``fp32`` (Gavel's jobs ran in FP32); for another precision a measured cell is kept only where the
+    job computes the same way at both (``tf32`` on a GPU without TF32; see
+    :func:`costopt.throughput.calibrated.compute_class`) and the others are estimated, which only the
+    ``family-calibrated`` estimator does with precision (the baseline estimates every precision as
+    ``fp32``). Multi-GPU cells scale by the reference's measured ratio at the measured precision.
+    ``calibration``: the published rows the calibrated estimator fits on (default: the shipped set).
     """
     cfg = config or EstimatorConfig()
-    base = catalog.measured_only()
+    measured = catalog.measured_only()
+    base = _valid_at(measured, specs, precision)
     jobs = base.job_types()
     if not jobs:
         return base
@@ -458,27 +490,28 @@ def estimate_catalog(
                         value, "estimated", 0, ESTIMATOR_LOWRANK
                     )
 
-    # 2. hardware log-linear model for accelerators with specs
-    fit_cols = [c for c in range(len(accs)) if accs[c] in specs and runs[:, c].any()]
+    # 2. accelerators the job type was not measured on, from specs (and the calibration set)
+    # (fitted on every measured cell, at the measurement precision, whatever ``precision`` is)
+    _, m_accs, m_values = measured.matrix(1, "consolidated", accelerators=measured.accelerators())
+    m_logs = _log_positive(m_values)
+    fit_cols = [c for c in range(len(m_accs)) if m_accs[c] in specs and np.isfinite(m_logs[:, c]).any()]
+    fit_accs = [m_accs[c] for c in fit_cols]
     targets = [normalize_accelerator(a) for a in (accelerators if accelerators is not None else specs)]
     if fit_cols:
-        y = logs[:, fit_cols]
-        x = np.array([specs[accs[c]].features() for c in fit_cols])
-        fit = fit_slopes(y, x, cfg)
-        log.info(
-            "hardware model: pooled slopes (bandwidth, fp32) = (%.3f, %.3f) over %s",
-            *fit.pooled,
-            [accs[c] for c in fit_cols],
-        )
-        mem = np.array([specs[accs[c]].memory_gb for c in fit_cols])
+        y = m_logs[:, fit_cols]
+        mem = np.array([specs[a].memory_gb for a in fit_accs])
         min_mem = np.array(
             [mem[np.isfinite(y[j])].min() if np.isfinite(y[j]).any() else np.inf for j in range(len(jobs))]
         )
+        if cfg.hardware_estimator == ESTIMATOR_CALIBRATED:
+            predict = _calibrated_predictor(jobs, fit_accs, y, specs, precision, calibration)
+        else:
+            predict = _loglinear_predictor(y, fit_accs, specs, cfg)
         for target in targets:
             if target not in specs:
                 log.warning("no accelerator specs for %s: not estimated", target)
                 continue
-            pred, _ = predict_from_anchor(y, x, fit.per_job, np.array(specs[target].features()))
+            pred = predict(target)
             for j, jt in enumerate(jobs):
                 key = ThroughputKey(jt, target)
                 if key in base.cells or key in estimates or not np.isfinite(pred[j]):
@@ -486,22 +519,22 @@ def estimate_catalog(
                 if cfg.memory_guard and specs[target].memory_gb < min_mem[j]:
                     continue
                 value = float(np.exp(pred[j]))
-                estimates[key] = Throughput(value, "estimated", 0, ESTIMATOR_HARDWARE)
+                estimates[key] = Throughput(value, "estimated", 0, cfg.hardware_estimator)
     else:
         log.warning("no measured accelerator has specs: no hardware estimates")
 
     # 3. multi-GPU cells by the reference accelerator's measured scaling ratio
     ref = normalize_accelerator(cfg.scaling_reference)
-    all_accs = accelerator_order([*accs, *(t for t in targets if t in specs)])
+    all_accs = accelerator_order([*m_accs, *(t for t in targets if t in specs)])
 
     def one_gpu(key: ThroughputKey) -> Throughput | None:
         return base.cells.get(key) or estimates.get(key)
 
-    for ref_key, ref_cell in base.cells.items():
+    for ref_key, ref_cell in measured.cells.items():
         if ref_key.accelerator != ref or ref_key.gpu_count == 1 or not ref_cell.can_run:
             continue
         jt, n, placement = ref_key.job_type, ref_key.gpu_count, ref_key.placement
-        ref_one = base.cells.get(ThroughputKey(jt, ref))
+        ref_one = measured.cells.get(ThroughputKey(jt, ref))
         if ref_one is None or not ref_one.can_run:
             continue
         ratio = min(ref_cell.steps_per_s / ref_one.steps_per_s, n * cfg.max_scaling_efficiency)
@@ -519,7 +552,75 @@ def estimate_catalog(
         len(estimates),
         ", ".join(
             f"{name}: {sum(1 for v in estimates.values() if v.estimator == name)}"
-            for name in (ESTIMATOR_LOWRANK, ESTIMATOR_HARDWARE, ESTIMATOR_SCALING)
+            for name in (ESTIMATOR_LOWRANK, *HARDWARE_ESTIMATORS, ESTIMATOR_SCALING)
         ),
     )
     return base.with_estimates(estimates)
+
+
+def _valid_at(
+    measured: ThroughputCatalog, specs: Mapping[str, AcceleratorSpec], precision: Precision
+) -> ThroughputCatalog:
+    """The measured cells (taken at ``fp32``) that hold at ``precision`` too: the job computes the same
+    way on that GPU (a cell on a GPU without specs is kept for ``tf32`` only)."""
+    if precision == DEFAULT_PRECISION:
+        return measured
+    from costopt.throughput.calibrated import compute_class
+
+    def same(key: ThroughputKey) -> bool:
+        spec = specs.get(key.accelerator)
+        if spec is None:
+            return precision == "tf32"
+        fam = family_of(key.job_type)
+        return compute_class(precision, fam, spec) == compute_class(DEFAULT_PRECISION, fam, spec)
+
+    cells = {k: v for k, v in measured.cells.items() if same(k)}
+    return ThroughputCatalog(cells, measured.pairs, measured.job_type_order)
+
+
+def _loglinear_predictor(
+    y: FloatArray, fit_accs: list[str], specs: Mapping[str, AcceleratorSpec], cfg: EstimatorConfig
+) -> Callable[[str], FloatArray]:
+    x = np.array([specs[a].features() for a in fit_accs])
+    fit = fit_slopes(y, x, cfg)
+    log.info("hardware model: pooled slopes (bandwidth, fp32) = (%.3f, %.3f) over %s", *fit.pooled, fit_accs)
+
+    def predict(target: str) -> FloatArray:
+        pred, _ = predict_from_anchor(y, x, fit.per_job, np.array(specs[target].features()))
+        return pred
+
+    return predict
+
+
+def _calibrated_predictor(
+    jobs: Sequence[JobType],
+    fit_accs: list[str],
+    y: FloatArray,
+    specs: Mapping[str, AcceleratorSpec],
+    precision: Precision,
+    calibration: Iterable[CalibrationRow] | None,
+) -> Callable[[str], FloatArray]:
+    """The family-calibrated model fitted on the catalog's measured 1-GPU cells (at the catalog's
+    precision, ``fp32``) and the calibration set; predicts every job type at ``precision``."""
+    from costopt.throughput.calibrated import Observation, fit_calibrated
+    from costopt.throughput.calibration import load_calibration
+    from costopt.throughput.crossval import cells_from
+
+    rows = load_calibration(specs=specs) if calibration is None else calibration
+    obs = [Observation(c.series, c.family, c.precision, c.gpu, c.log_throughput) for c in cells_from(rows, None, specs)]
+    fams = [family_of(jt) for jt in jobs]
+    for j, jt in enumerate(jobs):
+        for col, acc in enumerate(fit_accs):
+            if np.isfinite(y[j, col]):
+                obs.append(Observation(f"catalog|{jt.name}", fams[j], DEFAULT_PRECISION, acc, float(y[j, col])))
+    model = fit_calibrated(obs, specs)
+
+    def predict(target: str) -> FloatArray:
+        out = np.full(len(jobs), np.nan)
+        for j, jt in enumerate(jobs):
+            value = model.predict_log(f"catalog|{jt.name}", precision, specs[target], fams[j])
+            if value is not None:
+                out[j] = value
+        return out
+
+    return predict

@@ -10,6 +10,7 @@ from costopt.throughput import (
     GAVEL_ORACLE_FILE,
     GAVEL_SIMULATION_FILE,
     AcceleratorSpec,
+    EstimatorConfig,
     ThroughputCatalog,
     ThroughputMeasurements,
     estimate_catalog,
@@ -41,4 +42,11 @@ def specs() -> dict[str, AcceleratorSpec]:
 
 @pytest.fixture(scope="session")
 def estimated(catalog: ThroughputCatalog, specs: dict[str, AcceleratorSpec]) -> ThroughputCatalog:
+    """Gavel's catalog completed by the baseline hardware-loglinear estimator (its properties are tested)."""
+    return estimate_catalog(catalog, specs, config=EstimatorConfig(hardware_estimator="hardware-loglinear"))
+
+
+@pytest.fixture(scope="session")
+def calibrated(catalog: ThroughputCatalog, specs: dict[str, AcceleratorSpec]) -> ThroughputCatalog:
+    """Gavel's catalog completed by the default, family-calibrated estimator."""
     return estimate_catalog(catalog, specs)

@@ -168,10 +168,11 @@ def test_accelerators_with_too_little_memory_are_left_unknown(estimated: Through
 
 
 def test_estimation_is_deterministic_and_refits_from_measurements_only(
-    estimated: ThroughputCatalog, specs: dict[str, AcceleratorSpec]
+    estimated: ThroughputCatalog, calibrated: ThroughputCatalog, specs: dict[str, AcceleratorSpec]
 ) -> None:
-    again = estimate_catalog(estimated, specs)
+    again = estimate_catalog(estimated, specs, config=EstimatorConfig(hardware_estimator="hardware-loglinear"))
     assert dict(again.cells) == dict(estimated.cells)
+    assert dict(estimate_catalog(estimated, specs).cells) == dict(calibrated.cells)
 
 
 def test_targets_can_be_restricted(catalog: ThroughputCatalog, specs: dict[str, AcceleratorSpec]) -> None:
@@ -277,7 +278,8 @@ def test_a_new_job_type_measured_only_on_h100_is_estimated_where_it_surely_fits(
 ) -> None:
     jt = JobType("ViT-B", 256)
     registered = catalog.with_measurement(jt, "h100", 1, 10.0)
-    out = estimate_catalog(registered, specs)
+    baseline = EstimatorConfig(hardware_estimator="hardware-loglinear")
+    out = estimate_catalog(registered, specs, config=baseline)
     h100 = out.get(jt, "h100")
     assert h100 is not None
     assert h100.provenance == "user"
@@ -287,7 +289,9 @@ def test_a_new_job_type_measured_only_on_h100_is_estimated_where_it_surely_fits(
     assert 0 < big.steps_per_s <= 10.0
     assert out.get(jt, "v100") is None  # 16 GB: it might not fit, so unknown
 
-    unguarded = estimate_catalog(registered, specs, config=EstimatorConfig(memory_guard=False))
+    unguarded = estimate_catalog(
+        registered, specs, config=EstimatorConfig(memory_guard=False, hardware_estimator="hardware-loglinear")
+    )
     for acc in ("k80", "p100", "v100", "t4", "a100"):
         cell = unguarded.get(jt, acc)
         assert cell is not None
