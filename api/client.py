@@ -82,6 +82,24 @@ class ApiClient:
         headers: Mapping[str, str] | None = None,
     ) -> Any:
         """The decoded JSON answer (None for 204); raises :class:`ApiError` / :class:`ApiUnreachable`."""
+        resp = self._send(method, path, json=json, params=params, headers=headers)
+        if resp.status_code == 204 or not resp.content:
+            return None
+        return resp.json()
+
+    def download(self, path: str, *, params: Mapping[str, Any] | None = None) -> bytes:
+        """The raw body of a GET (an export: CSV, Parquet); errors as :meth:`request`."""
+        return self._send("GET", path, params=params, headers={"Accept": "*/*"}).content
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
         clean = {k: v for k, v in (params or {}).items() if v is not None}
         try:
             resp = self._http().request(method, path, json=json, params=clean, headers=dict(headers or {}))
@@ -92,9 +110,7 @@ class ApiClient:
             ) from exc
         if resp.status_code >= 400:
             raise _error_of(resp)
-        if resp.status_code == 204 or not resp.content:
-            return None
-        return resp.json()
+        return resp
 
     def close(self) -> None:
         if self._client is not None:

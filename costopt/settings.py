@@ -453,7 +453,7 @@ class Settings(BaseSettings):
     @field_validator("report_baselines")
     @classmethod
     def _report_baselines(cls, v: dict[str, str]) -> dict[str, str]:
-        from costopt.reports.baselines import ReferenceRules  # checked at start-up, not at the first report
+        from costopt.reports.references import ReferenceRules  # checked at start-up (a light module)
 
         ReferenceRules(v)
         return v

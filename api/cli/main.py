@@ -16,6 +16,7 @@ from api.cli import plan as plan_cmd
 from api.cli import plan_batch as plan_batch_cmd
 from api.cli import prices as prices_cmd
 from api.cli import rebalance as rebalance_cmd
+from api.cli import report as report_cmd
 from api.cli import throughput as throughput_cmd
 from api.cli.common import Exit, configure_logging, failures, settings_with
 from api.cli.output import OutputFormat, emit_object, note
@@ -33,6 +34,7 @@ app.add_typer(backtest_cmd.app, name="backtest")
 app.add_typer(gavel_cmd.app, name="gavel")
 app.add_typer(jobs_cmd.app, name="jobs")
 app.add_typer(admin_cmd.app, name="admin")
+app.add_typer(report_cmd.app, name="report")
 app.command("plan")(plan_cmd.plan)
 app.command("plan-batch")(plan_batch_cmd.plan_batch)
 app.command("drill")(drill_cmd.drill)

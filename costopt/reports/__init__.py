@@ -1,5 +1,6 @@
 """Savings reports for finance, read from the ledger (docs/ledger.md, "Reports").
 
+- :mod:`.references`: each team's on-demand reference (a light module, checked by the settings);
 - :mod:`.model`: the query, rows (pieces of actual cost), baselines, each job's figures, group sums;
 - :mod:`.baselines`: how each baseline is chosen (on-demand reference per team, static spot from the
   quote) and priced over the price history of the job's run;
@@ -10,51 +11,42 @@
   :mod:`.charts`: PNG charts and the mailable HTML.
 """
 
-from costopt.reports.baselines import (
-    BaselineChoice,
-    BaselineSource,
-    QuoteBaselines,
-    Reference,
-    ReferenceRules,
-    price_baseline,
-    static_spot_from_quote,
-)
-from costopt.reports.data import ReportData, load_report_data
-from costopt.reports.model import (
-    DIMENSIONS,
-    BaselineKind,
-    BaselineRun,
-    Figures,
-    JobFigures,
-    NoBaseline,
-    ReportError,
-    ReportQuery,
-    Row,
-    SavingsReport,
-)
-from costopt.reports.render import report_doc
-from costopt.reports.savings import build_report
+from __future__ import annotations
 
-__all__ = [
-    "DIMENSIONS",
-    "BaselineChoice",
-    "BaselineKind",
-    "BaselineRun",
-    "BaselineSource",
-    "Figures",
-    "JobFigures",
-    "NoBaseline",
-    "QuoteBaselines",
-    "Reference",
-    "ReferenceRules",
-    "ReportData",
-    "ReportError",
-    "ReportQuery",
-    "Row",
-    "SavingsReport",
-    "build_report",
-    "load_report_data",
-    "price_baseline",
-    "report_doc",
-    "static_spot_from_quote",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "BaselineChoice": "baselines",
+    "BaselineSource": "baselines",
+    "QuoteBaselines": "baselines",
+    "price_baseline": "baselines",
+    "static_spot_from_quote": "baselines",
+    "Reference": "references",
+    "ReferenceRules": "references",
+    "ReportData": "data",
+    "load_report_data": "data",
+    "DIMENSIONS": "model",
+    "BaselineKind": "model",
+    "BaselineRun": "model",
+    "Figures": "model",
+    "JobFigures": "model",
+    "NoBaseline": "model",
+    "ReportQuery": "model",
+    "Row": "model",
+    "SavingsReport": "model",
+    "ReportError": "errors",
+    "report_doc": "render",
+    "build_report": "savings",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    """The names above, imported on first use: the package itself stays light (the settings import
+    :mod:`.references` at start-up, and the CLI must start without pandas)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

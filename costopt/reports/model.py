@@ -14,8 +14,8 @@ from decimal import Decimal
 from enum import StrEnum
 
 from costopt.domain import OfferKey
-from costopt.errors import CostoptError
 from costopt.ledger.model import Segment, micro_to_usd
+from costopt.reports.errors import ReportError
 
 __all__ = [
     "DIMENSIONS",
@@ -39,10 +39,6 @@ __all__ = [
 
 DIMENSIONS: tuple[str, ...] = ("team", "job", "cloud", "region", "accelerator", "market", "day", "month")
 """What a report can be grouped by (several at once: ``("team", "month")``)."""
-
-
-class ReportError(CostoptError, ValueError):
-    """A report cannot be made as asked (the message says what to fix)."""
 
 
 def usd(micro: int) -> Decimal:

@@ -143,6 +143,18 @@ def _job(j: JobFigures, link: str) -> dict[str, Any]:
     }
 
 
+BREAKDOWNS = ("team", "cloud", "accelerator", "market", "region")
+"""The groupings every report carries besides its own ``group_by`` (the page's and the PNG's charts)."""
+
+
+def _by(report: SavingsReport, dim: str) -> list[dict[str, Any]]:
+    sums: dict[str, Figures] = {}
+    for r in report.rows:
+        key = r.value(dim)
+        sums[key] = sums.get(key, Figures()).add(r)
+    return [{"key": k, **figures_doc(f)} for k, f in sorted(sums.items())]
+
+
 def report_doc(
     report: SavingsReport, *, team_names: Mapping[str, str] | None = None, job_link: str = "/v1/jobs"
 ) -> dict[str, Any]:
@@ -166,6 +178,7 @@ def report_doc(
         },
         "groups": [{"key": dict(zip(q.group_by, g.key, strict=True)), **figures_doc(g.figures)} for g in report.groups],
         "days": [{"day": g.key[0], **figures_doc(g.figures)} for g in report.days],
+        "by": {dim: _by(report, dim) for dim in BREAKDOWNS},
         "activity": [{"day": a.day, "moves": a.moves, "preemptions": a.preemptions} for a in report.activity],
         "teams": {t: names.get(t, t) for t in sorted({j.team for j in report.jobs})},
         "jobs": [_job(j, job_link) for j in report.jobs],

@@ -1,0 +1,90 @@
+"""The service's :class:`~costopt.reports.baselines.BaselineSource`: the on-demand baseline from each
+team's reference (``COSTOPT_REPORT_BASELINES``) with the job's throughput there from the planner, and the
+static-spot baseline from the job's quote.
+
+A reference naming an instance type is priced as that instance (the planner gives the job's steps/s on
+it, ``JobPlanner.at_offer``); a reference naming only a cloud region takes the planner's cheapest
+on-demand placement for the job there, with the prices in effect at the job's submission (the job's own
+spec, its constraints replaced by that region and the on-demand market, objective min-cost). A choice
+depends only on the job's submission, so it is cached per job for the life of the process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+
+from api.job_planning import JobInfeasible, JobPlanner, UnknownJobType
+from costopt.domain import Cloud, Market, OfferKey
+from costopt.errors import CostoptError
+from costopt.jobs.records import JobRecord
+from costopt.ledger.prices import offer_label
+from costopt.planning.model import InvalidJob, MinCost
+from costopt.reports.baselines import BaselineChoice, static_spot_from_quote
+from costopt.reports.model import BaselineKind, NoBaseline
+from costopt.reports.references import ReferenceRules
+
+__all__ = ["PlannerBaselines"]
+
+_CACHE_SIZE = 100_000
+
+
+class PlannerBaselines:
+    """Baselines of the service's jobs (module docstring). ``team_names``: team id -> name (rules may
+    name a team by either)."""
+
+    def __init__(self, planner: JobPlanner, rules: ReferenceRules, team_names: Mapping[str, str]) -> None:
+        self.planner = planner
+        self.rules = rules
+        self.team_names = dict(team_names)
+        self._cache: dict[str, BaselineChoice | NoBaseline] = {}
+        self._lock = threading.Lock()
+
+    def static_spot(self, job: JobRecord) -> BaselineChoice | NoBaseline:
+        return static_spot_from_quote(job)
+
+    def on_demand(self, job: JobRecord) -> BaselineChoice | NoBaseline:
+        with self._lock:
+            hit = self._cache.get(job.id)
+        if hit is not None:
+            return hit
+        choice = self._choose(job)
+        with self._lock:
+            if len(self._cache) >= _CACHE_SIZE:
+                self._cache.clear()
+            self._cache[job.id] = choice
+        return choice
+
+    def _choose(self, job: JobRecord) -> BaselineChoice | NoBaseline:
+        kind = BaselineKind.ON_DEMAND
+        gpus = int(job.spec.get("gpus", 1))
+        ref = self.rules.reference(job.team_id, self.team_names.get(job.team_id), gpus)
+        steps = float(max(job.steps_total, 1))
+        at = job.created_at
+        try:
+            if ref.instance_type is not None:
+                offer = ref.offer()
+                placed = self.planner.at_offer(job, offer, remaining_steps=steps, at=at)
+                if placed is None:
+                    return NoBaseline(
+                        kind,
+                        f"rule {ref.rule}: {offer_label(offer)} had no price at the job's "
+                        f"submission ({at.isoformat()}) or cannot run it",
+                    )
+                return BaselineChoice(offer, placed.steps_per_s, f"rule {ref.rule}: {offer_label(offer)}")
+            spec = {
+                **job.spec,
+                "constraints": {"clouds": [ref.cloud.value], "regions": [ref.region], "markets": ["on_demand"]},
+            }
+            _, plan = self.planner.plan(spec, at=at, steps=steps, objective=MinCost(), top=1, respect_unavailable=False)
+        except (UnknownJobType, JobInfeasible, InvalidJob) as exc:
+            return NoBaseline(kind, f"rule {ref.rule}: the planner cannot place the job there: {exc}")
+        except CostoptError as exc:
+            return NoBaseline(kind, f"rule {ref.rule}: {type(exc).__name__}: {exc}")
+        w = plan.winner
+        offer = OfferKey(Cloud(w.cloud), w.region, w.zone, w.instance_type, Market(w.market))
+        rule = (
+            f"rule {ref.rule}: the planner's cheapest on-demand instance for {gpus} GPU(s) there at submission "
+            f"({at.isoformat()}): {offer_label(offer)} at {w.usd_per_hour:g} USD/h, {w.steps_per_s:g} steps/s"
+        )
+        return BaselineChoice(offer, w.steps_per_s, rule)

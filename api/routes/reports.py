@@ -1,0 +1,182 @@
+"""``/v1/reports/savings``: what the jobs cost against their baselines (an API key is required).
+
+Scope: a member sees its own team's report only (``?team=`` naming another team: 403); a job id in
+``?job=`` that the caller may not see answers 404, the same as an unknown id. An admin sees every team
+(``?team=`` by id or name filters). The period is ``[from, to)`` in UTC (a bare date is its 00:00);
+default: from the first day of the service's current month to now (the service's clock: simulated time
+over the simulated cloud). ``format``: ``json`` (default), ``csv`` or ``parquet`` (FinOps FOCUS columns and
+``x_`` columns, one line per price segment and UTC day; ``BilledCost`` sums to ``totals.actual_cost``).
+How every figure is made: docs/ledger.md, "Reports".
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, cast
+
+from fastapi import APIRouter, Query, Request, Response
+
+from api.auth import Caller, CallerDep, TeamsDep
+from api.deps import JobPlannerDep, JobsDep, SettingsDep
+from api.errors import ApiError
+from api.routes.jobs import get_job
+from costopt.domain import parse_utc
+from costopt.errors import BadRecord
+from costopt.jobs.records import JobRepository
+from costopt.jobs.teams import TeamRepository
+from costopt.ledger.prices import PriceView
+from costopt.settings import Settings
+
+log = logging.getLogger("costopt.api")
+
+router = APIRouter(prefix="/v1/reports", tags=["reports"])
+
+
+class ReportFormat(StrEnum):
+    json = "json"
+    csv = "csv"
+    parquet = "parquet"
+
+
+def _time(value: str | None, name: str) -> datetime | None:
+    if value is None or not value.strip():
+        return None
+    try:
+        return parse_utc(value)
+    except BadRecord as exc:
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"{name}={value!r} is not a time: use ISO 8601, e.g. 2020-03-01 or 2020-03-01T12:00:00Z",
+            [{"field": f"query.{name}", "problem": str(exc)}],
+        ) from exc
+
+
+def _scope(caller: Caller, teams: TeamRepository, team: str | None) -> str | None:
+    """The team the report is limited to: the member's own; an admin's ``team`` (id or name; None: all)."""
+    if team is None or not team.strip():
+        return caller.scope
+    found = teams.team(team) or teams.team_by_name(team)
+    if not caller.is_admin:
+        if found is None or found.id != caller.team_id:
+            raise ApiError(403, "forbidden", "a member key sees its own team's report only: drop ?team=")
+        return caller.team_id
+    if found is None:
+        raise ApiError(404, "not_found", f"no team {team!r}: `costopt admin teams` lists them")
+    return found.id
+
+
+def _job_ids(values: list[str] | None) -> tuple[str, ...] | None:
+    if not values:
+        return None
+    ids = [p.strip() for v in values for p in v.split(",") if p.strip()]
+    return tuple(dict.fromkeys(ids)) or None
+
+
+def _baselines(request: Request, planner: Any, settings: Settings, teams: TeamRepository) -> Any:
+    from api.report_baselines import PlannerBaselines
+    from costopt.reports.references import ReferenceRules
+
+    names = {t.id: t.name for t in teams.teams()}
+    current = getattr(request.app.state, "report_baselines", None)
+    if current is None or current.planner is not planner:
+        current = PlannerBaselines(planner, ReferenceRules(settings.report_baselines), names)
+        request.app.state.report_baselines = current
+    current.team_names = names
+    return current
+
+
+def build_savings(
+    request: Request,
+    caller: Caller,
+    *,
+    jobs: JobRepository,
+    teams: TeamRepository,
+    planner: Any,
+    settings: Settings,
+    team: str | None,
+    start: str | None,
+    end: str | None,
+    group_by: str | None,
+    job: list[str] | None,
+    top: int,
+) -> tuple[Any, dict[str, str]]:
+    """The report the caller asked for, and the team names (id -> name) of its scope."""
+    from costopt.reports import ReportError, ReportQuery, build_report, load_report_data
+
+    ledger = getattr(request.app.state, "ledger", None)
+    if ledger is None:
+        raise ApiError(503, "unavailable", "the ledger is not ready yet; retry shortly")
+    scope = _scope(caller, teams, team)
+    ids = _job_ids(job)
+    for job_id in ids or ():
+        get_job(jobs, caller, job_id)  # 404 for a job the caller may not see
+    now = jobs.now().astimezone(UTC)
+    t_end = _time(end, "to") or now
+    t_start = _time(start, "from") or datetime(t_end.year, t_end.month, 1, tzinfo=UTC)
+    dims = tuple(d.strip().lower() for d in (group_by or "team").split(",") if d.strip())
+    try:
+        query = ReportQuery(start=t_start, end=t_end, team=scope, group_by=dims, job_ids=ids, top=top)
+    except ReportError as exc:
+        raise ApiError(422, "invalid_request", str(exc)) from exc
+    baselines = _baselines(request, planner, settings, teams)
+    data = load_report_data(ledger.engine, ledger, team=scope)
+    report = build_report(data, query, prices=cast(PriceView, ledger.prices), baselines=baselines, now=now)
+    names = {t: data.team_names.get(t, t) for t in {j.team for j in report.jobs}}
+    return report, names
+
+
+@router.get("/savings", summary="Savings against on-demand and static-spot baselines")
+def savings(
+    request: Request,
+    caller: CallerDep,
+    jobs: JobsDep,
+    teams: TeamsDep,
+    planner: JobPlannerDep,
+    settings: SettingsDep,
+    team: Annotated[str | None, Query(max_length=200, description="Admins: one team (id or name).")] = None,
+    start: Annotated[
+        str | None,
+        Query(alias="from", max_length=64, description="Period start, inclusive (UTC; default: 1st of the month)."),
+    ] = None,
+    end: Annotated[
+        str | None, Query(alias="to", max_length=64, description="Period end, exclusive (UTC; default: now).")
+    ] = None,
+    group_by: Annotated[
+        str | None,
+        Query(
+            max_length=200, description="Comma-separated: team, job, cloud, region, accelerator, market, day, month."
+        ),
+    ] = None,
+    job: Annotated[list[str] | None, Query(description="Only these job ids (repeat, or comma-separated).")] = None,
+    top: Annotated[int, Query(ge=1, le=1000, description="How many top savers to list.")] = 10,
+    fmt: Annotated[ReportFormat, Query(alias="format", description="json, or a FOCUS export: csv, parquet.")] = (
+        ReportFormat.json
+    ),
+) -> Any:
+    """Actual cost from the ledger, the on-demand and static-spot baselines priced over each job's run,
+    savings and rates, grouped as asked; or the same lines as a FOCUS export."""
+    from costopt.reports import report_doc
+    from costopt.reports.focus import focus_records, to_csv, to_parquet
+
+    report, names = build_savings(
+        request, caller, jobs=jobs, teams=teams, planner=planner, settings=settings, team=team, start=start,
+        end=end, group_by=group_by, job=job, top=top,
+    )  # fmt: skip
+    if fmt is ReportFormat.json:
+        return report_doc(report, team_names=names)
+    stem = f"costopt-savings-{report.query.start:%Y%m%d}-{report.query.end:%Y%m%d}"
+    records = focus_records(report, names)
+    if fmt is ReportFormat.csv:
+        return Response(
+            to_csv(records),
+            media_type="text/csv; charset=utf-8",
+            headers={"Content-Disposition": f'attachment; filename="{stem}.csv"'},
+        )
+    return Response(
+        to_parquet(records),
+        media_type="application/vnd.apache.parquet",
+        headers={"Content-Disposition": f'attachment; filename="{stem}.parquet"'},
+    )

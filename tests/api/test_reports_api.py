@@ -1,0 +1,177 @@
+"""REST savings reports: the service's own baselines (the planner's on-demand pick in the home region, the
+quote's static spot), team scoping (another team's job id: 404), bad input (422), and one total across
+JSON, the FOCUS CSV, the FOCUS Parquet and a direct SQL sum of the ledger (both backends)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from sqlalchemy import Engine, text
+
+from costopt.jobs.model import JobState
+from costopt.migration.ledger_sync import sync_ledger, write_copy_end, write_copy_start, write_verified
+from costopt.migration.records import CopyEnd, CopyStart, EndReason
+from costopt.reports.focus import FOCUS_COLUMNS, X_COLUMNS
+from tests.api.jobs_helpers import P3_2X_SPOT, T0, Service, error_of, service
+
+D = Decimal
+
+
+@pytest.fixture
+def svc(engine: Engine, tmp_path: Path) -> Iterator[Service]:
+    yield from service(engine, tmp_path)
+
+
+def _run(svc: Service, job: dict[str, Any], start: datetime, end: datetime | None, steps: int) -> None:
+    """Bill one copy of ``job`` on p3.2xlarge spot as the migrator does (its copy row, then the sync)."""
+    engine, job_id = svc.store.engine, job["id"]
+    with engine.begin() as conn:
+        write_copy_start(conn, "sim", CopyStart(job_id, 1, f"i-{job_id}", P3_2X_SPOT, start), start)
+        write_verified(conn, "sim", job_id, f"i-{job_id}", start, start)
+        if end is not None:
+            write_copy_end(conn, "sim", CopyEnd(job_id, 1, f"i-{job_id}", None, None, end, EndReason.FINISHED), end)
+    svc.jobs.transition(job_id, JobState.LAUNCHING, "test")
+    svc.jobs.transition(job_id, JobState.RUNNING, "test")
+    svc.jobs.update(job_id, steps_done=steps)
+    if end is not None:
+        svc.jobs.transition(job_id, JobState.SUCCEEDED, "test")
+
+
+@pytest.fixture
+def billed(svc: Service) -> dict[str, Any]:
+    a = svc.submit(svc.alpha, name="a1")
+    b = svc.submit(svc.beta, name="b1")
+    t0 = T0  # the seeded prices' origin (the jobs were submitted at T0 + a few seconds)
+    _run(svc, a, t0 + timedelta(hours=1), t0 + timedelta(hours=7), 50_000)  # the price moves 0.95 -> 1.05 at T0+5h
+    _run(svc, b, t0 + timedelta(hours=2), None, 20_000)
+    svc.advance(timedelta(hours=8))
+    assert sync_ledger(svc.store.engine, svc.app.state.ledger).pending == 0
+    return {"a": a, "b": b, "from": (t0 - timedelta(days=1)).date().isoformat()}
+
+
+def _get(svc: Service, headers: dict[str, str], **params: Any) -> Any:
+    return svc.client.get("/v1/reports/savings", params=params, headers=headers)
+
+
+def test_a_team_sees_its_jobs_against_the_planners_on_demand_pick_and_its_quotes_spot(
+    svc: Service, billed: dict[str, Any]
+) -> None:
+    r = _get(svc, svc.alpha, **{"from": billed["from"]})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    assert [j["job_id"] for j in doc["jobs"]] == [billed["a"]["id"]] and doc["team"] == svc.alpha_team
+    job = doc["jobs"][0]
+    od = job["baselines"]["on_demand"]
+    assert od["available"] and od["offer"] == {
+        "cloud": "aws", "region": "us-east-1", "zone": "", "instance_type": "p3.2xlarge", "market": "on_demand",
+    }  # fmt: skip
+    assert od["hours"] == pytest.approx(50_000 / od["steps_per_s"] / 3600, abs=1e-6)
+    assert abs(D(od["cost"]) - D("3.06") * D(repr(od["hours"]))) < D("0.00001")
+    st = job["baselines"]["static_spot"]
+    quoted = billed["a"]["quote"]
+    assert (
+        st["available"]
+        and st["offer"]["market"] == "spot"
+        and st["steps_per_s"] == pytest.approx(quoted["steps_per_s"])
+    )
+    # actual: 4 h at 0.95 + 2 h at 1.05 (the price change at T0+5h inside the interval)
+    assert D(job["run"]["actual_cost"]) == D("5.9") == D(doc["totals"]["actual_cost"])
+    assert D(doc["totals"]["savings"]) == D(od["cost"]) - D("5.9")
+    assert job["link"] == f"/v1/jobs/{billed['a']['id']}"
+
+
+def test_scoping_another_teams_job_is_404_and_its_team_403(svc: Service, billed: dict[str, Any]) -> None:
+    a, b = billed["a"]["id"], billed["b"]["id"]
+    err = error_of(_get(svc, svc.alpha, job=b), 404, "not_found")
+    assert b in err["message"]
+    assert _get(svc, svc.alpha, job="job-0000000000000000").status_code == 404
+    error_of(_get(svc, svc.alpha, team=svc.beta_team), 403, "forbidden")
+    mine = _get(svc, svc.alpha, job=a, **{"from": billed["from"]}).json()
+    assert [j["job_id"] for j in mine["jobs"]] == [a]
+    every = _get(svc, svc.admin, group_by="team", **{"from": billed["from"]}).json()
+    assert sorted(j["job_id"] for j in every["jobs"]) == sorted([a, b])
+    assert {g["key"]["team"] for g in every["groups"]} == {svc.alpha_team, svc.beta_team}
+    beta = _get(svc, svc.admin, team="beta", **{"from": billed["from"]}).json()  # by name
+    assert [j["job_id"] for j in beta["jobs"]] == [b] and beta["jobs"][0]["state"] == "running"
+    error_of(_get(svc, svc.admin, team="nobody"), 404, "not_found")
+
+
+def test_bad_input_is_a_422_that_says_what_to_fix(svc: Service, billed: dict[str, Any]) -> None:
+    assert "ISO 8601" in error_of(_get(svc, svc.alpha, **{"from": "last tuesday"}), 422)["message"]
+    assert "choose from" in error_of(_get(svc, svc.alpha, group_by="colour"), 422)["message"]
+    assert (
+        "give to > from" in error_of(_get(svc, svc.alpha, **{"from": "2020-03-02", "to": "2020-03-01"}), 422)["message"]
+    )
+    error_of(_get(svc, svc.alpha, format="xlsx"), 422)
+    assert svc.client.get("/v1/reports/savings").status_code == 401
+
+
+def test_totals_agree_across_json_csv_parquet_and_the_ledgers_sql_sum(svc: Service, billed: dict[str, Any]) -> None:
+    params = {"from": billed["from"], "group_by": "day,cloud"}
+    doc = _get(svc, svc.admin, **params).json()
+    totals = doc["totals"]
+    rows = list(csv.DictReader(io.StringIO(_get(svc, svc.admin, format="csv", **params).text)))
+    assert list(rows[0]) == [*FOCUS_COLUMNS, *X_COLUMNS]
+    assert sum(D(r["BilledCost"]) for r in rows) == D(totals["actual_cost"])
+    assert sum(D(r["x_BaselineOnDemandCost"]) for r in rows) == D(totals["baseline_on_demand_cost"])
+    assert sum(D(r["x_BaselineStaticSpotCost"]) for r in rows) == D(totals["baseline_static_spot_cost"])
+    assert sum(D(r["x_Savings"]) for r in rows) == D(totals["savings"])
+    assert {r["PricingCategory"] for r in rows} == {"Dynamic"} and {r["ServiceCategory"] for r in rows} == {"Compute"}
+    assert {r["ServiceProviderName"] for r in rows} == {"Amazon Web Services"}
+    resp = _get(svc, svc.admin, format="parquet", **params)
+    assert resp.headers["content-type"] == "application/vnd.apache.parquet"
+    table = pq.read_table(io.BytesIO(resp.content))
+    assert table.num_rows == len(rows)
+    assert sum(table.column("BilledCost").to_pylist()) == D(totals["actual_cost"])
+    assert sum(g["actual_cost"] and D(g["actual_cost"]) for g in doc["days"]) == D(totals["actual_cost"])
+    # alpha's job is closed: its total is the ledger's stored amounts, summed in SQL
+    alpha = _get(svc, svc.admin, team=svc.alpha_team, **{"from": billed["from"]}).json()["totals"]
+    with svc.store.engine.connect() as conn:
+        micro = conn.execute(
+            text(
+                "SELECT (SELECT SUM(amount_micro_usd) FROM ledger_intervals WHERE team = :t)"
+                " + (SELECT COALESCE(SUM(amount_micro_usd), 0) FROM ledger_charges WHERE team = :t AND additive)"
+            ),
+            {"t": svc.alpha_team},
+        ).scalar_one()
+    assert D(alpha["actual_cost"]) == D(int(micro)).scaleb(-6)
+
+
+def test_the_cli_prints_and_writes_every_format(
+    svc: Service, billed: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    import api.cli.jobs as cli_jobs
+    from api.cli.main import app
+    from api.client import ApiClient
+
+    key = svc.admin["Authorization"].removeprefix("Bearer ")
+    monkeypatch.setattr(
+        cli_jobs, "_client", lambda: ApiClient("http://testserver", key, transport=svc.client._transport)
+    )
+    runner = CliRunner()
+    base = ["report", "savings", "--from", billed["from"], "--group-by", "team,month"]
+    doc = json.loads(runner.invoke(app, [*base, "--format", "json"]).stdout)
+    assert D(doc["totals"]["actual_cost"]) > 0 and doc["group_by"] == ["team", "month"]
+    table = runner.invoke(app, [*base, "--format", "table"])
+    assert table.exit_code == 0 and "Savings" in table.stdout and "Top savers" in table.stdout
+    out = runner.invoke(app, [*base, "--format", "csv"]).stdout
+    assert sum(D(r["BilledCost"]) for r in csv.DictReader(io.StringIO(out))) == D(doc["totals"]["actual_cost"])
+    for fmt, magic in (("parquet", b"PAR1"), ("png", b"\x89PNG"), ("html", b"<!doctype html>")):
+        path = tmp_path / f"r.{fmt}"
+        result = runner.invoke(app, [*base, "--format", fmt, "--output", str(path)])
+        assert result.exit_code == 0, result.output
+        assert path.read_bytes().startswith(magic)
+    assert runner.invoke(app, [*base, "--format", "png"]).exit_code == 2  # binary without --output
+    assert runner.invoke(app, [*base, "--job", "job-0000000000000000"]).exit_code == 4
+    assert runner.invoke(app, [*base, "--group-by", "colour"]).exit_code == 2
