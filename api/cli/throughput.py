@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from enum import StrEnum
 from typing import Annotated
 
 import typer
@@ -125,3 +126,80 @@ def report(
         catalog = ThroughputCatalog.from_measurements(load_throughput_file(path))
         result = estimator_error_report(catalog, load_accelerator_specs(), holdout_fraction=holdout, seed=seed)
     sys.stdout.write(render_markdown(result) + "\n")
+
+
+class _Scheme(StrEnum):
+    loo = "leave-one-gpu-out"
+    new = "new-gpus"
+
+
+class _Dataset(StrEnum):
+    calibration = "calibration"
+    gavel = "gavel"
+
+
+@app.command("calibrate")
+def calibrate(
+    scheme: Annotated[
+        _Scheme, typer.Option(help="leave-one-gpu-out, or new-gpus (a model known on pre-Ampere GPUs only).")
+    ] = _Scheme.loo,
+    dataset: Annotated[
+        _Dataset, typer.Option(help="Score the published calibration cells or Gavel's own cells.")
+    ] = _Dataset.calibration,
+    by_gpu: Annotated[
+        bool, typer.Option("--by-gpu/--by-family", help="One row per family and GPU, or per family.")
+    ] = True,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+) -> None:
+    """Cross-validated error factor of the family-calibrated estimator and the hardware-loglinear
+    baseline, per model family and GPU (targets: median <= 1.3, max <= 2 per family with calibration data)."""
+    from costopt.throughput.calibrated import ESTIMATOR_CALIBRATED
+    from costopt.throughput.calibration import load_calibration
+    from costopt.throughput.catalog import ThroughputCatalog
+    from costopt.throughput.crossval import TARGET_MAX, TARGET_MEDIAN, cells_from, cross_validate
+    from costopt.throughput.estimate import ESTIMATOR_HARDWARE, load_accelerator_specs
+    from costopt.throughput.loaders import load_throughput_file
+
+    settings = settings_with()
+    path = settings.resolved_throughput_file()
+    with failures():
+        specs = load_accelerator_specs()
+        gavel = ThroughputCatalog.from_measurements(load_throughput_file(path)) if path is not None else None
+        cv = cross_validate(cells_from(load_calibration(specs=specs), gavel, specs), specs, scheme=scheme.value)
+    rows = [
+        {
+            "family": r.family,
+            "gpu": r.gpu or "all",
+            "cells": r.n_cells,
+            "calibrated_median": round(r.median[ESTIMATOR_CALIBRATED], 3),
+            "calibrated_max": round(r.maximum[ESTIMATOR_CALIBRATED], 3),
+            "baseline_median": round(r.median[ESTIMATOR_HARDWARE], 3),
+            "baseline_max": round(r.maximum[ESTIMATOR_HARDWARE], 3),
+            "meets_target": r.meets_target(),
+        }
+        for r in cv.summary(dataset=dataset.value, by_gpu=by_gpu)
+    ]
+    emit(
+        rows,
+        [
+            ("family", "family", None),
+            ("gpu", "GPU", None),
+            ("cells", "cells", "count"),
+            ("calibrated_median", "family-calibrated median", "x"),
+            ("calibrated_max", "family-calibrated max", "x"),
+            ("baseline_median", "hardware-loglinear median", "x"),
+            ("baseline_max", "hardware-loglinear max", "x"),
+            ("meets_target", "target met", None),
+        ],
+        fmt,
+        title=f"Throughput estimator error factor ({scheme.value}, {dataset.value} cells)",
+    )
+    if gavel is None:
+        note("no Gavel throughput file (COSTOPT_DATA_DIR): fitted on the calibration set alone")
+    verdict = "met" if cv.meets_targets() else "NOT met"
+    note(
+        f"targets (median <= {TARGET_MEDIAN}, max <= {TARGET_MAX} per family with calibration data, "
+        f"calibration cells): {verdict}"
+    )
+    if not rows:
+        raise typer.Exit(Exit.NOT_FOUND)
