@@ -253,10 +253,14 @@ class SqlLedger:
         team: str | None = None,
         start: datetime | None = None,
         end: datetime | None = None,
+        conn: Connection | None = None,
     ) -> list[IntervalLine]:
-        """Stored intervals of a job and/or team overlapping ``[start, end)`` (None: unbounded)."""
-        with self.engine.connect() as conn:
+        """Stored intervals of a job and/or team overlapping ``[start, end)`` (None: unbounded); ``conn``:
+        read on that connection (a request's), else on one of its own."""
+        if conn is not None:
             return self._intervals(conn, job_id=job_id, team=team, start=start, end=end)
+        with self.engine.connect() as own:
+            return self._intervals(own, job_id=job_id, team=team, start=start, end=end)
 
     def _intervals(
         self,
@@ -306,10 +310,13 @@ class SqlLedger:
         team: str | None = None,
         start: datetime | None = None,
         end: datetime | None = None,
+        conn: Connection | None = None,
     ) -> list[ChargeLine]:
-        """Stored charges of a job and/or team dated within ``[start, end)``."""
-        with self.engine.connect() as conn:
+        """Stored charges of a job and/or team dated within ``[start, end)`` (``conn``: as :meth:`intervals`)."""
+        if conn is not None:
             return self._charges(conn, job_id=job_id, team=team, start=start, end=end)
+        with self.engine.connect() as own:
+            return self._charges(own, job_id=job_id, team=team, start=start, end=end)
 
     @staticmethod
     def _charges(
@@ -341,13 +348,19 @@ class SqlLedger:
         start: datetime | None = None,
         end: datetime | None = None,
         as_of: datetime | None = None,
+        conn: Connection | None = None,
     ) -> CostReport:
         """Costs of a job and/or team within ``[start, end)``: intervals clipped to the period and
         integrated across price changes, open ones up to ``as_of`` (default: the period end), and the
-        charges dated within it. Intervals and charges are read in one transaction (one connection)."""
-        with self.engine.connect() as conn:
+        charges dated within it. Intervals and charges are read on one connection (``conn`` when given:
+        a request's, which read the job on it too)."""
+        if conn is not None:
             intervals = self._intervals(conn, job_id=job_id, team=team, start=start, end=end)
             charges = self._charges(conn, job_id=job_id, team=team, start=start, end=end)
+        else:
+            with self.engine.connect() as own:
+                intervals = self._intervals(own, job_id=job_id, team=team, start=start, end=end)
+                charges = self._charges(own, job_id=job_id, team=team, start=start, end=end)
         return report(
             self.prices,
             intervals,
