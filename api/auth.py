@@ -12,7 +12,8 @@ is None).
 Verified keys are cached per process for :data:`KEY_CACHE_TTL_S` seconds, keyed by the key's SHA-256
 (never the secret): a revoked key stops working within that TTL in every worker process, and at once in
 the process that served ``DELETE /v1/admin/keys/{id}`` (which empties its cache). Unknown or bad keys
-are never cached.
+are never cached. A cache hit costs a hash and a dict look-up on the event loop (the dependencies are
+``async def``: no thread hop); only a miss reads the database, in the thread pool.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from api.errors import ApiError
 from costopt.jobs.teams import ApiKey, Role, TeamRepository, hash_key
@@ -54,7 +56,7 @@ class Caller:
         return None if self.is_admin else self.team_id
 
 
-def get_teams(request: Request) -> TeamRepository:
+async def get_teams(request: Request) -> TeamRepository:
     teams: TeamRepository | None = getattr(request.app.state, "teams", None)
     if teams is None:
         raise ApiError(503, "unavailable", "the service is starting: retry shortly")
@@ -77,15 +79,17 @@ def forget_keys(app: Any) -> None:
     _key_cache(app).clear()
 
 
-def _authenticate(request: Request, teams: TeamRepository, secret: str) -> ApiKey | None:
-    """``teams.authenticate`` behind the per-process TTL cache (keyed by the key's hash)."""
+def _cached(request: Request, digest: str) -> ApiKey | None:
+    """The verified key of hash ``digest`` when this process verified it within the TTL."""
+    hit = _key_cache(request.app).get(digest)
+    return hit[1] if hit is not None and hit[0] > time.monotonic() else None
+
+
+def _authenticate(request: Request, teams: TeamRepository, secret: str, digest: str) -> ApiKey | None:
+    """``teams.authenticate`` (a database read), remembered in the per-process TTL cache by the hash."""
     cache = _key_cache(request.app)
-    digest = hash_key(secret.strip())
-    now = time.monotonic()
-    hit = cache.get(digest)
-    if hit is not None and hit[0] > now:
-        return hit[1]
     key = teams.authenticate(secret)
+    now = time.monotonic()
     if key is None:
         cache.pop(digest, None)
         return None
@@ -96,7 +100,7 @@ def _authenticate(request: Request, teams: TeamRepository, secret: str) -> ApiKe
     return key
 
 
-def current_caller(
+async def current_caller(
     request: Request,
     teams: TeamsDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
@@ -110,7 +114,11 @@ def current_caller(
             "`costopt admin create-team NAME`)",
             headers=_CHALLENGE,
         )
-    key = _authenticate(request, teams, credentials.credentials)
+    secret = credentials.credentials
+    digest = hash_key(secret.strip())
+    key = _cached(request, digest)
+    if key is None:
+        key = await run_in_threadpool(_authenticate, request, teams, secret, digest)
     if key is None:
         raise ApiError(
             401,
@@ -125,7 +133,7 @@ def current_caller(
 CallerDep = Annotated[Caller, Depends(current_caller)]
 
 
-def require_admin(caller: CallerDep) -> Caller:
+async def require_admin(caller: CallerDep) -> Caller:
     """The caller, when it holds an admin key (403 otherwise)."""
     if not caller.is_admin:
         raise ApiError(403, "forbidden", "this route needs an admin key; your key is a team member's")

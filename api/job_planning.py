@@ -26,9 +26,11 @@ import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from api.planning import offers_at, plan_now, planner_inputs, snapshot_time
 from costopt.domain import Cloud, Market, OfferKey
@@ -74,9 +76,10 @@ USER_JOB_TYPE = JobType("user throughput")
 
 MICRO = Decimal("0.000001")
 TABLE_TTL_S = 30.0
-"""How long (monotonic seconds) a cached offer table is reused for the same price version, ``at`` (its
-replay time; None: live now), unavailable offers, exclusions and constraints: bounds how late an offer
-turning stale by the wall clock alone (``stale_after``) is noticed in live mode."""
+"""How long (monotonic seconds) a cached offer table is reused for the same price version, price epoch of
+its plan time (:meth:`JobPlanner.price_epoch`; None: live now), unavailable offers, exclusions and
+constraints: bounds how late an offer turning stale by the wall clock alone (``stale_after``) is noticed
+in live mode."""
 TABLE_CACHE_SIZE = 64
 CONSTRAINT_ORDER = ("clouds", "regions", "markets", "accelerators", "max_usd_per_hour")
 _LIST_CONSTRAINTS = {"clouds": "cloud", "regions": "region", "markets": "market"}
@@ -221,6 +224,7 @@ class JobPlanner:
         default_factory=dict, init=False, repr=False, compare=False
     )
     _tables_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    _epochs: tuple[int, np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
 
     # -- inputs ----------------------------------------------------------------------------------------
 
@@ -321,18 +325,23 @@ class JobPlanner:
     ) -> tuple[Now, pd.DataFrame, OfferTable]:
         """(now, the offers in effect at ``at`` (None: now by the settings' clock) less the unavailable
         ones (unless not ``respect_unavailable``) and ``exclude``, their offer table under ``constraints``).
-        The pair is cached per price version, plan time, unavailable offers, exclusions and constraints for
-        :data:`TABLE_TTL_S`; the key (price version first) is read before the offers, so a cached table is
-        never older than its key."""
+
+        The pair is cached for :data:`TABLE_TTL_S` per price version, :meth:`price_epoch` of the plan time
+        (not the time itself: over the simulated clock every tick is a new time, but the offers only
+        change when a price point takes effect or an offer turns stale), unavailable offers, exclusions
+        and constraints. The key (price version first) is read before the offers, so a cached table is
+        never older than its key. A hit costs two small reads (the version, the unavailable offers)."""
         from costopt.planning.evaluate import OfferTable
         from pricing.mirror import read_version
 
         now = plan_now(self.store, self.settings, at)
         unavailable = self.unavailable if respect_unavailable else None
+        version = read_version(self.store.engine)
+        gone = frozenset() if unavailable is None else unavailable.unavailable_set(at=at)
         key = (
-            read_version(self.store.engine),
-            snapshot_time(now),
-            None if unavailable is None else unavailable.unavailable_set(at=at),
+            version,
+            self.price_epoch(version, snapshot_time(now)),
+            gone,
             frozenset(exclude),
             json.dumps(constraints, sort_keys=True, default=str),
             id(hazards),
@@ -341,9 +350,10 @@ class JobPlanner:
             hit = self._tables.get(key)
         if hit is not None and hit[0] > time.monotonic():
             return now, hit[1], hit[2]
-        _, offers = offers_at(self.store, self.settings, at, None, unavailable=unavailable, now=now)
-        if exclude:
-            keys = {(o.cloud.value, o.region, o.zone, o.instance_type, o.market.value) for o in exclude}
+        _, offers = offers_at(self.store, self.settings, at, None, now=now)
+        drop = gone | frozenset(exclude)  # the unavailable set read once, for the key and the frame
+        if drop:
+            keys = {(o.cloud.value, o.region, o.zone, o.instance_type, o.market.value) for o in drop}
             cols = ("cloud", "region", "zone", "instance_type", "market")
             rows = zip(*(offers[c].astype(str).to_numpy() for c in cols), strict=True)
             offers = offers[[tuple(r) not in keys for r in rows]].reset_index(drop=True)
@@ -353,6 +363,43 @@ class JobPlanner:
                 self._tables.clear()
             self._tables[key] = (time.monotonic() + TABLE_TTL_S, offers, table)
         return now, offers, table
+
+    def price_epoch(self, version: int, t: datetime | None) -> tuple[Any, ...] | None:
+        """What the store's snapshot at ``t`` depends on, at price ``version``: how many price points have
+        taken effect by ``t`` and how many offers have turned stale by then (each offer is stale once
+        ``t`` is past its last confirmation + ``stale_after``). Two times with the same pair have the same
+        snapshot, so a table cached at one serves the other. None for a live snapshot (``t`` None: judged
+        at the wall clock, bounded by the TTL); ``("at", t)`` when the store keeps no mirror of its points
+        (the exact time is then the key)."""
+        if t is None:
+            return None
+        arrays = self._epoch_arrays(version)
+        if arrays is None:
+            return ("at", t)
+        from pricing.ingest import dt_to_ns
+
+        t_ns = dt_to_ns(t.astimezone(UTC))
+        return (int(np.searchsorted(arrays[0], t_ns, "right")), int(np.searchsorted(arrays[1], t_ns, "left")))
+
+    def _epoch_arrays(self, version: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(every price point's valid_from, every offer's stale-from time), each sorted, in ns, at
+        ``version`` (kept until the version changes); None when the mirror cannot give them at that version."""
+        cached = self._epochs
+        if cached is not None and cached[0] == version:
+            return cached[1], cached[2]
+        from pricing.mirror import read_version
+
+        mirror = getattr(self.store, "mirror", None)
+        points = mirror.points() if mirror is not None else None
+        if mirror is None or points is None or points.version != version:
+            return None
+        confirmed = mirror.offers()["confirmed"].to_numpy(dtype=np.int64)
+        if read_version(self.store.engine) != version:  # versions only grow: the offers were at it too
+            return None
+        stale_ns = self.store.stale_after // timedelta(microseconds=1) * 1000
+        arrays = (np.sort(points.vf), np.sort(confirmed + stale_ns))
+        self._epochs = (version, *arrays)
+        return arrays
 
     def _binding_constraint(
         self,

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
+from sqlalchemy.engine import Connection
 
 from api.auth import Caller, CallerDep
 from api.deps import JobPlannerDep, JobsDep, SettingsDep
@@ -148,19 +149,22 @@ def render_job(
     *,
     now: datetime | None = None,
     events: Sequence[JobEvent] | None = None,
+    conn: Connection | None = None,
 ) -> JobPublic:
     """A job as the API shows it: the record, its quote and placement, and the live figures of
     :func:`costopt.jobs.view.job_view` (ETA, the ledger's cost so far, moves and preemptions with their
     reason and cost) at the service's now. ``events``: the job's events when read already (a page's,
-    :meth:`JobRepository.events_of`; None: read here)."""
+    :meth:`JobRepository.events_of`; None: read here). ``conn``: the request's connection
+    (:meth:`JobRepository.reading`): the events and the ledger are read on it (None: on their own)."""
     at = now or jobs.now()
     spec = job.spec
     view = job_view(
         job,
-        jobs.events(job.id) if events is None else events,
+        jobs.events(job.id, conn=conn) if events is None else events,
         ledger=getattr(request.app.state, "ledger", None),
         placements=request.app.state.job_planner,
         at=at,
+        conn=conn,
     )
     return JobPublic(
         id=job.id,
@@ -231,10 +235,10 @@ def not_found(job_id: str) -> ApiError:
     return ApiError(404, "not_found", f"no job {job_id!r}: `costopt jobs list` shows your jobs")
 
 
-def get_job(jobs: JobRepository, caller: Caller, job_id: str) -> JobRecord:
+def get_job(jobs: JobRepository, caller: Caller, job_id: str, conn: Connection | None = None) -> JobRecord:
     """The job, when the caller may see it (404 otherwise, the same for another team's as for none)."""
     try:
-        return jobs.get(job_id, caller.scope)
+        return jobs.get(job_id, caller.scope, conn=conn)
     except JobNotFound as exc:
         raise not_found(job_id) from exc
 
@@ -285,19 +289,22 @@ def submit_job(
     idempotency_key: IdempotencyKey = None,
 ) -> JobPublic:
     """Plan the job (the quote) and queue it; 422 ``unknown_job_type`` (with close matches) or
-    ``infeasible`` (naming the binding constraint) when it cannot be planned."""
+    ``infeasible`` (naming the binding constraint) when it cannot be planned. A new job is written in one
+    transaction (the job and its event) and rendered from what was written (nothing read back); only a
+    retried key is read (the first job, on one connection)."""
     if idempotency_key is not None:
-        first = jobs.by_idempotency_key(caller.team_id, idempotency_key)
-        if first is not None:
-            response.status_code = 200
-            return render_job(request, jobs, first)
+        with jobs.reading() as conn:
+            first = jobs.by_idempotency_key(caller.team_id, idempotency_key, conn=conn)
+            if first is not None:
+                response.status_code = 200
+                return render_job(request, jobs, first, conn=conn)
     job_id = new_job_id()
     spec = job_spec(body, job_id, settings)
     try:
         quote = planner.quote(spec)
     except (UnknownJobType, JobInfeasible, InvalidJob) as exc:
         raise planning_error(exc) from exc
-    job, created = jobs.create(
+    job, created = jobs.insert(
         NewJob(
             team_id=caller.team_id,
             spec=spec,
@@ -309,11 +316,12 @@ def submit_job(
             job_id=job_id,
         )
     )
-    if created:
-        log.info("job %s submitted by key %s (team %s)", job.id, caller.key_id, caller.team_id)
-    else:
+    if not created:  # a retry of the same key raced this one and won: its job, 200
         response.status_code = 200
-    return render_job(request, jobs, job)
+        return render_job(request, jobs, job)
+    log.info("job %s submitted by key %s (team %s)", job.id, caller.key_id, caller.team_id)
+    # queued, never launched: no moves and nothing billed (no events or ledger to read)
+    return render_job(request, jobs, job, events=())
 
 
 @router.get("", response_model=JobsListPublic)
@@ -328,29 +336,27 @@ def list_jobs(
     cursor: Annotated[str | None, Query(max_length=200, description="next_cursor of the previous page.")] = None,
 ) -> JobsListPublic:
     """Jobs oldest first, ``limit`` at a time; pages are stable while jobs are added."""
-    try:
-        page = jobs.page(
-            team_id=scope_for_listing(caller, team),
-            states=parse_states(state),
-            batch_id=batch,
-            limit=limit,
-            cursor=cursor,
+    scope, states = scope_for_listing(caller, team), parse_states(state)
+    with jobs.reading() as conn:
+        try:
+            page = jobs.page(team_id=scope, states=states, batch_id=batch, limit=limit, cursor=cursor, conn=conn)
+        except ValueError as exc:
+            raise ApiError(422, "invalid_request", str(exc), [{"field": "query.cursor", "problem": str(exc)}]) from exc
+        now = jobs.now()
+        events = jobs.events_of([j.id for j in page.items], conn=conn)  # one query for the page, not one per job
+        return JobsListPublic(
+            total=page.total,
+            items=[render_job(request, jobs, j, now=now, events=events[j.id], conn=conn) for j in page.items],
+            next_cursor=page.next_cursor,
         )
-    except ValueError as exc:
-        raise ApiError(422, "invalid_request", str(exc), [{"field": "query.cursor", "problem": str(exc)}]) from exc
-    now = jobs.now()
-    events = jobs.events_of([j.id for j in page.items])  # one query for the page, not one per job
-    return JobsListPublic(
-        total=page.total,
-        items=[render_job(request, jobs, j, now=now, events=events[j.id]) for j in page.items],
-        next_cursor=page.next_cursor,
-    )
 
 
 @router.get("/{job_id}", response_model=JobPublic)
 def show_job(job_id: JobId, request: Request, caller: CallerDep, jobs: JobsDep) -> JobPublic:
-    """One job, with its live figures."""
-    return render_job(request, jobs, get_job(jobs, caller, job_id))
+    """One job, with its live figures: the job, its events and (when it launched) the ledger read on one
+    connection."""
+    with jobs.reading() as conn:
+        return render_job(request, jobs, get_job(jobs, caller, job_id, conn), conn=conn)
 
 
 @router.post("/{job_id}/cancel", status_code=202, response_model=JobPublic)
@@ -362,7 +368,8 @@ def cancel_job(job_id: JobId, request: Request, caller: CallerDep, jobs: JobsDep
     except JobNotFound as exc:
         raise not_found(job_id) from exc
     log.info("job %s: cancel requested by key %s", job_id, caller.key_id)
-    return render_job(request, jobs, job)
+    with jobs.reading() as conn:
+        return render_job(request, jobs, job, conn=conn)
 
 
 @router.get("/{job_id}/events", response_model=EventsListPublic)
@@ -374,7 +381,9 @@ def job_events(
     limit: Annotated[int, Query(ge=1, le=500)] = 500,
 ) -> EventsListPublic:
     """The job's events (state changes, moves, preemptions...) in order."""
-    get_job(jobs, caller, job_id)
+    with jobs.reading() as conn:
+        get_job(jobs, caller, job_id, conn)
+        found = jobs.events(job_id, after_id=after, limit=limit, conn=conn)
     return EventsListPublic(
         items=[
             EventPublic(
@@ -387,7 +396,7 @@ def job_events(
                 cost_usd=str(e.cost_usd) if e.cost_usd is not None else None,
                 detail=dict(e.detail) if e.detail is not None else None,
             )
-            for e in jobs.events(job_id, after_id=after, limit=limit)
+            for e in found
         ]
     )
 

@@ -14,8 +14,11 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Protocol
 
+from sqlalchemy.engine import Connection
+
 from costopt.ledger.book import Ledger
 from costopt.ledger.model import ChargeKind, ChargeLine, micro_to_usd
+from costopt.ledger.sql import SqlLedger
 
 __all__ = ["CopyKeys", "MigrationCost", "job_charges", "job_cost", "migration_cost"]
 
@@ -32,17 +35,22 @@ def _ledger_of(source: Ledger | _HasLedger) -> Ledger:
     return ledger
 
 
-def job_cost(source: Ledger | _HasLedger, job_id: str, at: datetime) -> Decimal:
+def job_cost(source: Ledger | _HasLedger, job_id: str, at: datetime, *, conn: Connection | None = None) -> Decimal:
     """The job's cost up to ``at`` (tz-aware UTC) in USD, exact: its closed intervals, its open ones
     priced up to ``at`` (both clipped at ``at``), plus its additive charges (egress) dated before ``at``.
     Memo lines (restart, overlap, lost work) explain part of the intervals and are not added.
 
     ``source`` is a ledger, or anything with a ``ledger`` attribute (a :class:`~costopt.jobs.engine.JobEngine`).
-    Raises :class:`~costopt.ledger.model.LedgerError` when an open interval's offer has no price in effect.
+    ``conn``: read a :class:`~costopt.ledger.sql.SqlLedger` on this connection (a request's; ignored by
+    other ledgers). Raises :class:`~costopt.ledger.model.LedgerError` when an open interval's offer has
+    no price in effect.
     """
     if at.tzinfo is None:
         raise ValueError(f"at must be tz-aware UTC, got {at!r}")
-    return _ledger_of(source).costs(job_id=job_id, end=at, as_of=at).total_usd
+    ledger = _ledger_of(source)
+    if conn is not None and isinstance(ledger, SqlLedger):
+        return ledger.costs(job_id=job_id, end=at, as_of=at, conn=conn).total_usd
+    return ledger.costs(job_id=job_id, end=at, as_of=at).total_usd
 
 
 def job_charges(source: Ledger | _HasLedger, job_id: str) -> tuple[ChargeLine, ...]:

@@ -16,6 +16,10 @@
   ``created_at`` and ``id``.
 - ``team_id`` None in a read means "every team" (an admin); a job of another team is "not found", so
   a caller cannot tell it exists.
+- Reads take an optional ``conn``: a request reads the job, its events (and the ledger) on one
+  connection from :meth:`JobRepository.reading` (one pool checkout; autocommit, so no BEGIN/ROLLBACK
+  round trips: each statement reads what is committed, as it does inside a READ COMMITTED transaction).
+  Writes return the row they wrote (``RETURNING``), not a second read.
 
 Times are tz-aware UTC from the repository's ``now`` (the service clock: simulated time over the
 simulated cloud). Money is Decimal USD.
@@ -25,7 +29,8 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -216,17 +221,25 @@ class JobRepository:
     # -- writes ----------------------------------------------------------------------------------------
 
     def create(self, new: NewJob) -> tuple[JobRecord, bool]:
-        """Insert ``new`` as ``queued`` (with its ``submitted`` event); returns ``(job, created)``. With an
-        idempotency key already used by the team, the first job is returned and nothing is written."""
+        """Insert ``new`` as ``queued`` (with its ``submitted`` event) in one transaction; returns
+        ``(job, created)``. With an idempotency key already used by the team, the first job is returned and
+        nothing is written (also when two submissions race: the unique constraint decides, the loser
+        reads the winner)."""
         if new.idempotency_key is not None:
             existing = self._by_key(new.team_id, new.idempotency_key)
             if existing is not None:
                 return existing, False
+        return self.insert(new)
+
+    def insert(self, new: NewJob) -> tuple[JobRecord, bool]:
+        """:meth:`create` without looking for the idempotency key first (the caller just did): one
+        transaction, the job and its event written with ``RETURNING``, nothing read back."""
         now = self.now()
         try:
             with self.engine.begin() as conn:
-                conn.execute(
-                    insert(jobs).values(
+                row = conn.execute(
+                    insert(jobs)
+                    .values(
                         id=new.job_id,
                         team_id=new.team_id,
                         batch_id=new.batch_id,
@@ -243,7 +256,8 @@ class JobRepository:
                         created_at=now,
                         updated_at=now,
                     )
-                )
+                    .returning(*jobs.c)
+                ).one()
                 self._event(conn, new.job_id, "state", None, JobState.QUEUED, "submitted", at=now)
         except IntegrityError:
             if new.idempotency_key is None:
@@ -252,7 +266,7 @@ class JobRepository:
             if existing is None:
                 raise
             return existing, False
-        return self.get(new.job_id), True
+        return JobRecord.of(row), True
 
     def transition(
         self,
@@ -269,29 +283,32 @@ class JobRepository:
         (columns of ``jobs``: ``offer`` may be an :class:`OfferKey`) in the same write. Entering a
         terminal state sets ``finished_at``; leaving ``queued``/``launching`` for ``running`` sets
         ``started_at`` once."""
-        current = self.get(job_id)
-        allowed = {expect} if isinstance(expect, JobState) else set(expect) if expect is not None else None
-        if allowed is not None and current.state not in allowed:
-            raise ConcurrentUpdate(
-                f"job {job_id} is {current.state.value}, expected {sorted(s.value for s in allowed)}"
-            )
-        if not can_transition(current.state, to):
-            raise IllegalTransition(f"job {job_id} cannot go from {current.state.value} to {to.value}")
-        now = self.now()
-        values = self._columns(fields)
-        values.update(state=to.value, reason=reason, version=current.version + 1, updated_at=now)
-        if to.terminal and current.finished_at is None:
-            values.setdefault("finished_at", now)
-        if to is JobState.RUNNING and current.started_at is None:
-            values.setdefault("started_at", now)
         with self.engine.begin() as conn:
-            done = conn.execute(
-                update(jobs).where(jobs.c.id == job_id, jobs.c.version == current.version).values(**values)
-            ).rowcount
-            if done != 1:
+            current = self.get(job_id, conn=conn)
+            allowed = {expect} if isinstance(expect, JobState) else set(expect) if expect is not None else None
+            if allowed is not None and current.state not in allowed:
+                raise ConcurrentUpdate(
+                    f"job {job_id} is {current.state.value}, expected {sorted(s.value for s in allowed)}"
+                )
+            if not can_transition(current.state, to):
+                raise IllegalTransition(f"job {job_id} cannot go from {current.state.value} to {to.value}")
+            now = self.now()
+            values = self._columns(fields)
+            values.update(state=to.value, reason=reason, version=current.version + 1, updated_at=now)
+            if to.terminal and current.finished_at is None:
+                values.setdefault("finished_at", now)
+            if to is JobState.RUNNING and current.started_at is None:
+                values.setdefault("started_at", now)
+            row = conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id, jobs.c.version == current.version)
+                .values(**values)
+                .returning(*jobs.c)
+            ).first()
+            if row is None:
                 raise ConcurrentUpdate(f"job {job_id} changed meanwhile (version {current.version}): re-read it")
             self._event(conn, job_id, "state", current.state, to, reason, at=now, cost_usd=cost_usd, detail=detail)
-        return self.get(job_id)
+        return JobRecord.of(row)
 
     def update(self, job_id: str, **fields: Any) -> JobRecord:
         """Set columns that are not the state (``steps_done``, ``offer``, ``usd_per_hour``, ``exit_code``,
@@ -301,9 +318,10 @@ class JobRepository:
         values = self._columns(fields)
         values["updated_at"] = self.now()
         with self.engine.begin() as conn:
-            if conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values)).rowcount != 1:
-                raise JobNotFound(f"no job {job_id!r}")
-        return self.get(job_id)
+            row = conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values).returning(*jobs.c)).first()
+        if row is None:
+            raise JobNotFound(f"no job {job_id!r}")
+        return JobRecord.of(row)
 
     def set_progress(self, job_id: str, steps_done: int) -> None:
         """Record the agent's progress; never moves it backwards (a late report of an older copy)."""
@@ -327,13 +345,16 @@ class JobRepository:
                 job = self.get(job_id)
         now = self.now()
         with self.engine.begin() as conn:
-            conn.execute(
+            row = conn.execute(
                 update(jobs)
                 .where(jobs.c.id == job_id, jobs.c.cancel_requested_at.is_(None))
                 .values(cancel_requested_at=now, updated_at=now)
-            )
+                .returning(*jobs.c)
+            ).first()
+            if row is None:  # requested meanwhile by another caller: nothing to add
+                return self.get(job_id, conn=conn)
             self._event(conn, job_id, "cancel_requested", None, None, "cancel requested by the team", at=now)
-        return self.get(job_id)
+        return JobRecord.of(row)
 
     def add_event(
         self,
@@ -351,20 +372,36 @@ class JobRepository:
 
     # -- reads -----------------------------------------------------------------------------------------
 
-    def get(self, job_id: str, team_id: str | None = None) -> JobRecord:
+    @contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """One connection for several reads (a request's: the job, its events, the ledger): one pool
+        checkout, autocommit (no BEGIN/ROLLBACK round trips; each statement reads what is committed)."""
+        with self.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield conn
+
+    @contextmanager
+    def _reads(self, conn: Connection | None) -> Iterator[Connection]:
+        if conn is not None:
+            yield conn
+        else:
+            with self.reading() as own:
+                yield own
+
+    def get(self, job_id: str, team_id: str | None = None, *, conn: Connection | None = None) -> JobRecord:
         """The job (of ``team_id`` when given); raises :class:`JobNotFound`."""
         query = select(jobs).where(jobs.c.id == job_id)
         if team_id is not None:
             query = query.where(jobs.c.team_id == team_id)
-        with self.engine.connect() as conn:
-            row = conn.execute(query).first()
+        with self._reads(conn) as c:
+            row = c.execute(query).first()
         if row is None:
             raise JobNotFound(f"no job {job_id!r}")
         return JobRecord.of(row)
 
-    def by_idempotency_key(self, team_id: str, key: str) -> JobRecord | None:
+    def by_idempotency_key(self, team_id: str, key: str, *, conn: Connection | None = None) -> JobRecord | None:
         """The team's job submitted with ``key`` (None: the key was not used by the team)."""
-        return self._by_key(team_id, key)
+        return self._by_key(team_id, key, conn=conn)
 
     def page(
         self,
@@ -374,6 +411,7 @@ class JobRepository:
         batch_id: str | None = None,
         limit: int = 50,
         cursor: str | None = None,
+        conn: Connection | None = None,
     ) -> JobPage:
         """A page of jobs, oldest first (``(created_at, id)``), filtered by team, states and batch.
         ``total`` counts every job matching the filters. Raises ValueError for a bad cursor or limit."""
@@ -391,25 +429,27 @@ class JobRepository:
             at, last_id = _parse_cursor(cursor)
             page_conds.append(or_(jobs.c.created_at > at, and_(jobs.c.created_at == at, jobs.c.id > last_id)))
         query = select(jobs).where(*page_conds).order_by(jobs.c.created_at, jobs.c.id).limit(limit + 1)
-        with self.engine.connect() as conn:
-            rows = conn.execute(query).all()
-            total = int(conn.execute(select(func.count()).select_from(jobs).where(*conds)).scalar_one())
+        with self._reads(conn) as c:
+            rows = c.execute(query).all()
+            total = int(c.execute(select(func.count()).select_from(jobs).where(*conds)).scalar_one())
         items = tuple(JobRecord.of(r) for r in rows[:limit])
         next_cursor = _cursor(items[-1]) if len(rows) > limit and items else None
         return JobPage(items, next_cursor, total)
 
-    def in_states(self, states: Iterable[JobState]) -> list[JobRecord]:
+    def in_states(self, states: Iterable[JobState], *, conn: Connection | None = None) -> list[JobRecord]:
         """Every job in ``states`` (the engine's work list), oldest first."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(
+        with self._reads(conn) as c:
+            rows = c.execute(
                 select(jobs).where(jobs.c.state.in_([s.value for s in states])).order_by(jobs.c.created_at, jobs.c.id)
             ).all()
         return [JobRecord.of(r) for r in rows]
 
-    def events(self, job_id: str, *, after_id: int = 0, limit: int = MAX_PAGE) -> list[JobEvent]:
+    def events(
+        self, job_id: str, *, after_id: int = 0, limit: int = MAX_PAGE, conn: Connection | None = None
+    ) -> list[JobEvent]:
         """The job's events in order, those after ``after_id``."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(
+        with self._reads(conn) as c:
+            rows = c.execute(
                 select(job_events)
                 .where(job_events.c.job_id == job_id, job_events.c.id > after_id)
                 .order_by(job_events.c.id)
@@ -417,14 +457,14 @@ class JobRepository:
             ).all()
         return [JobEvent.of(r) for r in rows]
 
-    def events_of(self, job_ids: Sequence[str]) -> dict[str, list[JobEvent]]:
+    def events_of(self, job_ids: Sequence[str], *, conn: Connection | None = None) -> dict[str, list[JobEvent]]:
         """The events of each of ``job_ids`` in order (the first :data:`MAX_PAGE` of each, as
         :meth:`events`), in one query: a page of jobs rendered at once. A job without events maps to []."""
         out: dict[str, list[JobEvent]] = {j: [] for j in job_ids}
         if not out:
             return out
-        with self.engine.connect() as conn:
-            rows = conn.execute(
+        with self._reads(conn) as c:
+            rows = c.execute(
                 select(job_events)
                 .where(job_events.c.job_id.in_(list(out)))
                 .order_by(job_events.c.job_id, job_events.c.id)
@@ -437,7 +477,7 @@ class JobRepository:
 
     def count_by_state(self) -> dict[JobState, int]:
         """How many jobs are in each state (every state present, zeros included)."""
-        with self.engine.connect() as conn:
+        with self.reading() as conn:
             rows = conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all()
         out = dict.fromkeys(JobState, 0)
         for state, n in rows:
@@ -446,9 +486,9 @@ class JobRepository:
 
     # -- helpers ---------------------------------------------------------------------------------------
 
-    def _by_key(self, team_id: str, key: str) -> JobRecord | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(select(jobs).where(jobs.c.team_id == team_id, jobs.c.idempotency_key == key)).first()
+    def _by_key(self, team_id: str, key: str, *, conn: Connection | None = None) -> JobRecord | None:
+        with self._reads(conn) as c:
+            row = c.execute(select(jobs).where(jobs.c.team_id == team_id, jobs.c.idempotency_key == key)).first()
         return JobRecord.of(row) if row is not None else None
 
     @staticmethod

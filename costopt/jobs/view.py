@@ -1,8 +1,9 @@
 """What the REST layer shows of a job, derived once here: steps, ETA, cost so far, moves.
 
 :func:`job_view` reads the job's events (moves, preemptions, recoveries as the engine recorded them),
-the ledger (the cost so far, :func:`costopt.jobs.costs.job_cost`) and the planner's throughput on the
-job's current offer (:meth:`Placements.at_offer`) for the ETA. Times are tz-aware UTC; money is Decimal.
+the ledger (the cost so far, :func:`costopt.jobs.costs.job_cost`; not read for a job that never
+launched: :func:`launched`) and the planner's throughput on the job's current offer
+(:meth:`Placements.at_offer`) for the ETA. Times are tz-aware UTC; money is Decimal.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
+from sqlalchemy.engine import Connection
+
 from costopt.domain import OfferKey
 from costopt.errors import CostoptError
 from costopt.jobs.costs import job_cost
@@ -20,11 +23,11 @@ from costopt.jobs.model import JobState
 from costopt.jobs.placement import Placements
 from costopt.jobs.records import JobEvent, JobRecord
 from costopt.ledger.book import Ledger
-from costopt.ledger.model import LedgerError
+from costopt.ledger.model import LedgerError, micro_to_usd
 
 log = logging.getLogger("costopt.jobs.view")
 
-__all__ = ["MOVE_KINDS", "JobView", "MoveView", "eta", "job_view", "moves_of"]
+__all__ = ["MOVE_KINDS", "JobView", "MoveView", "eta", "job_view", "launched", "moves_of"]
 
 MOVE_KINDS = ("move", "preemption", "recovery")
 """The event kinds listed as a job's moves."""
@@ -78,6 +81,15 @@ def moves_of(events: Sequence[JobEvent]) -> tuple[MoveView, ...]:
     return tuple(out)
 
 
+def launched(job: JobRecord, events: Sequence[JobEvent]) -> bool:
+    """Whether the job ever left ``queued`` for ``launching`` (its events, oldest first, say so): only then
+    can the ledger hold anything of it (the model's one way to a launch is ``queued -> launching``; a job
+    cancelled or failed while queued never ran and costs nothing)."""
+    if job.state is JobState.QUEUED:
+        return False
+    return any(e.kind == "state" and e.to_state == JobState.LAUNCHING.value for e in events)
+
+
 def eta(job: JobRecord, placements: Placements, at: datetime) -> datetime | None:
     """When the job should finish: ``at`` + remaining steps / its throughput on its current offer (as the
     planner has it). None when the job is not running (queued, launching, finished) or the throughput
@@ -102,15 +114,20 @@ def job_view(
     ledger: Ledger | None,
     placements: Placements,
     at: datetime,
+    conn: Connection | None = None,
 ) -> JobView:
     """The view of ``job`` at ``at`` (tz-aware UTC) from its ``events`` (``JobRepository.events``), the
-    ledger and the planner (see :class:`JobView` for what None means)."""
+    ledger and the planner (see :class:`JobView` for what None means). ``conn``: read the ledger on this
+    connection (the request's, :meth:`JobRepository.reading`). A job that never launched costs 0 without
+    a ledger read."""
     if at.tzinfo is None:
         raise ValueError(f"at must be tz-aware UTC, got {at!r}")
     cost: Decimal | None = None
-    if ledger is not None:
+    if ledger is not None and not launched(job, events):
+        cost = micro_to_usd(0)
+    elif ledger is not None:
         try:
-            cost = job_cost(ledger, job.id, at)
+            cost = job_cost(ledger, job.id, at, conn=conn)
         except LedgerError as exc:
             log.warning("no cost so far for job %s: %s", job.id, exc)
     return JobView(

@@ -1,18 +1,26 @@
-"""The request path's caches (issue 10's load work): verified keys (api/auth.py), the planner's offer
-table (api/job_planning.py), a page's events in one query (JobRepository.events_of)."""
+"""The request path's caches and reads (issue 10's load work): verified keys (api/auth.py), the planner's
+offer table (api/job_planning.py: per price epoch, not per clock tick), a page's events in one query
+(JobRepository.events_of), a job read in one connection checkout (the ledger only for a job that
+launched), a submission written in one transaction."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 
 import api.auth
 from costopt.domain import PricePoint
+from costopt.jobs.costs import job_cost
+from costopt.jobs.model import JobState
+from costopt.ledger.model import IntervalRecord
+from pricing.mirror import read_version
 from pricing.store import PriceStore
 from tests.api.jobs_helpers import BODY, P3_2X_SPOT, P3_8X_SPOT, T0, Service, bearer, service
 
@@ -122,3 +130,141 @@ def test_quotes_are_made_at_the_service_clock_over_the_simulated_cloud(svc: Serv
     assert doc["quote"]["as_of"] == sim_now.isoformat().replace("+00:00", "Z")
     assert doc["quote"]["offer"]["instance_type"] == P3_2X_SPOT.instance_type
     assert doc["quote"]["usd_per_hour"] == pytest.approx(0.95)
+
+
+def test_the_table_outlives_clock_ticks_until_a_price_takes_effect(
+    svc: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over the simulated clock every tick is a new plan time: the cached table serves every time at
+    which the same price points are in effect (its price epoch) and is built again once the clock passes
+    a price change (p3.2xlarge spot: 0.95 USD/h until T0 + 5 h, then 1.05)."""
+    reads: list[object] = []
+    snapshot = PriceStore.snapshot_frame
+
+    def counted(self: PriceStore, *args: Any, **kwargs: Any) -> Any:
+        reads.append(args)
+        return snapshot(self, *args, **kwargs)
+
+    monkeypatch.setattr(PriceStore, "snapshot_frame", counted)
+    v100 = {"constraints": {"clouds": ["aws"], "accelerators": ["v100"], "max_usd_per_hour": 2.0}}
+    clock = svc.app.state.providers["sim"].clock
+    quotes = []
+    for _ in range(3):  # three ticks of the clock, no price change: one table
+        quotes.append(svc.submit(svc.alpha, **v100)["quote"])
+        svc.advance(timedelta(minutes=20))
+    assert len(reads) == 1
+    assert len({q["as_of"] for q in quotes}) == 3  # each quote at its own time
+    assert [q["usd_per_hour"] for q in quotes] == [pytest.approx(0.95)] * 3
+    clock.advance_to(T0 + timedelta(hours=5))
+    later = svc.submit(svc.alpha, **v100)["quote"]
+    assert len(reads) == 2
+    assert later["offer"]["instance_type"] == P3_2X_SPOT.instance_type
+    assert later["usd_per_hour"] == pytest.approx(1.05)
+
+
+def test_the_price_epoch_moves_with_points_and_staleness(svc: Service) -> None:
+    """The epoch of a plan time counts the points in effect and the offers stale by then: the same
+    between two price changes, different across one, and across an offer turning stale."""
+    planner = svc.app.state.job_planner
+    store = svc.store
+    version = read_version(store.engine)
+    epoch = planner.price_epoch
+    assert epoch(version, T0 + timedelta(hours=1)) == epoch(version, T0 + timedelta(hours=4, minutes=59))
+    assert epoch(version, T0 + timedelta(hours=4, minutes=59)) != epoch(version, T0 + timedelta(hours=5))
+    late = T0 + timedelta(hours=5) + store.stale_after + timedelta(days=30)  # every offer stale by then
+    assert epoch(version, T0 + timedelta(hours=5)) != epoch(version, late)
+    assert epoch(version, None) is None  # live: judged at the wall clock (the TTL bounds it)
+
+
+class _Counter:
+    """Pool checkouts and SQL statements on ``engine`` while :meth:`counting`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.checkouts = 0
+        self.statements: list[str] = []
+        self.on = False
+
+        @event.listens_for(engine, "checkout")
+        def _checkout(*_: Any) -> None:
+            if self.on:
+                self.checkouts += 1
+
+        @event.listens_for(engine, "before_cursor_execute")
+        def _statement(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            if self.on:
+                self.statements.append(" ".join(statement.split()))
+
+        self._listeners = [(engine, "checkout", _checkout), (engine, "before_cursor_execute", _statement)]
+
+    @contextmanager
+    def counting(self) -> Iterator[_Counter]:
+        self.checkouts, self.statements, self.on = 0, [], True
+        try:
+            yield self
+        finally:
+            self.on = False
+
+    def remove(self) -> None:
+        for target, name, fn in self._listeners:
+            event.remove(target, name, fn)
+
+
+@pytest.fixture
+def counter(svc: Service) -> Iterator[_Counter]:
+    c = _Counter(svc.store.engine)
+    yield c
+    c.remove()
+
+
+def test_a_queued_job_is_read_in_one_checkout_without_the_ledger(svc: Service, counter: _Counter) -> None:
+    """GET /v1/jobs/{id} of a job that never launched: one pool checkout, the job and its events (two
+    statements), no ledger read; its cost is 0 as the ledger's would be."""
+    job = svc.submit(svc.alpha)
+    assert svc.client.get(f"/v1/jobs/{job['id']}", headers=svc.alpha).status_code == 200  # the key cached
+    with counter.counting():
+        r = svc.client.get(f"/v1/jobs/{job['id']}", headers=svc.alpha)
+    assert r.status_code == 200 and r.json()["cost_so_far_usd"] == "0.000000"
+    assert counter.checkouts == 1
+    assert len(counter.statements) == 2, counter.statements
+    assert "FROM jobs" in counter.statements[0] and "FROM job_events" in counter.statements[1]
+    assert not any("ledger_" in s for s in counter.statements)
+    assert Decimal(r.json()["cost_so_far_usd"]) == job_cost(svc.app.state.ledger, job["id"], svc.jobs.now())
+
+
+def test_a_launched_job_reads_the_ledger_on_the_same_connection(svc: Service, counter: _Counter) -> None:
+    """A job that launched: the job, its events and the ledger (intervals, their segments, charges) on
+    one checkout; the cost is the ledger's. (The copy here has ended: its price was integrated when it
+    closed. An open copy's price steps are the price store's own read.)"""
+    job_id = svc.submit(svc.alpha)["id"]
+    start = svc.jobs.now()
+    svc.jobs.transition(job_id, JobState.LAUNCHING, "launching (test)")
+    ledger = svc.app.state.ledger
+    end = start + timedelta(hours=2)
+    ledger.record_interval(IntervalRecord(f"sim:{job_id}", job_id, "i-1", P3_2X_SPOT, start, end))
+    svc.advance(timedelta(hours=3))
+    svc.client.get(f"/v1/jobs/{job_id}", headers=svc.alpha)  # the key cached
+    with counter.counting():
+        r = svc.client.get(f"/v1/jobs/{job_id}", headers=svc.alpha)
+    assert r.status_code == 200
+    assert counter.checkouts == 1, counter.statements
+    names = ("job_events", "ledger_intervals", "ledger_segments", "ledger_charges", "jobs")
+    tables = [next(t for t in names if f"FROM {t}" in s) for s in counter.statements]
+    assert tables == ["jobs", "job_events", "ledger_intervals", "ledger_segments", "ledger_charges"], tables
+    cost = Decimal(r.json()["cost_so_far_usd"])
+    assert cost == job_cost(ledger, job_id, svc.jobs.now()) == Decimal("1.900000")  # 2 h x 0.95 USD/h
+
+
+def test_a_submission_writes_once_and_reads_nothing_back(svc: Service, counter: _Counter) -> None:
+    """POST /v1/jobs with an Idempotency-Key: of the job tables, one look-up of the key and one
+    transaction writing the job and its event (RETURNING: no read back); a retry reads the first job."""
+    headers = {**svc.alpha, "Idempotency-Key": "once"}
+    svc.client.get("/v1/jobs", headers=svc.alpha)  # the key cached
+    with counter.counting():
+        first = svc.client.post("/v1/jobs", json=BODY, headers=headers)
+    assert first.status_code == 201
+    job_sql = [s for s in counter.statements if " jobs" in s or "job_events" in s]
+    assert [s.split()[0] for s in job_sql] == ["SELECT", "INSERT", "INSERT"], job_sql
+    with counter.counting():
+        again = svc.client.post("/v1/jobs", json=BODY, headers=headers)
+    assert again.status_code == 200 and again.json() == first.json()
+    assert counter.checkouts == 1
