@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, insert, or_, select, update
+from sqlalchemy import Engine, and_, bindparam, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -209,6 +209,20 @@ def _parse_cursor(cursor: str) -> tuple[datetime, str]:
     if when.tzinfo is None or not job_id:
         raise ValueError(f"invalid cursor {cursor!r}: pass the next_cursor of the previous page")
     return when.astimezone(UTC), job_id
+
+
+_GET = select(jobs).where(jobs.c.id == bindparam("b_id"))
+"""The engine's hot reads, built once (SQLAlchemy reuses a statement object's cache key)."""
+_IN_STATES: dict[frozenset[str], Any] = {}
+
+
+def _in_states(values: frozenset[str]) -> Any:
+    stmt = _IN_STATES.get(values)
+    if stmt is None:
+        stmt = select(jobs).where(jobs.c.state.in_(sorted(values))).order_by(jobs.c.created_at, jobs.c.id)
+        if len(_IN_STATES) < 64:
+            _IN_STATES[values] = stmt
+    return stmt
 
 
 @dataclass(slots=True)
@@ -390,11 +404,13 @@ class JobRepository:
 
     def get(self, job_id: str, team_id: str | None = None, *, conn: Connection | None = None) -> JobRecord:
         """The job (of ``team_id`` when given); raises :class:`JobNotFound`."""
-        query = select(jobs).where(jobs.c.id == job_id)
-        if team_id is not None:
-            query = query.where(jobs.c.team_id == team_id)
-        with self._reads(conn) as c:
-            row = c.execute(query).first()
+        if team_id is None:
+            with self._reads(conn) as c:
+                row = c.execute(_GET, {"b_id": job_id}).first()
+        else:
+            query = select(jobs).where(jobs.c.id == job_id, jobs.c.team_id == team_id)
+            with self._reads(conn) as c:
+                row = c.execute(query).first()
         if row is None:
             raise JobNotFound(f"no job {job_id!r}")
         return JobRecord.of(row)
@@ -438,10 +454,9 @@ class JobRepository:
 
     def in_states(self, states: Iterable[JobState], *, conn: Connection | None = None) -> list[JobRecord]:
         """Every job in ``states`` (the engine's work list), oldest first."""
+        query = _in_states(frozenset(JobState(s).value for s in states))
         with self._reads(conn) as c:
-            rows = c.execute(
-                select(jobs).where(jobs.c.state.in_([s.value for s in states])).order_by(jobs.c.created_at, jobs.c.id)
-            ).all()
+            rows = c.execute(query).all()
         return [JobRecord.of(r) for r in rows]
 
     def events(
