@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from api.planning import offers_at, plan_now, planner_inputs, snapshot_time
+from api.planning import catalog_at, offers_at, plan_now, planner_inputs, snapshot_time
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.errors import CostoptError
 from costopt.jobs.placement import Placement
@@ -50,7 +50,7 @@ from costopt.planning.model import (
 )
 from costopt.settings import Settings
 from costopt.throughput.catalog import ThroughputCatalog
-from costopt.throughput.model import JobType
+from costopt.throughput.model import DEFAULT_PRECISION, JobType
 from pricing.store import Now, PriceStore
 
 if TYPE_CHECKING:
@@ -242,7 +242,7 @@ class JobPlanner:
                 catalog = catalog.with_measurement(USER_JOB_TYPE, str(acc), gpus, float(steps_per_s))
             return USER_JOB_TYPE, catalog
         name = str(spec.get("job_type") or "")
-        catalog = planner_inputs(self.settings, self.store).catalog
+        catalog = catalog_at(self.settings, self.store, spec.get("precision") or DEFAULT_PRECISION)
         names = [jt.name for jt in catalog.job_types()]
         if name in names:
             return JobType.parse(name), catalog
@@ -282,6 +282,7 @@ class JobPlanner:
             int(spec.get("gpus", 1)),
             float(spec.get("checkpoint_gb", 0.0)) if location is not None else 0.0,
             location,
+            spec.get("precision") or DEFAULT_PRECISION,
         )
         goal = objective if objective is not None else objective_of(spec.get("objective") or {})
         constraints: Mapping[str, Any] = spec.get("constraints") or {}

@@ -73,6 +73,11 @@ class JobCreate(_In):
     )
     steps: Annotated[int, Field(gt=0, le=10**15)]
     gpus: Literal[1, 2, 4, 8] = 1
+    precision: Literal["fp32", "tf32", "amp"] = Field(
+        default="fp32",
+        description="fp32 (default, PyTorch's: matmuls strict FP32, cuDNN convolutions TF32), tf32 or amp: "
+        "which throughput estimates plan a catalog job_type (docs/throughput.md).",
+    )
     objective: ObjectiveIn = Field(default_factory=ObjectiveIn)
     constraints: ConstraintsIn = Field(default_factory=ConstraintsIn)
     command: Annotated[list[Arg], Field(min_length=1, max_length=256)]

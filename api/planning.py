@@ -26,6 +26,7 @@ from costopt.planning.single import plan_job
 from costopt.risk.hazard import HazardModel
 from costopt.settings import Settings
 from costopt.throughput.catalog import ThroughputCatalog
+from costopt.throughput.model import DEFAULT_PRECISION, Precision
 from pricing.store import Now, PriceStore
 
 _lock = threading.Lock()
@@ -50,6 +51,22 @@ def planner_inputs(settings: Settings, store: PriceStore) -> PlannerInputs:
         )
         _cache["inputs"] = inputs
         return inputs
+
+
+def catalog_at(settings: Settings, store: PriceStore, precision: Precision = DEFAULT_PRECISION) -> ThroughputCatalog:
+    """The planner's catalog for jobs at ``precision`` (``fp32``: :func:`planner_inputs`' own; others
+    built once per process and cached with it, dropped by :func:`reset`)."""
+    if precision == DEFAULT_PRECISION:
+        return planner_inputs(settings, store).catalog
+    key = f"catalog:{precision}"
+    with _lock:
+        cached = _cache.get(key)
+        if isinstance(cached, ThroughputCatalog):
+            return cached
+    catalog = build_catalog(settings, store.engine, precision=precision)
+    with _lock:
+        _cache[key] = catalog
+    return catalog
 
 
 def reset() -> None:
@@ -109,4 +126,5 @@ def plan_single(
     now, frame = offers_at(store, settings, at, clouds, unavailable=unavailable)
     table = OfferTable.from_frame(frame, inputs.hazards)
     assumptions = replace(inputs.assumptions, per_gpu_packing=per_gpu_packing)
-    return now, plan_job(job, objective, table, inputs.catalog, assumptions, top=top)
+    catalog = catalog_at(settings, store, job.precision)
+    return now, plan_job(job, objective, table, catalog, assumptions, top=top)

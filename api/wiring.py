@@ -30,14 +30,20 @@ if TYPE_CHECKING:
     from costopt.planning.model import Assumptions
     from costopt.risk.hazard import HazardModel
     from costopt.throughput.catalog import ThroughputCatalog
+    from costopt.throughput.model import Precision
     from providers.sim_agent import ThroughputFn
 
 log = logging.getLogger("costopt.wiring")
 
 
 def build_store(settings: Settings, *, migrate_schema: bool = True) -> PriceStore:
-    """The price store on ``settings.database_url``, migrated to the newest schema by default."""
-    engine = make_engine(settings.database_url)
+    """The price store on ``settings.database_url``, migrated to the newest schema by default; its pool
+    keeps ``db_pool_size`` connections (a connection opened and closed per request would cost PostgreSQL
+    a new backend process each time)."""
+    url = settings.database_url
+    in_memory = url.startswith("sqlite") and (url.rstrip("/") == "sqlite:" or ":memory:" in url)
+    pool = {} if in_memory else {"pool_size": settings.db_pool_size, "max_overflow": settings.db_max_overflow}
+    engine = make_engine(url, **pool)  # an in-memory SQLite database is one connection: no pool to size
     if migrate_schema:
         migrate(engine)
     return PriceStore(engine, stale_after=settings.stale_after)
@@ -95,9 +101,12 @@ def seed_if_empty(store: PriceStore, settings: Settings) -> int:
     return inserted
 
 
-def build_catalog(settings: Settings, engine: Engine | None = None) -> ThroughputCatalog:
+def build_catalog(
+    settings: Settings, engine: Engine | None = None, *, precision: Precision = "fp32"
+) -> ThroughputCatalog:
     """The throughput catalog: the measurement file, users' and jobs' measurements from the
-    database (when ``engine`` is given), and estimates for unmeasured GPUs (marked estimated)."""
+    database (when ``engine`` is given), and estimates for unmeasured GPUs (marked estimated), for
+    jobs at ``precision`` (measurements are taken to be at fp32; see docs/throughput.md)."""
     from costopt.throughput.catalog import ThroughputCatalog
     from costopt.throughput.estimate import estimate_catalog, load_accelerator_specs
     from costopt.throughput.loaders import load_throughput_file
@@ -110,7 +119,7 @@ def build_catalog(settings: Settings, engine: Engine | None = None) -> Throughpu
     if engine is not None:
         catalog = MeasurementRegistry(engine).apply(catalog)
     if settings.estimate_new_accelerators:
-        catalog = estimate_catalog(catalog, load_accelerator_specs())
+        catalog = estimate_catalog(catalog, load_accelerator_specs(), precision=precision)
     return catalog
 
 

@@ -12,6 +12,7 @@ import typer
 
 from api.cli.common import Exit, failures, parse_time, settings_with
 from api.cli.output import OutputFormat, emit, note
+from api.cli.throughput import PrecisionChoice
 from costopt.domain import Cloud
 
 if TYPE_CHECKING:
@@ -112,6 +113,7 @@ def plan_record(plan: Plan, as_of: str, clock: str) -> dict[str, Any]:
         "job_type": plan.job.job_type.name,
         "steps": plan.job.steps,
         "gpus": plan.job.gpu_count,
+        "precision": plan.job.precision,
         "objective": plan.objective.name,
         "as_of": as_of,
         "clock": clock,
@@ -152,6 +154,9 @@ def plan(
     confidence: Annotated[float | None, typer.Option(help="Deadline confidence (default 0.95).")] = None,
     cost_weight: Annotated[float, typer.Option(help="Weight of cost for --objective weighted.")] = 0.5,
     checkpoint_gb: Annotated[float, typer.Option(help="Checkpoint size, GB (moved across regions).")] = 0.0,
+    precision: Annotated[
+        PrecisionChoice, typer.Option(help="fp32 (PyTorch's default), tf32 or amp: picks the throughput estimates.")
+    ] = PrecisionChoice.fp32,
     from_location: Annotated[
         str | None, typer.Option("--from", help="Where the checkpoint is now: CLOUD:REGION, e.g. aws:us-east-1.")
     ] = None,
@@ -179,7 +184,7 @@ def plan(
         except ValueError as exc:
             raise typer.BadParameter("use CLOUD:REGION, e.g. aws:us-east-1", param_hint="--from") from exc
     with failures():
-        job = JobSpec(JobType.parse(job_type), steps, gpus, checkpoint_gb, location)
+        job = JobSpec(JobType.parse(job_type), steps, gpus, checkpoint_gb, location, precision.value)
         store = build_store(settings)
         if data_dir is not None:
             seed_if_empty(store, settings)

@@ -15,22 +15,34 @@ from costopt.domain import normalize_accelerator
 app = typer.Typer(help="Training throughput (steps/s) per job type and GPU.", no_args_is_help=True)
 
 
+class PrecisionChoice(StrEnum):
+    """A job's precision on the command line (docs/throughput.md)."""
+
+    fp32 = "fp32"
+    tf32 = "tf32"
+    amp = "amp"
+
+
 @app.command("list")
 def list_(
     job_type: Annotated[str | None, typer.Option("--job-type", help="Only this job type.")] = None,
     gpu: Annotated[str | None, typer.Option(help="Only this accelerator.")] = None,
     gpus: Annotated[int | None, typer.Option(help="Only this GPU count.")] = None,
     measured_only: Annotated[bool, typer.Option(help="Hide estimated cells.")] = False,
+    precision: Annotated[
+        PrecisionChoice,
+        typer.Option(help="Jobs at this precision: fp32 (PyTorch's default), tf32 or amp (docs/throughput.md)."),
+    ] = PrecisionChoice.fp32,
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
 ) -> None:
-    """Every known cell: measured (file), user (registered or reported), or estimated."""
+    """Every known cell at a precision: measured (file), user (registered or reported), or estimated."""
     from api.wiring import build_catalog, build_store
     from costopt.throughput.model import JobType
 
     settings = settings_with()
     with failures():
         store = build_store(settings)
-        catalog = build_catalog(settings, store.engine)
+        catalog = build_catalog(settings, store.engine, precision=precision.value)
     acc = normalize_accelerator(gpu) if gpu else None
     jt = JobType.parse(job_type) if job_type else None
     rows = []
@@ -47,6 +59,7 @@ def list_(
                 "accelerator": key.accelerator,
                 "gpu_count": key.gpu_count,
                 "placement": key.placement,
+                "precision": precision.value,
                 "steps_per_s": cell.steps_per_s,
                 "provenance": cell.provenance,
                 "estimator": cell.estimator,
@@ -60,6 +73,7 @@ def list_(
             ("accelerator", "GPU", None),
             ("gpu_count", "GPUs", "count"),
             ("placement", "placement", None),
+            ("precision", "precision", None),
             ("steps_per_s", "speed", "steps/s"),
             ("provenance", "provenance", None),
             ("estimator", "estimator", None),

@@ -54,6 +54,11 @@ class PlanRequest(BaseModel):
     location: LocationIn | None = None
     at: datetime | None = None
     top: Annotated[int, Field(ge=1, le=1000)] = 10
+    precision: Literal["fp32", "tf32", "amp"] = Field(
+        default="fp32",
+        description="fp32 (default, PyTorch's: matmuls strict FP32, cuDNN convolutions TF32), tf32 (TF32 matmuls "
+        "too) or amp (mixed precision). Picks the throughput estimates the plan uses.",
+    )
     per_gpu_packing: bool = Field(
         default=False,
         description="False (default): a job on part of a larger instance pays the whole instance, as the ledger "
@@ -83,7 +88,7 @@ def create_plan(body: PlanRequest, store: StoreDep, settings: SettingsDep) -> di
     try:
         objective = body.build_objective()
         loc = Location(body.location.cloud, body.location.region) if body.location else None
-        job = JobSpec(JobType.parse(body.job_type), body.steps, body.gpus, body.checkpoint_gb, loc)
+        job = JobSpec(JobType.parse(body.job_type), body.steps, body.gpus, body.checkpoint_gb, loc, body.precision)
         at = body.at.astimezone(UTC) if body.at else None
         unavailable = build_unavailable(settings, store.engine)
         now, plan = plan_single(

@@ -12,7 +12,7 @@ from typing import Literal
 
 from costopt.domain import Cloud
 from costopt.errors import CostoptError
-from costopt.throughput.model import JobType
+from costopt.throughput.model import DEFAULT_PRECISION, PRECISIONS, JobType, Precision
 
 CENT = Decimal("0.01")
 
@@ -42,6 +42,8 @@ class JobSpec:
     ``steps``: steps still to run. ``gpu_count``: GPUs it trains on, on one instance (consolidated).
     ``checkpoint_gb``: size of its checkpoint, moved when the job changes region or cloud.
     ``location``: where its checkpoint lives now (None: nowhere yet, nothing to move).
+    ``precision``: ``fp32`` (PyTorch's default), ``tf32`` or ``amp``; the catalog a plan uses must be
+    built at this precision (``api.planning.catalog_at``).
     """
 
     job_type: JobType
@@ -49,8 +51,11 @@ class JobSpec:
     gpu_count: int = 1
     checkpoint_gb: float = 0.0
     location: Location | None = None
+    precision: Precision = DEFAULT_PRECISION
 
     def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise InvalidJob(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if not self.steps > 0:
             raise InvalidJob(f"steps must be > 0, got {self.steps}")
         if self.gpu_count not in (1, 2, 4, 8):
