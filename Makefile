@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup run test lint typecheck unit bench clean
+.PHONY: setup run test lint typecheck unit bench clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ unit: setup
 	$(BIN)/pytest -n 2 -q
 
 test: lint typecheck unit
+
+# Headless Chromium for the web page's browser test (tests/api/test_savings_page.py; Playwright comes
+# with the dev dependencies and drives Debian's chromium, never a browser build of its own).
+browser: setup
+	command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium)
 
 bench: setup
 	$(BIN)/python bench/store_bench.py

@@ -1,0 +1,138 @@
+"""The savings page in a real browser (headless Debian Chromium driven by Playwright): it loads with no
+console error, its four charts draw, its totals equal the API's, the jobs table sorts, a job opens its
+history; a screenshot is kept (``var/artifacts/savings-page-<backend>.png``, or ``$COSTOPT_ARTIFACTS_DIR``).
+
+Chromium and Playwright are installed by ``make browser`` (``.ci/run`` calls it). Outside CI the test
+skips when either is missing; under CI it fails instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from tests.api.jobs_helpers import Service, service
+from tests.api.report_helpers import bill
+
+ARTIFACTS = Path(os.environ.get("COSTOPT_ARTIFACTS_DIR", Path(__file__).resolve().parents[2] / "var" / "artifacts"))
+
+
+def _chromium() -> str:
+    path = os.environ.get("COSTOPT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        path = None
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("Chromium and Playwright are required under CI: `make browser` installs them")
+        pytest.skip("no Chromium or Playwright here (`make browser` installs them)")
+    return path
+
+
+@pytest.fixture
+def served(engine: Engine, tmp_path: Path) -> Iterator[tuple[Service, str]]:
+    """The service (two teams' jobs billed) answering on a real port."""
+    import uvicorn
+
+    for svc in service(engine, tmp_path):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        server = uvicorn.Server(
+            uvicorn.Config(svc.app, host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            yield svc, f"http://127.0.0.1:{port}"
+        finally:
+            server.should_exit = True
+            thread.join(timeout=10)
+
+
+def test_the_page_shows_the_apis_totals_and_draws_its_charts(
+    served: tuple[Service, str], request: pytest.FixtureRequest
+) -> None:
+    chromium = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    svc, base = served
+    billed = bill(svc)
+    key = svc.admin["Authorization"].removeprefix("Bearer ")
+    query = f"from={billed['from']}&group_by=team"
+    api: dict[str, Any] = svc.client.get(f"/v1/reports/savings?{query}", headers=svc.admin).json()
+    problems: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1300, "height": 1400})
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            page.goto(f"{base}/reports/savings?{query}#key={key}")
+            page.wait_for_selector("body[data-ready]", timeout=20_000)
+            assert page.get_attribute("body", "data-ready") == "1", page.inner_text("#error")
+            assert problems == []
+            totals = api["totals"]
+            for element, field in (
+                ("#total-actual", "actual_cost"),
+                ("#total-on-demand", "baseline_on_demand_cost"),
+                ("#total-static", "baseline_static_spot_cost"),
+                ("#total-savings", "savings"),
+                ("#savings-rate", "savings_rate"),
+            ):
+                assert page.get_attribute(element, "data-exact") == totals[field], element
+            assert page.inner_text("#total-actual") == f"${float(totals['actual_cost']):,.2f}"
+            for chart, shape in (
+                ("#chart-cumulative", "circle"),
+                ("#chart-teams", "rect"),
+                ("#chart-spend", "rect"),
+                ("#chart-activity", "rect"),
+            ):
+                sizes = page.eval_on_selector_all(
+                    f"{chart} {shape}", "els => els.map(e => { const b = e.getBBox(); return b.width + b.height; })"
+                )
+                assert sizes and max(sizes) > 5, f"{chart} drew nothing"
+            rows = page.eval_on_selector_all("#jobs tbody tr", "trs => trs.map(t => t.cells[0].innerText)")
+            assert sorted(rows) == sorted([billed["a"]["id"], billed["b"]["id"]])
+            page.click("#jobs thead th[data-col='0']")  # sort by job id
+            after = page.eval_on_selector_all("#jobs tbody tr", "trs => trs.map(t => t.cells[0].innerText)")
+            assert after == sorted(after)
+            page.click(f"a[data-job='{billed['a']['id']}']")
+            page.wait_for_function("document.getElementById('job-events').textContent.includes('succeeded')")
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / f"savings-page-{request.node.callspec.id}.png"), full_page=True)
+            assert problems == []
+        finally:
+            browser.close()
+
+
+def test_without_a_key_the_page_asks_for_one(served: tuple[Service, str]) -> None:
+    chromium = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    _, base = served
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{base}/reports/savings")
+            page.wait_for_selector("#key-form:not([hidden])", timeout=10_000)
+            page.fill("#key", "co_bad_key")
+            page.click("#key-form button")
+            page.wait_for_selector("body[data-ready='error']", timeout=10_000)
+            assert "could not be loaded" in page.inner_text("#error")
+        finally:
+            browser.close()
