@@ -28,7 +28,7 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy costopt pricing providers api
 
-unit: setup
+unit: setup browser
 	$(BIN)/pytest -n 2 -q
 
 test: lint typecheck unit
