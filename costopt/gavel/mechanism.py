@@ -6,8 +6,13 @@ in the next round.
   over seconds since it arrived); a unit that has received nothing yet comes first.
 * Units are taken greedily in priority order (ties: larger allocation, earlier arrival, lower id): a
   unit is placed if none of its jobs runs yet this round and the type has ``scale_factor`` free GPUs.
-  With ``fill_idle``, GPUs still free then go to units the allocation gives nothing on that type
-  (earliest arrival first), so no GPU idles while a job could use it.
+  With ``type_order`` (one queue per worker type, as Gavel's reference implementation runs its
+  heterogeneity-aware policies), the types are filled one after the other, fastest first
+  (:func:`fastest_first`), each from its own candidates in priority order: a job due on both a fast and
+  a slow type runs on the fast one. Without it, one queue holds every (unit, type) candidate, and a
+  job's highest priority wins whatever its type. With ``fill_idle``, GPUs still free then go to units
+  the allocation gives nothing on that type (earliest arrival first), so no GPU idles while a job
+  could use it.
 * Placement: a unit that ran last round on the same type keeps its GPUs; new multi-GPU units are
   placed largest first on the fullest server that fits them whole (consolidated), else spread over
   the emptiest servers; new single-GPU units fill the fullest servers first, keeping large holes for
@@ -37,6 +42,17 @@ DEFAULT_ROUND_S = 360.0
 _MIN_SHARE = 1e-9  # a share received below this counts as nothing received
 
 
+def fastest_first(throughput: FloatArray) -> tuple[int, ...]:
+    """Worker types from the fastest to the slowest for the jobs of ``throughput`` (jobs x types,
+    steps/s): by the mean over jobs of a job's throughput on the type over its best one (jobs that
+    run nowhere are ignored; ties: lower index first)."""
+    t = np.asarray(throughput, dtype=np.float64)
+    best = t.max(axis=1) if t.size else np.zeros(0)
+    rows = best > 0
+    score = (t[rows] / best[rows, None]).mean(axis=0) if rows.any() else np.zeros(t.shape[1])
+    return tuple(int(j) for j in np.argsort(-score, kind="stable"))
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class RoundPlan:
     """The units that run in one round. ``members[u] = (job, partner or -1)``; ``wtype[u]`` its
@@ -58,11 +74,18 @@ class RoundMechanism:
     """Round-by-round realization of allocations for jobs ``0 .. n_jobs - 1``.
 
     Call :meth:`set_allocation` whenever the policy re-solves, then per round :meth:`plan` and
-    :meth:`record`. One instance per cluster; not thread-safe.
+    :meth:`record`. One instance per cluster; not thread-safe. ``type_order``: worker types in the
+    order their queues are served (fastest first, see :func:`fastest_first`); ``None``: one queue.
     """
 
     def __init__(
-        self, capacity: Sequence[int], gpus_per_server: Sequence[int], n_jobs: int, *, fill_idle: bool = True
+        self,
+        capacity: Sequence[int],
+        gpus_per_server: Sequence[int],
+        n_jobs: int,
+        *,
+        fill_idle: bool = True,
+        type_order: Sequence[int] | None = None,
     ) -> None:
         if len(capacity) != len(gpus_per_server) or min(gpus_per_server, default=1) < 1 or min(capacity) < 0:
             raise InvalidState("need GPU counts >= 0 and a GPUs-per-server count >= 1 per worker type")
@@ -70,6 +93,11 @@ class RoundMechanism:
         self.per_server = [int(g) for g in gpus_per_server]
         self.n_types = len(self.capacity)
         self.fill_idle = fill_idle
+        self._type_pos: IntArray | None = None  # queue position of each type (None: one queue)
+        if type_order is not None:
+            if sorted(int(j) for j in type_order) != list(range(self.n_types)):
+                raise InvalidState(f"type_order must list each of the {self.n_types} worker types once")
+            self._type_pos = np.argsort(np.array(type_order, dtype=np.int64)).astype(np.int64)
         self._n = n_jobs
         self.received = np.zeros((n_jobs, self.n_types))  # seconds run alone per type
         self.ever_ran = np.zeros(n_jobs, dtype=bool)
@@ -169,7 +197,10 @@ class RoundMechanism:
             age = np.maximum(now_s - self._u_since[cu], 0.0)
             share = np.divide(self._u_recv[cu, cj], age, out=np.zeros_like(age), where=age > 0)
             prio = cx / np.maximum(share, _MIN_SHARE)
-            order = np.lexsort((self._c_rank, -prio))
+            if self._type_pos is None:
+                order = np.lexsort((self._c_rank, -prio))
+            else:  # one queue per type, served in type order
+                order = np.lexsort((self._c_rank, -prio, self._type_pos[cj]))
             self._greedy(cu[order].tolist(), cj[order].tolist(), free, busy, units, types)
         if self.fill_idle and sum(free) > 0 and len(units) < self._n_units_jobs:
             fu, fj = self._fill_candidates()

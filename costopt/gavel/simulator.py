@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from costopt.gavel.errors import InvalidState
-from costopt.gavel.mechanism import DEFAULT_ROUND_S, RoundMechanism
+from costopt.gavel.mechanism import DEFAULT_ROUND_S, RoundMechanism, fastest_first
 from costopt.gavel.policies import Policy, get_policy
 from costopt.gavel.state import ClusterState, FloatArray, IntArray
 from costopt.gavel.trace import Trace, generate_trace
@@ -171,13 +171,15 @@ def simulate_trace(
     multi_gpu: bool = False,
     fast_forward: bool = True,
     source: str | None = None,
+    per_type_queues: bool | None = None,
 ) -> SimResult:
     """Simulate ``policy`` on ``trace``; see :func:`simulate`. ``window``: the job ids measured,
     ``[first, end)`` (default: every job); ``source``: where the trace was read from (reported).
 
     ``fast_forward``: when every job runs, each on the only type its allocation names, the rounds until
     the next arrival or completion repeat the current one and are advanced in one step (exact; off
-    only to check that)."""
+    only to check that). ``per_type_queues``: the mechanism serves one queue per worker type, fastest
+    first (default: for heterogeneity-aware policies; agnostic ones use one queue over all types)."""
     wall0 = time.perf_counter()
     if round_s <= 0 or restart_overhead_s < 0 or restart_overhead_s >= round_s:
         raise InvalidState("need round_s > 0 and 0 <= restart_overhead_s < round_s")
@@ -196,8 +198,11 @@ def simulate_trace(
         dtype=np.float64,
     )
     interval = round_s if resolve_interval_s is None else resolve_interval_s
-    mech = RoundMechanism(list(capacity), [gpus_per_server] * nt, n)
     cons = workload.consolidated[trace.entry]  # (n, J)
+    per_type = policy.heterogeneity_aware if per_type_queues is None else per_type_queues
+    mech = RoundMechanism(
+        list(capacity), [gpus_per_server] * nt, n, type_order=fastest_first(cons) if per_type else None
+    )
     spread = workload.spread[trace.entry]
     remaining = trace.steps.astype(np.float64).copy()
     done_at = np.full(n, np.nan)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from costopt.gavel.mechanism import RoundMechanism, RoundPlan
+from costopt.gavel.errors import InvalidState
+from costopt.gavel.mechanism import RoundMechanism, RoundPlan, fastest_first
 
 
 def _alloc(
@@ -121,3 +122,37 @@ def test_a_finished_job_is_never_planned_again_even_if_the_allocation_still_name
     _alloc(mech, [[1.0], [0.0]])
     mech.forget(np.array([0]))
     assert _run(mech, 3)[0].members[:, 0].tolist() == [1]
+
+
+def test_fastest_first_orders_types_by_the_jobs_relative_speed() -> None:
+    tput = np.array([[1.0, 4.0, 2.0], [2.0, 6.0, 3.0], [0.0, 0.0, 0.0], [1.0, 1.0, 5.0]])
+    # relative speeds: [.25, 1, .5], [.33, 1, .5], (runs nowhere), [.2, .2, 1] -> type 1, then 2, then 0
+    assert fastest_first(tput) == (1, 2, 0)
+    assert fastest_first(np.ones((3, 2))) == (0, 1)  # ties: lower index first
+
+
+def test_per_type_queues_serve_the_fast_type_first() -> None:
+    # job 0 is due on both types (its slow-type priority is the higher), job 1 only on the fast type.
+    x = [[0.4, 0.6], [0.3, 0.0]]
+    one_queue = RoundMechanism([1, 1], [1, 1], 2)
+    _alloc(one_queue, x)
+    plan = one_queue.plan(0.0)
+    assert dict(zip(plan.members[:, 0].tolist(), plan.wtype.tolist(), strict=True)) == {0: 1, 1: 0}
+    per_type = RoundMechanism([1, 1], [1, 1], 2, type_order=(0, 1))
+    _alloc(per_type, x)
+    plan = per_type.plan(0.0)
+    # the fast GPU goes to the higher fast-type priority; the slow one is filled with the job left idle
+    assert dict(zip(plan.members[:, 0].tolist(), plan.wtype.tolist(), strict=True)) == {0: 0, 1: 1}
+
+
+def test_per_type_queues_still_converge_to_the_allocation() -> None:
+    x = [[0.5, 0.25], [0.5, 0.25], [0.75, 0.0], [0.25, 0.5]]
+    mech = RoundMechanism([2, 1], [4, 4], 4, type_order=(0, 1), fill_idle=False)
+    _alloc(mech, x)
+    _run(mech, 400)
+    assert np.allclose(mech.received / (400 * 360.0), x, atol=0.02)
+
+
+def test_a_type_order_must_name_each_type_once() -> None:
+    with pytest.raises(InvalidState, match="type_order"):
+        RoundMechanism([1, 1], [1, 1], 2, type_order=(0, 0))

@@ -139,3 +139,16 @@ def test_bad_simulation_arguments_are_typed_errors(workload: Workload) -> None:
         simulate("fifo", SMALL, rate=1.0, window=(0, 2), workload=workload, restart_overhead_s=400.0)
     with pytest.raises(InvalidState):
         parse_cluster("0:0:0")
+
+
+def test_aware_policies_get_one_queue_per_type_and_agnostic_ones_a_single_queue(workload: Workload) -> None:
+    trace = generate_trace(workload, 60, rate_per_hour=3.0, seed=5)
+
+    def run(policy: str, per_type: bool | None) -> dict[str, object]:
+        res = simulate_trace(get_policy(policy), trace, workload, (2, 2, 2), round_s=HOUR, per_type_queues=per_type)
+        return _strip(res.as_dict())
+
+    assert get_policy("max_min_fairness_perf").heterogeneity_aware and not get_policy("fifo").heterogeneity_aware
+    assert run("max_min_fairness_perf", None) == run("max_min_fairness_perf", True)
+    assert run("max_min_fairness_perf", True) != run("max_min_fairness_perf", False)
+    assert run("max_min_fairness", None) == run("max_min_fairness", False)

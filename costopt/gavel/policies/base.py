@@ -31,6 +31,12 @@ class Policy(ABC):
     def allocate(self, state: ClusterState) -> Allocation:
         """The policy's allocation for ``state``."""
 
+    @property
+    def heterogeneity_aware(self) -> bool:
+        """Whether the policy sees per-type throughputs (the ``_perf`` names): policies with an ``aware``
+        switch say so through it, the others are aware."""
+        return bool(getattr(self, "aware", True))
+
 
 def job_allocation(
     name: str,
