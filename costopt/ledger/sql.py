@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, Row, and_, or_, select, update
+from sqlalchemy import Engine, Row, and_, bindparam, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
@@ -48,6 +48,26 @@ _IN_CHUNK = 500
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+# The hot statements, built once (SQLAlchemy then reuses their cache keys; values are parameters).
+_INTERVAL = select(ledger_intervals).where(ledger_intervals.c.interval_key == bindparam("b_key"))
+_CLOSE = (
+    update(ledger_intervals)
+    .where(ledger_intervals.c.id == bindparam("b_id"), ledger_intervals.c.ended_at.is_(None))
+    .values(
+        ended_at=bindparam("b_ended_at"),
+        end_reason=bindparam("b_end_reason"),
+        amount_micro_usd=bindparam("b_amount"),
+        updated_at=bindparam("b_now"),
+    )
+)
+_CHARGE = select(ledger_charges).where(ledger_charges.c.charge_key == bindparam("b_key"))
+_JOB_CHARGES = (
+    select(ledger_charges)
+    .where(ledger_charges.c.job_id == bindparam("b_job_id"))
+    .order_by(ledger_charges.c.at, ledger_charges.c.charge_key)
+)
 
 
 def _offer(row: Row[Any]) -> OfferKey:
@@ -105,6 +125,17 @@ class SqlLedger:
             raise LedgerError(f"the ledger runs on SQLite or PostgreSQL, not {engine.dialect.name}")
         self.engine = engine
         self.prices = prices
+        # the inserts that keep the first writer's line, built once per dialect (values are parameters)
+        self._insert_interval = (
+            self._insert(ledger_intervals)
+            .on_conflict_do_nothing(index_elements=["interval_key"])
+            .returning(ledger_intervals.c.id)
+        )
+        self._insert_charge = (
+            self._insert(ledger_charges)
+            .on_conflict_do_nothing(index_elements=["charge_key"])
+            .returning(ledger_charges.c.id)
+        )
 
     def _insert(self, table: Any) -> Any:
         return (pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert)(table)
@@ -112,7 +143,7 @@ class SqlLedger:
     # --- intervals ------------------------------------------------------------------------------------
 
     def _load_interval(self, conn: Connection, key: str) -> tuple[int, IntervalLine] | None:
-        row = conn.execute(select(ledger_intervals).where(ledger_intervals.c.interval_key == key)).first()
+        row = conn.execute(_INTERVAL, {"b_key": key}).first()
         if row is None:
             return None
         segs = self._segments(conn, [] if row.ended_at is None else [row.id])
@@ -134,31 +165,26 @@ class SqlLedger:
             with self.engine.begin() as conn:
                 if found is None:
                     rec = line.record
-                    stmt = (
-                        self._insert(ledger_intervals)
-                        .values(
-                            interval_key=rec.interval_key,
-                            job_id=rec.job_id,
-                            team=rec.team,
-                            provider=rec.provider,
-                            instance_id=rec.instance_id,
-                            cloud=rec.offer.cloud.value,
-                            region=rec.offer.region,
-                            zone=rec.offer.zone,
-                            instance_type=rec.offer.instance_type,
-                            market=rec.offer.market.value,
-                            share=rec.share,
-                            started_at=rec.started_at,
-                            ended_at=rec.ended_at,
-                            end_reason=rec.end_reason,
-                            amount_micro_usd=line.amount_micro_usd,
-                            recorded_at=now,
-                            updated_at=now,
-                        )
-                        .on_conflict_do_nothing(index_elements=["interval_key"])
-                        .returning(ledger_intervals.c.id)
-                    )
-                    new_id = conn.execute(stmt).scalar_one_or_none()
+                    values = {
+                        "interval_key": rec.interval_key,
+                        "job_id": rec.job_id,
+                        "team": rec.team,
+                        "provider": rec.provider,
+                        "instance_id": rec.instance_id,
+                        "cloud": rec.offer.cloud.value,
+                        "region": rec.offer.region,
+                        "zone": rec.offer.zone,
+                        "instance_type": rec.offer.instance_type,
+                        "market": rec.offer.market.value,
+                        "share": rec.share,
+                        "started_at": rec.started_at,
+                        "ended_at": rec.ended_at,
+                        "end_reason": rec.end_reason,
+                        "amount_micro_usd": line.amount_micro_usd,
+                        "recorded_at": now,
+                        "updated_at": now,
+                    }
+                    new_id = conn.execute(self._insert_interval, values).scalar_one_or_none()
                     if new_id is None:
                         continue  # another writer inserted it first: re-read and merge again
                     self._write_segments(conn, int(new_id), line)
@@ -167,14 +193,14 @@ class SqlLedger:
                 if not closes:  # pragma: no cover - merge_interval only writes a stored line to close it
                     raise LedgerError("unexpected rewrite of a stored interval")
                 res = conn.execute(
-                    update(ledger_intervals)
-                    .where(ledger_intervals.c.id == interval_id, ledger_intervals.c.ended_at.is_(None))
-                    .values(
-                        ended_at=line.record.ended_at,
-                        end_reason=line.record.end_reason,
-                        amount_micro_usd=line.amount_micro_usd,
-                        updated_at=now,
-                    )
+                    _CLOSE,
+                    {
+                        "b_id": interval_id,
+                        "b_ended_at": line.record.ended_at,
+                        "b_end_reason": line.record.end_reason,
+                        "b_amount": line.amount_micro_usd,
+                        "b_now": now,
+                    },
                 )
                 if res.rowcount != 1:
                     continue  # closed meanwhile by another writer: re-read and compare
@@ -208,38 +234,33 @@ class SqlLedger:
         amount = charge_micro_usd(self.prices, record)
         offer = record.offer
         span = record.span
-        stmt = (
-            self._insert(ledger_charges)
-            .values(
-                charge_key=record.charge_key,
-                job_id=record.job_id,
-                team=record.team,
-                kind=record.kind.value,
-                additive=record.additive,
-                at=record.at,
-                amount_micro_usd=amount,
-                interval_key=record.interval_key,
-                cloud=None if offer is None else offer.cloud.value,
-                region=None if offer is None else offer.region,
-                zone=None if offer is None else offer.zone,
-                instance_type=None if offer is None else offer.instance_type,
-                market=None if offer is None else offer.market.value,
-                quantity=record.quantity,
-                unit=record.unit,
-                rate_usd=record.rate_usd,
-                span_start=None if span is None else span[0],
-                span_end=None if span is None else span[1],
-                note=record.note,
-                recorded_at=_now(),
-            )
-            .on_conflict_do_nothing(index_elements=["charge_key"])
-            .returning(ledger_charges.c.id)
-        )
+        values = {
+            "charge_key": record.charge_key,
+            "job_id": record.job_id,
+            "team": record.team,
+            "kind": record.kind.value,
+            "additive": record.additive,
+            "at": record.at,
+            "amount_micro_usd": amount,
+            "interval_key": record.interval_key,
+            "cloud": None if offer is None else offer.cloud.value,
+            "region": None if offer is None else offer.region,
+            "zone": None if offer is None else offer.zone,
+            "instance_type": None if offer is None else offer.instance_type,
+            "market": None if offer is None else offer.market.value,
+            "quantity": record.quantity,
+            "unit": record.unit,
+            "rate_usd": record.rate_usd,
+            "span_start": None if span is None else span[0],
+            "span_end": None if span is None else span[1],
+            "note": record.note,
+            "recorded_at": _now(),
+        }
         with self.engine.begin() as conn:
-            inserted = conn.execute(stmt).scalar_one_or_none()
+            inserted = conn.execute(self._insert_charge, values).scalar_one_or_none()
             if inserted is not None:
                 return ChargeLine(record, amount)
-            row = conn.execute(select(ledger_charges).where(ledger_charges.c.charge_key == record.charge_key)).one()
+            row = conn.execute(_CHARGE, {"b_key": record.charge_key}).one()
         stored = ChargeLine(_charge_record(row), int(row.amount_micro_usd))
         check_charge(stored, record, amount)
         return stored
@@ -327,6 +348,9 @@ class SqlLedger:
         start: datetime | None,
         end: datetime | None,
     ) -> list[ChargeLine]:
+        if job_id is not None and team is None and start is None and end is None:  # a job's bill: the hot read
+            rows = conn.execute(_JOB_CHARGES, {"b_job_id": job_id}).fetchall()
+            return [ChargeLine(_charge_record(r), int(r.amount_micro_usd)) for r in rows]
         t = ledger_charges.c
         conds: list[Any] = []
         if job_id is not None:
