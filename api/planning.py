@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -27,6 +28,9 @@ from costopt.risk.hazard import HazardModel
 from costopt.settings import Settings
 from costopt.throughput.catalog import ThroughputCatalog
 from costopt.throughput.model import DEFAULT_PRECISION, Precision
+
+if TYPE_CHECKING:
+    from costopt.throughput.uncertainty import WinnerSensitivity
 from pricing.store import Now, PriceStore
 
 _lock = threading.Lock()
@@ -118,13 +122,55 @@ def plan_single(
     top: int = 10,
     unavailable: UnavailableOffers | None = None,
     per_gpu_packing: bool = False,
+    prefer_measured_margin: float | None = None,
 ) -> tuple[Now, Plan]:
     """Plan one job over every offer in effect, less those ``unavailable`` holds (raises
     costopt.planning.model.Infeasible). Priced whole-instance (what the ledger bills) unless
-    ``per_gpu_packing`` (the paper's assumption: a job pays its GPU share of a larger instance)."""
+    ``per_gpu_packing`` (the paper's assumption: a job pays its GPU share of a larger instance).
+    ``prefer_measured_margin``: see :func:`costopt.throughput.uncertainty.prefer_measured`."""
+    now, plan, _ = plan_single_checked(
+        store,
+        settings,
+        job,
+        objective,
+        at=at,
+        clouds=clouds,
+        top=top,
+        unavailable=unavailable,
+        per_gpu_packing=per_gpu_packing,
+        prefer_measured_margin=prefer_measured_margin,
+        sensitivity=False,
+    )
+    return now, plan
+
+
+def plan_single_checked(
+    store: PriceStore,
+    settings: Settings,
+    job: JobSpec,
+    objective: Objective,
+    *,
+    at: datetime | None = None,
+    clouds: list[Cloud] | None = None,
+    top: int = 10,
+    unavailable: UnavailableOffers | None = None,
+    per_gpu_packing: bool = False,
+    prefer_measured_margin: float | None = None,
+    sensitivity: bool = True,
+) -> tuple[Now, Plan, WinnerSensitivity | None]:
+    """:func:`plan_single`, and (``sensitivity``) whether its winner rests on an estimate and holds at
+    the ends of the estimates' intervals (:func:`costopt.throughput.uncertainty.winner_sensitivity`)."""
+    from costopt.throughput.uncertainty import prefer_measured, winner_sensitivity
+
     inputs = planner_inputs(settings, store)
     now, frame = offers_at(store, settings, at, clouds, unavailable=unavailable)
     table = OfferTable.from_frame(frame, inputs.hazards)
     assumptions = replace(inputs.assumptions, per_gpu_packing=per_gpu_packing)
     catalog = catalog_at(settings, store, job.precision)
-    return now, plan_job(job, objective, table, catalog, assumptions, top=top)
+
+    def replan(cat: ThroughputCatalog) -> Plan:
+        plan = plan_job(job, objective, table, cat, assumptions, top=top)
+        return plan if prefer_measured_margin is None else prefer_measured(plan, prefer_measured_margin)
+
+    plan = replan(catalog)
+    return now, plan, (winner_sensitivity(plan, catalog, replan) if sensitivity else None)

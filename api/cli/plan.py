@@ -18,6 +18,7 @@ from costopt.domain import Cloud
 if TYPE_CHECKING:
     # numpy-backed core types: imported where used so that `costopt --help` stays light.
     from costopt.planning.model import Candidate, Objective, Plan
+    from costopt.throughput.uncertainty import WinnerSensitivity
 
 OBJECTIVE_HELP = (
     "min-cost (alias cheapest), min-time (fastest), min-cost-deadline (deadline), min-time-budget (budget) "
@@ -125,6 +126,18 @@ def plan_record(plan: Plan, as_of: str, clock: str) -> dict[str, Any]:
     }
 
 
+def sensitivity_record(s: WinnerSensitivity) -> dict[str, Any]:
+    """Whether a plan's winner rests on an estimate and holds at the ends of the estimates' intervals."""
+    return {
+        "winner_rests_on_estimate": s.rests_on_estimate,
+        "winner_steps_per_s_interval": list(s.interval) if s.interval is not None else None,
+        "winner_at_low_estimates": s.winner_at_low,
+        "winner_at_high_estimates": s.winner_at_high,
+        "winner_adverse": s.winner_adverse,
+        "winner_changes_within_intervals": s.changes,
+    }
+
+
 PLAN_COLUMNS: list[tuple[str, str, str | None]] = [
     ("rank", "#", None),
     ("cloud", "cloud", None),
@@ -160,11 +173,19 @@ def plan(
     from_location: Annotated[
         str | None, typer.Option("--from", help="Where the checkpoint is now: CLOUD:REGION, e.g. aws:us-east-1.")
     ] = None,
+    prefer_measured: Annotated[
+        float | None,
+        typer.Option(
+            "--prefer-measured",
+            min=0,
+            help="Prefer a measured throughput unless an estimate wins by more than this fraction (0.1 = 10%).",
+        ),
+    ] = None,
     data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Seed an empty store from this folder.")] = None,
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
 ) -> None:
     """The cheapest or fastest placement of one job over every offer in effect, with alternatives."""
-    from api.planning import plan_single
+    from api.planning import plan_single_checked
     from api.wiring import build_store, build_unavailable, seed_if_empty
     from costopt.planning.model import Infeasible, JobSpec, Location
     from costopt.throughput.model import JobType
@@ -190,13 +211,23 @@ def plan(
             seed_if_empty(store, settings)
         try:
             unavailable = build_unavailable(settings, store.engine)
-            now, result = plan_single(
-                store, settings, job, obj, at=when, clouds=cloud_list, top=top, unavailable=unavailable
+            now, result, sensitivity = plan_single_checked(
+                store,
+                settings,
+                job,
+                obj,
+                at=when,
+                clouds=cloud_list,
+                top=top,
+                unavailable=unavailable,
+                prefer_measured_margin=prefer_measured,
             )
         except Infeasible as exc:
             note(f"[red]infeasible[/red] ({exc.binding}): {exc}")
             raise typer.Exit(Exit.NOT_FOUND) from exc
     record = plan_record(result, now.at.isoformat().replace("+00:00", "Z"), "explicit" if when else now.mode)
+    if sensitivity is not None:
+        record["throughput_uncertainty"] = sensitivity_record(sensitivity)
     if fmt is OutputFormat.json:
         sys.stdout.write(json.dumps(record, indent=2) + "\n")
         return
@@ -208,6 +239,15 @@ def plan(
             f"{record['as_of']} ({record['clock']})"
         )
         note(f"[bold]why:[/bold] {result.reason}")
+        if sensitivity is not None and sensitivity.rests_on_estimate:
+            low, high = sensitivity.interval or (float("nan"), float("nan"))
+            verdict = (
+                f"[yellow]the winner changes[/yellow] (low ends: {sensitivity.winner_at_low}; high ends: "
+                f"{sensitivity.winner_at_high}; adverse: {sensitivity.winner_adverse})"
+                if sensitivity.changes
+                else "the winner holds at both ends and adversarially"
+            )
+            note(f"[bold]estimate:[/bold] the winner's speed is estimated ({low:.3g}-{high:.3g} steps/s): {verdict}")
         kept_out = unavailable.active(at=when)
         if kept_out:
             note(

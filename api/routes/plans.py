@@ -9,11 +9,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
-from api.cli.plan import plan_record
+from api.cli.plan import plan_record, sensitivity_record
 from api.deps import SettingsDep, StoreDep
 from api.errors import ApiError
 from api.job_planning import UnknownJobType, close_matches
-from api.planning import plan_single, planner_inputs
+from api.planning import plan_single_checked, planner_inputs
 from api.routes.jobs import planning_error
 from api.wiring import build_unavailable
 from costopt.domain import Cloud
@@ -54,6 +54,11 @@ class PlanRequest(BaseModel):
     location: LocationIn | None = None
     at: datetime | None = None
     top: Annotated[int, Field(ge=1, le=1000)] = 10
+    prefer_measured_margin: Annotated[float | None, Field(ge=0, le=10)] = Field(
+        default=None,
+        description="Prefer an offer whose throughput is measured unless an estimated one beats it by more "
+        "than this fraction on the objective's figure (0.1 = 10%). Default: no preference.",
+    )
     precision: Literal["fp32", "tf32", "amp"] = Field(
         default="fp32",
         description="fp32 (default, PyTorch's: matmuls strict FP32, cuDNN convolutions TF32), tf32 (TF32 matmuls "
@@ -91,7 +96,7 @@ def create_plan(body: PlanRequest, store: StoreDep, settings: SettingsDep) -> di
         job = JobSpec(JobType.parse(body.job_type), body.steps, body.gpus, body.checkpoint_gb, loc, body.precision)
         at = body.at.astimezone(UTC) if body.at else None
         unavailable = build_unavailable(settings, store.engine)
-        now, plan = plan_single(
+        now, plan, sensitivity = plan_single_checked(
             store,
             settings,
             job,
@@ -101,6 +106,7 @@ def create_plan(body: PlanRequest, store: StoreDep, settings: SettingsDep) -> di
             top=body.top,
             unavailable=unavailable,
             per_gpu_packing=body.per_gpu_packing,
+            prefer_measured_margin=body.prefer_measured_margin,
         )
     except Infeasible as exc:
         names = [jt.name for jt in planner_inputs(settings, store).catalog.job_types()]
@@ -109,4 +115,7 @@ def create_plan(body: PlanRequest, store: StoreDep, settings: SettingsDep) -> di
         raise ApiError(404, "infeasible", str(exc), [{"binding": exc.binding}]) from exc
     except (InvalidJob, CostoptError) as exc:
         raise HTTPException(status_code=422, detail=str(exc)) from exc
-    return plan_record(plan, now.at.isoformat().replace("+00:00", "Z"), "explicit" if at else now.mode)
+    record = plan_record(plan, now.at.isoformat().replace("+00:00", "Z"), "explicit" if at else now.mode)
+    if sensitivity is not None:
+        record["throughput_uncertainty"] = sensitivity_record(sensitivity)
+    return record

@@ -205,6 +205,31 @@ def cross_validate(
     return CrossValidation(scheme, tuple(errors), calibrated)
 
 
+def error_factor_rows(cv: CrossValidation, quantile: float = 0.9) -> list[dict[str, str]]:
+    """Rows of ``data/calibration/error_factors.csv``: the ``quantile`` of each estimator's error factor
+    over the calibration cells, per family and over all families (``all``)."""
+    cells = [e for e in cv.errors if e.cell.source != GAVEL_SOURCE]
+    groups: dict[str, list[CellError]] = defaultdict(list)
+    for e in cells:
+        groups[e.cell.family or "unknown"].append(e)
+    groups["all"] = cells
+    rows = []
+    for name in ESTIMATORS:
+        for family in sorted(groups):
+            values = [e.factors[name] for e in groups[family]]
+            rows.append(
+                {
+                    "estimator": name,
+                    "family": family,
+                    "scheme": cv.scheme,
+                    "quantile": f"{quantile:g}",
+                    "factor": f"{float(np.quantile(values, quantile)):.3f}",
+                    "n_cells": str(len(values)),
+                }
+            )
+    return rows
+
+
 def _summarise(errors: Sequence[CellError], *, by_gpu: bool) -> tuple[ErrorRow, ...]:
     groups: dict[tuple[str, str], list[CellError]] = defaultdict(list)
     for e in errors:

@@ -507,6 +507,10 @@ def estimate_catalog(
             predict = _calibrated_predictor(jobs, fit_accs, y, specs, precision, calibration)
         else:
             predict = _loglinear_predictor(y, fit_accs, specs, cfg)
+        from costopt.throughput.uncertainty import error_factor, load_error_factors, with_interval
+
+        factors = load_error_factors()
+        job_factor = [error_factor(cfg.hardware_estimator, family_of(jt), factors) for jt in jobs]
         for target in targets:
             if target not in specs:
                 log.warning("no accelerator specs for %s: not estimated", target)
@@ -518,8 +522,8 @@ def estimate_catalog(
                     continue
                 if cfg.memory_guard and specs[target].memory_gb < min_mem[j]:
                     continue
-                value = float(np.exp(pred[j]))
-                estimates[key] = Throughput(value, "estimated", 0, cfg.hardware_estimator)
+                estimate = Throughput(float(np.exp(pred[j])), "estimated", 0, cfg.hardware_estimator)
+                estimates[key] = with_interval(estimate, job_factor[j])
     else:
         log.warning("no measured accelerator has specs: no hardware estimates")
 
@@ -545,7 +549,8 @@ def estimate_catalog(
             other_cell = base.cells.get(ThroughputKey(jt, acc, n, other))
             if t1 is None or not t1.can_run or key in base.cells or (other_cell is not None and not other_cell.can_run):
                 continue
-            estimates[key] = Throughput(t1.steps_per_s * ratio, "estimated", 0, ESTIMATOR_SCALING)
+            interval = (t1.interval[0] * ratio, t1.interval[1] * ratio) if t1.interval is not None else None
+            estimates[key] = Throughput(t1.steps_per_s * ratio, "estimated", 0, ESTIMATOR_SCALING, interval)
 
     log.info(
         "estimated %d cells (%s)",

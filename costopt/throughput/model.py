@@ -157,12 +157,16 @@ class Throughput:
 
     ``n_measurements`` is how many measurements stand behind the value (>= 1 for measured/user, 0 for
     estimated); ``estimator`` names the estimator, and is set exactly when ``provenance == "estimated"``.
+    ``interval``: ``(low, high)`` steps/s an estimate is expected within (from the estimator's
+    cross-validated error, :mod:`costopt.throughput.uncertainty`); None for a measurement or when the
+    estimator's error is not known.
     """
 
     steps_per_s: float
     provenance: Provenance
     n_measurements: int = 1
     estimator: str | None = None
+    interval: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         check_steps_per_s(self.steps_per_s)
@@ -176,7 +180,15 @@ class Throughput:
                 raise InvalidThroughput("an estimated throughput must name its estimator")
             if n != 0:
                 raise InvalidThroughput(f"an estimated throughput has no measurements, got n_measurements={n}")
+            if self.interval is not None:
+                low, high = self.interval
+                check_steps_per_s(low)
+                check_steps_per_s(high)
+                if not low <= self.steps_per_s <= high:
+                    raise InvalidThroughput(f"interval {self.interval} must hold the estimate {self.steps_per_s}")
         else:
+            if self.interval is not None:
+                raise InvalidThroughput(f"a {self.provenance} throughput has no interval")
             if self.estimator is not None:
                 raise InvalidThroughput(f"a {self.provenance} throughput has no estimator, got {self.estimator!r}")
             if n < 1:

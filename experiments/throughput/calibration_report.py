@@ -4,6 +4,7 @@ experiments/throughput/calibration_report.py (the data folder holds gavel/simula
 
 from __future__ import annotations
 
+import csv
 import os
 import sys
 from pathlib import Path
@@ -17,9 +18,23 @@ import numpy as np
 from costopt.throughput.calibrated import ESTIMATOR_CALIBRATED
 from costopt.throughput.calibration import load_calibration
 from costopt.throughput.catalog import ThroughputCatalog
-from costopt.throughput.crossval import SCHEMES, TARGET_MAX, TARGET_MEDIAN, CrossValidation, cells_from, cross_validate
+from costopt.throughput.crossval import (
+    SCHEMES,
+    TARGET_MAX,
+    TARGET_MEDIAN,
+    CrossValidation,
+    cells_from,
+    cross_validate,
+    error_factor_rows,
+)
 from costopt.throughput.estimate import ESTIMATOR_HARDWARE, load_accelerator_specs
 from costopt.throughput.loaders import GAVEL_SIMULATION_FILE, load_throughput_file
+from costopt.throughput.uncertainty import (
+    DEFAULT_ERROR_FACTORS,
+    ERROR_FACTOR_COLUMNS,
+    INTERVAL_QUANTILE,
+    INTERVAL_SCHEME,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 FIGURE = ROOT / "docs" / "figures" / "throughput_calibration.png"
@@ -73,6 +88,13 @@ def main() -> None:
     FIGURE.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(FIGURE, dpi=110)
     print(f"wrote {FIGURE}", file=sys.stderr)
+
+    rows = error_factor_rows(results[INTERVAL_SCHEME], INTERVAL_QUANTILE)
+    with DEFAULT_ERROR_FACTORS.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, ERROR_FACTOR_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {DEFAULT_ERROR_FACTORS}", file=sys.stderr)
 
     for scheme, cv in results.items():
         print(f"\n### {scheme}: per family (calibration cells; targets met: {cv.meets_targets()})\n")
