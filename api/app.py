@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 from api.errors import BodyLimit, install_error_handlers
-from api.routes import admin, batches, health, jobs, metrics, plans, prices, report_page, reports
+from api.routes import admin, batches, fleets, health, jobs, metrics, plans, prices, report_page, reports
 from api.wiring import build_sources, build_store, seed_if_empty
 from costopt.settings import Settings, get_settings
 from pricing.store import PriceStore
@@ -99,6 +99,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(plans.router)
     app.include_router(jobs.router)
     app.include_router(batches.router)
+    app.include_router(fleets.router)
     app.include_router(reports.router)
     app.include_router(report_page.router)
     app.include_router(admin.router)

@@ -84,11 +84,22 @@ class JobCreate(_In):
     image: Annotated[str | None, StringConstraints(min_length=1, max_length=500)] = None
     checkpoint_uri: Annotated[str | None, StringConstraints(min_length=1, max_length=1000)] = None
     checkpoint_gb: Annotated[float, Field(ge=0, le=100_000)] = 1.0
+    fleet_id: Annotated[str | None, StringConstraints(strip_whitespace=True, min_length=1, max_length=64)] = Field(
+        default=None, description="Run the job in this fleet (its policy shares the fleet's GPUs; docs/fleets.md)."
+    )
+    weight: Annotated[float, Field(gt=0, le=1_000_000)] = Field(
+        default=1.0, description="Fleet jobs: the job's priority weight under the fleet's policy."
+    )
+    slo_s: Annotated[float | None, Field(gt=0, le=10**9)] = Field(
+        default=None, description="Fleet jobs: seconds allowed from submission to completion (None: no SLO)."
+    )
 
     @model_validator(mode="after")
     def _one_throughput(self) -> JobCreate:
         if (self.job_type is None) == (self.throughput is None):
             raise ValueError("give exactly one of job_type (a catalog name) or throughput ({accelerator: steps/s})")
+        if self.fleet_id is None and (self.weight != 1.0 or self.slo_s is not None):
+            raise ValueError("weight and slo_s are for jobs run in a fleet: give fleet_id, or drop them")
         return self
 
 
@@ -170,6 +181,7 @@ class JobPublic(BaseModel):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    fleet_id: str | None = Field(default=None, description="The fleet the job runs in (None: placed on its own).")
 
 
 class JobsListPublic(BaseModel):

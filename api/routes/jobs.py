@@ -195,6 +195,7 @@ def render_job(
         updated_at=job.updated_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
+        fleet_id=spec.get("fleet_id"),
     )
 
 
@@ -300,6 +301,18 @@ def submit_job(
                 return render_job(request, jobs, first, conn=conn)
     job_id = new_job_id()
     spec = job_spec(body, job_id, settings)
+    if body.fleet_id is not None:  # the fleet's policy places it: no quote on the open market
+        from api.routes.fleets import submit_to_fleet
+
+        try:
+            job, created = submit_to_fleet(request, caller, jobs, planner, body, spec, job_id, idempotency_key)
+        except UnknownJobType as exc:
+            raise planning_error(exc) from exc
+        if not created:
+            response.status_code = 200
+            with jobs.reading() as conn:
+                return render_job(request, jobs, job, conn=conn)
+        return render_job(request, jobs, job, events=())
     try:
         quote = planner.quote(spec)
     except (UnknownJobType, JobInfeasible, InvalidJob) as exc:

@@ -22,6 +22,7 @@ from sqlalchemy import (
 
 # The other tables live in their own modules on the same metadata; importing them here (they import
 # only costopt.db.metadata) makes ``schema.metadata`` the whole schema for Alembic and compare_metadata.
+import costopt.db.fleets_schema
 import costopt.db.jobs_schema
 import costopt.db.ledger_schema
 import costopt.db.migration_schema

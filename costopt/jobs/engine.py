@@ -62,6 +62,7 @@ from costopt.cloud import CloudError, Instance, InstanceState, NotFoundError
 from costopt.db.migration_schema import migrations
 from costopt.domain import OfferKey
 from costopt.errors import CostoptError
+from costopt.fleets.model import FLEET_PROVIDER
 from costopt.jobs.costs import CopyKeys, MigrationCost, job_charges, migration_cost
 from costopt.jobs.model import ACTIVE_STATES, JobState
 from costopt.jobs.placement import Placement, Placements
@@ -295,7 +296,8 @@ class JobEngine:
         try:
             out = _Pass()
             first = not self._started
-            jobs = self.repo.in_states(ACTIVE_STATES)
+            # a fleet's jobs are run by its round executor (costopt/fleets), not launched one by one
+            jobs = [j for j in self.repo.in_states(ACTIVE_STATES) if j.provider != FLEET_PROVIDER]
             snaps: dict[int, _Snapshot] = {}
             for job in jobs:
                 try:

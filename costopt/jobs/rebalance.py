@@ -39,6 +39,7 @@ from sqlalchemy import func, select
 from costopt.db.jobs_schema import job_events
 from costopt.db.migration_schema import migrations
 from costopt.domain import OfferKey, utc
+from costopt.fleets.model import FLEET_PROVIDER
 from costopt.jobs.model import JobState
 from costopt.jobs.placement import Placement, Placements
 from costopt.jobs.records import JobRecord, JobRepository
@@ -163,6 +164,8 @@ class Rebalancer:
         now = utc(self.clock())
         items: list[RebalanceItem] = []
         for job in self.repo.in_states([JobState.RUNNING]):
+            if job.provider == FLEET_PROVIDER:  # its fleet's policy places it
+                continue
             try:
                 item, chosen = self._decide(job, now)
             except Exception as exc:

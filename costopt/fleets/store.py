@@ -1,0 +1,386 @@
+"""Fleets in the database: :class:`FleetRepository` is the one writer of the fleet tables
+(:mod:`costopt.db.fleets_schema`).
+
+Contracts:
+
+- :meth:`FleetRepository.create` writes the fleet and its first instances in one transaction and is
+  idempotent per ``(team_id, idempotency_key)`` (a retried request returns the first fleet, also when two
+  race: the unique constraint decides, the loser reads the winner);
+- ``team_id`` None in a read means every team (an admin); another team's fleet is "not found";
+- :meth:`FleetRepository.add_job` registers a job submitted into a fleet; it is idempotent per job id
+  (a retried registration changes nothing), so the submission path and the executor's repair of a
+  submission cut short between its two writes may both call it;
+- times are tz-aware UTC from the repository's ``now`` (the service clock).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Engine, and_, func, insert, or_, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+
+from costopt.db.fleets_schema import fleet_instances, fleet_jobs, fleet_rounds, fleets
+from costopt.fleets.model import (
+    FleetInstance,
+    FleetJob,
+    FleetJobStatus,
+    FleetNotFound,
+    FleetRecord,
+    FleetState,
+    FleetStateError,
+    InstanceState,
+    NewFleet,
+    NewInstance,
+    RoundRecord,
+)
+
+__all__ = ["FleetPage", "FleetRepository", "NewFleetJob"]
+
+MAX_PAGE = 500
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _dumps(doc: Any) -> str:
+    return json.dumps(doc, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True, slots=True)
+class NewFleetJob:
+    """A job submitted into a fleet (its ``jobs`` row is written by the job repository)."""
+
+    job_id: str
+    fleet_id: str
+    team_id: str
+    gpus: int
+    throughput: Mapping[str, float]
+    steps_total: int
+    arrived_at: datetime
+    weight: float = 1.0
+    slo_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetPage:
+    items: tuple[FleetRecord, ...]
+    next_cursor: str | None
+    total: int
+
+
+def _cursor(f: FleetRecord) -> str:
+    return f"{f.created_at.isoformat()}|{f.id}"
+
+
+def _parse_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        at, _, fleet_id = cursor.partition("|")
+        when = datetime.fromisoformat(at)
+    except ValueError as exc:
+        raise ValueError(f"invalid cursor {cursor!r}: pass the next_cursor of the previous page") from exc
+    if when.tzinfo is None or not fleet_id:
+        raise ValueError(f"invalid cursor {cursor!r}: pass the next_cursor of the previous page")
+    return when.astimezone(UTC), fleet_id
+
+
+def _instance_rows(fleet_id: str, new: Sequence[NewInstance], now: datetime) -> list[dict[str, Any]]:
+    """The rows of ``new``, a microsecond apart so that "oldest first" is the order they were given in."""
+    return [_instance_values(fleet_id, inst, now + timedelta(microseconds=k)) for k, inst in enumerate(new)]
+
+
+def _instance_values(fleet_id: str, new: NewInstance, now: datetime) -> dict[str, Any]:
+    return {
+        "id": new.instance_id,
+        "fleet_id": fleet_id,
+        "provider": new.provider,
+        "offer": _dumps(new.offer.to_doc()),
+        "accelerator": new.accelerator,
+        "gpus": int(new.gpus),
+        "usd_per_hour": new.usd_per_hour,
+        "state": InstanceState.PENDING.value,
+        "replaces": new.replaces,
+        "created_at": now,
+    }
+
+
+@dataclass(slots=True)
+class FleetRepository:
+    """Reads and writes fleets in ``engine`` (see the module doc for the contracts)."""
+
+    engine: Engine
+    now: Callable[[], datetime] = _utcnow
+
+    # -- connections -----------------------------------------------------------------------------------
+
+    @contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """One connection for several reads (autocommit: each statement reads what is committed)."""
+        with self.engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield conn
+
+    @contextmanager
+    def _reads(self, conn: Connection | None) -> Iterator[Connection]:
+        if conn is not None:
+            yield conn
+        else:
+            with self.reading() as own:
+                yield own
+
+    # -- fleets ----------------------------------------------------------------------------------------
+
+    def create(self, new: NewFleet) -> tuple[FleetRecord, bool]:
+        """Insert ``new`` (``active``) and its instances (``pending``) in one transaction; returns
+        ``(fleet, created)`` (``created`` False: the team's idempotency key was used before, the first
+        fleet is returned and nothing is written)."""
+        if new.idempotency_key is not None:
+            first = self.by_idempotency_key(new.team_id, new.idempotency_key)
+            if first is not None:
+                return first, False
+        now = self.now()
+        try:
+            with self.engine.begin() as conn:
+                row = conn.execute(
+                    insert(fleets)
+                    .values(
+                        id=new.fleet_id,
+                        team_id=new.team_id,
+                        name=new.name,
+                        policy=new.policy,
+                        round_s=float(new.round_s),
+                        resolve_rounds=int(new.resolve_rounds),
+                        state=FleetState.ACTIVE.value,
+                        spec=_dumps(new.spec),
+                        round=0,
+                        dirty=True,
+                        idempotency_key=new.idempotency_key,
+                        version=0,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                    .returning(*fleets.c)
+                ).one()
+                conn.execute(insert(fleet_instances), _instance_rows(new.fleet_id, new.instances, now))
+        except IntegrityError:
+            if new.idempotency_key is None:
+                raise
+            first = self.by_idempotency_key(new.team_id, new.idempotency_key)
+            if first is None:
+                raise
+            return first, False
+        return FleetRecord.of(row), True
+
+    def get(self, fleet_id: str, team_id: str | None = None, *, conn: Connection | None = None) -> FleetRecord:
+        """The fleet (of ``team_id`` when given); raises :class:`FleetNotFound`."""
+        conds = [fleets.c.id == fleet_id]
+        if team_id is not None:
+            conds.append(fleets.c.team_id == team_id)
+        with self._reads(conn) as c:
+            row = c.execute(select(fleets).where(*conds)).first()
+        if row is None:
+            raise FleetNotFound(f"no fleet {fleet_id!r}")
+        return FleetRecord.of(row)
+
+    def by_idempotency_key(self, team_id: str, key: str, *, conn: Connection | None = None) -> FleetRecord | None:
+        with self._reads(conn) as c:
+            row = c.execute(select(fleets).where(fleets.c.team_id == team_id, fleets.c.idempotency_key == key)).first()
+        return None if row is None else FleetRecord.of(row)
+
+    def page(
+        self, *, team_id: str | None = None, limit: int = 50, cursor: str | None = None, conn: Connection | None = None
+    ) -> FleetPage:
+        """Fleets oldest first (``(created_at, id)``), of one team or all; ValueError for a bad cursor."""
+        if not 1 <= limit <= MAX_PAGE:
+            raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+        conds: list[Any] = [] if team_id is None else [fleets.c.team_id == team_id]
+        page_conds = list(conds)
+        if cursor is not None:
+            at, last = _parse_cursor(cursor)
+            page_conds.append(or_(fleets.c.created_at > at, and_(fleets.c.created_at == at, fleets.c.id > last)))
+        with self._reads(conn) as c:
+            rows = c.execute(
+                select(fleets).where(*page_conds).order_by(fleets.c.created_at, fleets.c.id).limit(limit + 1)
+            ).all()
+            total = int(c.execute(select(func.count()).select_from(fleets).where(*conds)).scalar_one())
+        items = tuple(FleetRecord.of(r) for r in rows[:limit])
+        return FleetPage(items, _cursor(items[-1]) if len(rows) > limit and items else None, total)
+
+    def active(self, *, conn: Connection | None = None) -> list[FleetRecord]:
+        """Every active fleet, oldest first (the executor's work list)."""
+        with self._reads(conn) as c:
+            rows = c.execute(
+                select(fleets).where(fleets.c.state == FleetState.ACTIVE.value).order_by(fleets.c.created_at)
+            ).all()
+        return [FleetRecord.of(r) for r in rows]
+
+    def release(self, fleet_id: str, team_id: str | None = None) -> FleetRecord:
+        """Release the fleet: no new jobs, its instances drain (their jobs checkpoint and stop at the next
+        round, then the executor terminates them). Idempotent."""
+        fleet = self.get(fleet_id, team_id)
+        if fleet.state is FleetState.RELEASED:
+            return fleet
+        now = self.now()
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                update(fleets)
+                .where(fleets.c.id == fleet_id, fleets.c.state == FleetState.ACTIVE.value)
+                .values(
+                    state=FleetState.RELEASED.value,
+                    released_at=now,
+                    updated_at=now,
+                    dirty=True,
+                    version=fleets.c.version + 1,
+                )
+                .returning(*fleets.c)
+            ).first()
+            conn.execute(
+                update(fleet_instances)
+                .where(
+                    fleet_instances.c.fleet_id == fleet_id,
+                    fleet_instances.c.state.in_(
+                        [InstanceState.PENDING.value, InstanceState.LAUNCHING.value, InstanceState.RUNNING.value]
+                    ),
+                )
+                .values(state=InstanceState.DRAINING.value, end_reason="fleet released")
+            )
+        return FleetRecord.of(row) if row is not None else self.get(fleet_id)
+
+    # -- instances -------------------------------------------------------------------------------------
+
+    def instances(
+        self, fleet_id: str, *, states: Collection[InstanceState] | None = None, conn: Connection | None = None
+    ) -> list[FleetInstance]:
+        """The fleet's instances, oldest first (in ``states`` when given)."""
+        conds: list[Any] = [fleet_instances.c.fleet_id == fleet_id]
+        if states is not None:
+            conds.append(fleet_instances.c.state.in_([InstanceState(s).value for s in states]))
+        with self._reads(conn) as c:
+            rows = c.execute(
+                select(fleet_instances).where(*conds).order_by(fleet_instances.c.created_at, fleet_instances.c.id)
+            ).all()
+        return [FleetInstance.of(r) for r in rows]
+
+    def instance(self, instance_id: str, *, conn: Connection | None = None) -> FleetInstance | None:
+        with self._reads(conn) as c:
+            row = c.execute(select(fleet_instances).where(fleet_instances.c.id == instance_id)).first()
+        return None if row is None else FleetInstance.of(row)
+
+    def add_instances(self, fleet_id: str, new: Sequence[NewInstance], team_id: str | None = None) -> None:
+        """Scale up: add ``new`` (``pending``) to an active fleet."""
+        fleet = self.get(fleet_id, team_id)
+        if fleet.state is not FleetState.ACTIVE:
+            raise FleetStateError(f"fleet {fleet_id} is {fleet.state.value}: it cannot be scaled")
+        if not new:
+            return
+        now = self.now()
+        with self.engine.begin() as conn:
+            conn.execute(insert(fleet_instances), _instance_rows(fleet_id, new, now))
+            self._touch(conn, fleet_id, now)
+
+    def drain(self, fleet_id: str, instance_ids: Iterable[str], team_id: str | None = None) -> list[str]:
+        """Scale down: the instances stop taking jobs at the next round (their jobs checkpoint and move),
+        then are terminated. Returns the ids that were drained now (others: already draining or gone).
+        Raises :class:`FleetNotFound` for an id that is not the fleet's."""
+        fleet = self.get(fleet_id, team_id)
+        if fleet.state is not FleetState.ACTIVE:
+            raise FleetStateError(f"fleet {fleet_id} is {fleet.state.value}: it cannot be scaled")
+        ids = list(dict.fromkeys(instance_ids))
+        mine = {i.id: i for i in self.instances(fleet_id)}
+        unknown = [i for i in ids if i not in mine]
+        if unknown:
+            raise FleetNotFound(f"fleet {fleet_id} has no instance {', '.join(map(repr, unknown))}")
+        live = [i for i in ids if mine[i].state.member]
+        if live:
+            now = self.now()
+            with self.engine.begin() as conn:
+                conn.execute(
+                    update(fleet_instances)
+                    .where(fleet_instances.c.id.in_(live))
+                    .values(state=InstanceState.DRAINING.value, end_reason="scaled down")
+                )
+                self._touch(conn, fleet_id, now)
+        return live
+
+    def _touch(self, conn: Connection, fleet_id: str, now: datetime) -> None:
+        conn.execute(
+            update(fleets)
+            .where(fleets.c.id == fleet_id)
+            .values(dirty=True, updated_at=now, version=fleets.c.version + 1)
+        )
+
+    # -- jobs ------------------------------------------------------------------------------------------
+
+    def add_job(self, new: NewFleetJob) -> FleetJob:
+        """Register a job submitted into a fleet (``waiting``); idempotent per job id. Marks the fleet
+        dirty (the policy is re-solved at the next round)."""
+        now = self.now()
+        try:
+            with self.engine.begin() as conn:
+                row = conn.execute(
+                    insert(fleet_jobs)
+                    .values(
+                        job_id=new.job_id,
+                        fleet_id=new.fleet_id,
+                        team_id=new.team_id,
+                        weight=float(new.weight),
+                        slo_s=None if new.slo_s is None else float(new.slo_s),
+                        gpus=int(new.gpus),
+                        throughput=_dumps({k: float(v) for k, v in new.throughput.items()}),
+                        steps_total=int(new.steps_total),
+                        arrived_at=new.arrived_at,
+                        status=FleetJobStatus.WAITING.value,
+                        received="{}",
+                        updated_at=now,
+                    )
+                    .returning(*fleet_jobs.c)
+                ).one()
+                self._touch(conn, new.fleet_id, now)
+        except IntegrityError:
+            found = self.job(new.job_id)
+            if found is None:
+                raise
+            return found
+        return FleetJob.of(row)
+
+    def job(self, job_id: str, *, conn: Connection | None = None) -> FleetJob | None:
+        with self._reads(conn) as c:
+            row = c.execute(select(fleet_jobs).where(fleet_jobs.c.job_id == job_id)).first()
+        return None if row is None else FleetJob.of(row)
+
+    def jobs(
+        self, fleet_id: str, *, statuses: Collection[FleetJobStatus] | None = None, conn: Connection | None = None
+    ) -> list[FleetJob]:
+        """The fleet's jobs in arrival order (in ``statuses`` when given)."""
+        conds: list[Any] = [fleet_jobs.c.fleet_id == fleet_id]
+        if statuses is not None:
+            conds.append(fleet_jobs.c.status.in_([FleetJobStatus(s).value for s in statuses]))
+        with self._reads(conn) as c:
+            rows = c.execute(
+                select(fleet_jobs).where(*conds).order_by(fleet_jobs.c.arrived_at, fleet_jobs.c.job_id)
+            ).all()
+        return [FleetJob.of(r) for r in rows]
+
+    # -- rounds ----------------------------------------------------------------------------------------
+
+    def round(self, fleet_id: str, number: int, *, conn: Connection | None = None) -> RoundRecord | None:
+        with self._reads(conn) as c:
+            row = c.execute(
+                select(fleet_rounds).where(fleet_rounds.c.fleet_id == fleet_id, fleet_rounds.c.round == number)
+            ).first()
+        return None if row is None else RoundRecord.of(row)
+
+    def rounds(self, fleet_id: str, *, conn: Connection | None = None) -> list[RoundRecord]:
+        """Every round of the fleet, in order."""
+        with self._reads(conn) as c:
+            rows = c.execute(
+                select(fleet_rounds).where(fleet_rounds.c.fleet_id == fleet_id).order_by(fleet_rounds.c.round)
+            ).all()
+        return [RoundRecord.of(r) for r in rows]
