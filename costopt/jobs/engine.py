@@ -216,7 +216,11 @@ class JobEngine:
         workers: int = 4,
         output_tail: int = 50,
         rank_top: int = 10,
+        progress_observer: Callable[[JobRecord, MigratorJob, Any], None] | None = None,
     ) -> None:
+        """``progress_observer``: called with each look at a running copy's progress (the job, its migrator
+        record, the copy's :class:`~costopt.agent.progress.EpochProgress`); the service's learns the job's
+        throughput from it (:mod:`costopt.throughput.learning`). It must not raise."""
         if launch_attempts < 1:
             raise ValueError(f"launch_attempts must be >= 1, got {launch_attempts}")
         if workers < 0 or cancel_timeout < 0 or retry_base < 0 or retry_cap < 0:
@@ -234,6 +238,7 @@ class JobEngine:
         self.cancel_timeout = cancel_timeout
         self.output_tail = output_tail
         self.rank_top = rank_top
+        self.progress_observer = progress_observer
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="costopt-engine") if workers else None
         self._work: dict[str, Future[Any]] = {}
         self._orphaned: set[str] = set()  # jobs whose worker died: their migration is resumed
@@ -954,6 +959,8 @@ class JobEngine:
         prog = control.progress(mj.checkpoint_uri, mj.epoch)
         if prog.last_step > job.steps_done:
             self.repo.set_progress(job.id, min(prog.last_step, job.steps_total))
+        if self.progress_observer is not None:
+            self.progress_observer(job, mj, prog)
         return prog
 
     def _progressed(self, job_id: str, mj: MigratorJob, prog: Any) -> bool:
