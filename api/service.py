@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from api.scheduler import MigrationJobs, build_migration_jobs
 from costopt.clock import ServiceClock
@@ -135,6 +135,7 @@ def build_job_service(
         launch_attempts=settings.launch_attempts,
         cancel_timeout=settings.cancel_timeout.total_seconds(),
         workers=settings.engine_workers if workers is None else workers,
+        progress_observer=_throughput_learner(store),
     )
     for watcher in migration.watchers.values():
         watcher.offers_for = managed_offers_for(repo, engine, watcher.offers_for)
@@ -150,6 +151,19 @@ def build_job_service(
         clock=now,
         service_clock=clock,
     )
+
+
+def _throughput_learner(store: PriceStore) -> Callable[[Any, Any, Any], None]:
+    """The engine's progress observer: each running copy's progress becomes a throughput measurement of
+    its job type on its accelerator (:mod:`costopt.throughput.learning`), and the planner's cached
+    catalogs are dropped at each one, so placements and the rebalancer read it at once."""
+    from api.planning import reset
+    from costopt.ledger.prices import StorePriceView
+    from costopt.throughput.learning import ThroughputLearner, engine_observer
+    from costopt.throughput.registry import MeasurementRegistry
+
+    learner = ThroughputLearner(MeasurementRegistry(store.engine), on_measurement=lambda _m: reset())
+    return engine_observer(learner, StorePriceView(store).shape)
 
 
 def _planner(

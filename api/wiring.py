@@ -112,7 +112,7 @@ def build_catalog(
         ThroughputCatalog.from_measurements(load_throughput_file(path)) if path is not None else ThroughputCatalog()
     )
     if engine is not None:
-        catalog = MeasurementRegistry(engine).apply(catalog)
+        catalog = MeasurementRegistry(engine).apply(catalog, precision)
     if settings.estimate_new_accelerators:
         catalog = estimate_catalog(catalog, load_accelerator_specs(), precision=precision)
     return catalog

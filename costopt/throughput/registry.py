@@ -2,6 +2,9 @@
 
 The catalog a planner uses is the measurement file's catalog with these folded in, in the order
 they were recorded (:meth:`ThroughputCatalog.with_measurement`: a count-weighted mean per cell).
+A job's measurements (:mod:`costopt.throughput.learning`) name their precision in their source
+(``job:<id>:<precision>``) and are folded only into a catalog of that precision; every other
+measurement is taken to be at ``fp32``.
 """
 
 from __future__ import annotations
@@ -14,7 +17,35 @@ from sqlalchemy import Engine, select
 from costopt.db.schema import throughput_measurements as t_meas
 from costopt.domain import normalize_accelerator
 from costopt.throughput.catalog import ThroughputCatalog
-from costopt.throughput.model import JobType, Placement, Provenance, as_job_type, check_steps_per_s
+from costopt.throughput.errors import InvalidThroughput
+from costopt.throughput.model import (
+    DEFAULT_PRECISION,
+    JobType,
+    Placement,
+    Precision,
+    Provenance,
+    as_job_type,
+    check_precision,
+    check_steps_per_s,
+)
+
+JOB_SOURCE_PREFIX = "job:"
+
+
+def job_source(job_id: str, precision: Precision) -> str:
+    """The ``source`` of a running job's measurements."""
+    return f"{JOB_SOURCE_PREFIX}{job_id}:{precision}"
+
+
+def source_precision(source: str) -> Precision:
+    """The precision a measurement was taken at: a job's, from its source; ``fp32`` for any other
+    source (users' registrations and profiling files are taken to be at PyTorch's default)."""
+    if source.startswith(JOB_SOURCE_PREFIX):
+        try:
+            return check_precision(source.rsplit(":", 1)[-1])
+        except InvalidThroughput:
+            return DEFAULT_PRECISION
+    return DEFAULT_PRECISION
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +107,11 @@ class MeasurementRegistry:
             for r in rows
         ]
 
-    def apply(self, catalog: ThroughputCatalog) -> ThroughputCatalog:
-        """``catalog`` with every recorded measurement folded in, oldest first."""
+    def apply(self, catalog: ThroughputCatalog, precision: Precision = DEFAULT_PRECISION) -> ThroughputCatalog:
+        """``catalog`` with every recorded measurement taken at ``precision`` folded in, oldest first."""
         for m in self.all():
+            if source_precision(m.source) != precision:
+                continue
             catalog = catalog.with_measurement(
                 m.job_type,
                 m.accelerator,

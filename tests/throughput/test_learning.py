@@ -1,0 +1,201 @@
+"""Learning throughput from jobs' own progress: windows between reports (boots and restores left out),
+measurements per precision, and a job on the simulated cloud whose true speed is half the estimate."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from sqlalchemy import Engine
+
+from api.job_planning import JobPlanner
+from api.planning import catalog_at, reset
+from costopt.domain import Cloud, InstanceType, Market, OfferKey, PricePoint
+from costopt.jobs.engine import JobEngine
+from costopt.jobs.model import JobState
+from costopt.jobs.rebalance import Outcome, Rebalancer
+from costopt.jobs.records import JobRepository, NewJob
+from costopt.ledger.sql import SqlLedger
+from costopt.migration.decision import MigrationRule
+from costopt.migration.machine import Migrator
+from costopt.migration.unavailable import UnavailableOffers
+from costopt.risk.hazard import HazardModel
+from costopt.settings import Settings
+from costopt.simulated import WorkloadTiming
+from costopt.throughput import ThroughputCatalog
+from costopt.throughput.learning import CopyLook, ThroughputLearner, engine_observer
+from costopt.throughput.model import JobType
+from costopt.throughput.registry import Measurement, MeasurementRegistry, source_precision
+from pricing.store import PriceStore
+from providers.sim import SimCloud, SimConfig
+from tests.price_support import step_prices
+
+JT = JobType("Transformer", 64)
+
+
+def _look(step: int, t: float, epoch: int = 1, precision: str = "fp32") -> CopyLook:
+    return CopyLook("job-1", JT, "a100", 1, precision, epoch, step, t)  # type: ignore[arg-type]
+
+
+def test_a_window_is_measured_between_reports_of_one_epoch_never_across_a_restart() -> None:
+    seen: list[Measurement] = []
+    learner = ThroughputLearner(None, window_s=100, on_measurement=seen.append)
+    assert learner.observe(_look(500, 1000.0)) is None  # baseline: boot and restore came before it
+    assert learner.observe(_look(800, 1060.0)) is None  # 60 s so far
+    assert learner.observe(_look(800, 1060.0)) is None  # nothing new
+    m = learner.observe(_look(1100, 1120.0))  # 120 s, 600 steps
+    assert m is not None and m.steps_per_s == pytest.approx(5.0) and seen == [m]
+    assert (m.accelerator, m.gpu_count, m.provenance, m.source) == ("a100", 1, "user", "job:job-1:fp32")
+    # a new epoch (a move or a recovery): its first look is a baseline again, whatever its step
+    assert learner.observe(_look(900, 5000.0, epoch=2)) is None
+    m2 = learner.observe(_look(1900, 5100.0, epoch=2))
+    assert m2 is not None and m2.steps_per_s == pytest.approx(10.0)
+    assert learner.observe(_look(100, 5200.0, epoch=2)) is None  # steps going back: a new baseline
+    with pytest.raises(ValueError):
+        ThroughputLearner(None, window_s=0)
+
+
+def test_a_jobs_measurement_is_folded_only_into_a_catalog_of_its_precision(engine: Engine) -> None:
+    registry = MeasurementRegistry(engine)
+    learner = ThroughputLearner(registry, window_s=10)
+    learner.observe(_look(0, 0.0, precision="amp"))
+    learner.observe(_look(400, 20.0, precision="amp"))
+    (m,) = registry.all()
+    assert source_precision(m.source) == "amp" and source_precision("user") == "fp32"
+    base = ThroughputCatalog()
+    assert registry.apply(base).get(JT, "a100") is None
+    cell = registry.apply(base, "amp").get(JT, "a100")
+    assert cell is not None and cell.steps_per_s == pytest.approx(20.0) and cell.provenance == "user"
+
+
+def test_the_engine_observer_skips_what_it_cannot_attribute() -> None:
+    looks: list[CopyLook] = []
+    learner = SimpleNamespace(observe=looks.append)
+    offer = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "x.a100", Market.SPOT)
+    observe = engine_observer(learner, {offer: ("A100", 1.0)}.get)  # type: ignore[arg-type]
+    prog = SimpleNamespace(epoch=1, last_step=10, last_report_at=5.0)
+    mj = SimpleNamespace(offer=offer)
+    observe(SimpleNamespace(id="j", spec={"throughput": {"a100": 3.0}}), mj, prog)  # its own throughput
+    observe(SimpleNamespace(id="j", spec={"job_type": JT.name}), SimpleNamespace(offer=None), prog)
+    observe(
+        SimpleNamespace(id="j", spec={"job_type": JT.name}),
+        mj,
+        SimpleNamespace(**{**vars(prog), "last_report_at": None}),
+    )
+    observe(SimpleNamespace(id="j", spec={"job_type": JT.name, "precision": "bogus"}), mj, prog)  # logged, not raised
+    assert looks == []
+    observe(SimpleNamespace(id="j", spec={"job_type": JT.name, "gpus": 1, "precision": "tf32"}), mj, prog)
+    assert looks == [CopyLook("j", JT, "a100", 1, "tf32", 1, 10, 5.0)]
+
+
+# --- a job whose true speed on the A100 is half the estimate, on the simulated cloud -------------------------
+
+START = datetime(2020, 3, 1, tzinfo=UTC)
+V100 = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.ON_DEMAND)
+A100 = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "x.a100", Market.ON_DEMAND)
+SHAPES = {("aws", "p3.2xlarge"): ("v100", 1.0), ("aws", "x.a100"): ("a100", 1.0)}
+
+
+@pytest.fixture
+def fresh_planner() -> Iterator[None]:
+    reset()  # the planner's catalogs are cached per process: start and end from the files and this database
+    yield
+    reset()
+
+
+def test_a_job_slower_than_its_estimate_is_measured_and_moved(
+    engine: Engine, tmp_path: Path, shared_data: Path, fresh_planner: None
+) -> None:
+    settings = Settings(
+        database_url=engine.url.render_as_string(hide_password=False),
+        data_dir=shared_data,
+        seed_on_start=False,
+        collectors_enabled=False,
+    )
+    store = PriceStore(engine)
+    estimated = catalog_at(settings, store)
+    v100_rate = estimated.get(JT, "v100").steps_per_s  # type: ignore[union-attr]  # measured (Gavel)
+    a100_cell = estimated.get(JT, "a100")
+    assert a100_cell is not None and a100_cell.is_estimate
+    # the A100 looks 10% cheaper per step than the V100 under the estimate; it truly runs at half the estimate
+    price = {V100: 3.06, A100: round(3.06 * a100_cell.steps_per_s / v100_rate * 0.9, 4)}
+    truth = {"v100": v100_rate, "a100": a100_cell.steps_per_s / 2}
+    store.upsert_instance_types([InstanceType(Cloud.AWS, t, acc, g, 8, 61) for (_, t), (acc, g) in SHAPES.items()])
+    store.write([PricePoint(k, START - timedelta(days=1), p, "test") for k, p in price.items()])
+    prices = step_prices(((k, START - timedelta(days=1), p) for k, p in price.items()), SHAPES)
+
+    def true_rate(job_type: str, gpus: int, offer: OfferKey) -> float | None:
+        shape = prices.shape(offer)
+        return truth[shape[0]] if shape is not None else None
+
+    cloud = SimCloud(
+        prices,
+        HazardModel(defaults=dict.fromkeys(Cloud, 0.0)),
+        start=START,
+        config=SimConfig(timing=WorkloadTiming(checkpoint_interval=timedelta(minutes=30))),
+        rate=true_rate,
+    )
+    unavailable = UnavailableOffers(engine, clock=cloud.now)
+    migrator = Migrator(
+        engine,
+        cloud,
+        sleep=cloud.sleeper(),
+        now=cloud.now,
+        poll_seconds=2.0,
+        hook=lambda point: None,
+        ledger=SqlLedger(engine, prices),
+        unavailable=unavailable,
+        **cloud.migrator_timeouts(),  # type: ignore[arg-type]
+    )
+    planner = JobPlanner(store, settings, unavailable=unavailable, now=cloud.now)
+    learnt: list[Measurement] = []
+
+    def on_measurement(m: Measurement) -> None:
+        learnt.append(m)
+        reset()  # as the service does: the next plan, placement or rebalance reads the measurement
+
+    learner = ThroughputLearner(MeasurementRegistry(engine), window_s=1800, on_measurement=on_measurement)
+    repo = JobRepository(engine, now=cloud.now)
+    jobs = JobEngine(
+        repo,
+        {"sim": migrator},
+        planner,
+        cloud.now,
+        tmp_path / "ckpt",
+        workers=0,
+        retry_base=0,
+        progress_observer=engine_observer(learner, prices.shape),
+    )
+    spec = {"command": ["python", "train.py"], "job_type": JT.name, "gpus": 1, "checkpoint_gb": 10}
+    job, _ = repo.create(NewJob(team_id="t", spec=spec, steps_total=400_000, provider="sim"))
+
+    def run(until: object) -> None:
+        for _ in range(100):
+            jobs.tick()
+            if until():  # type: ignore[operator]
+                return
+            cloud.run_to(cloud.now() + timedelta(minutes=10))
+        raise AssertionError(repo.events(job.id))
+
+    run(lambda: repo.get(job.id).state is JobState.RUNNING)
+    assert repo.get(job.id).offer == A100  # right only under the wrong estimate
+    rebalancer = Rebalancer(repo, planner, jobs.move, MigrationRule(), cloud.now)
+    [stay] = rebalancer.run_once(dry_run=True).items
+    assert stay.outcome is Outcome.STAYED  # the estimate says it is where it should be
+
+    run(lambda: bool(learnt))
+    (m,) = learnt
+    assert (m.job_type, m.accelerator, m.gpu_count) == (JT, "a100", 1)
+    assert m.steps_per_s == pytest.approx(truth["a100"], rel=0.05)  # boot and restore left out
+    cell = catalog_at(settings, store).get(JT, "a100")
+    assert cell is not None and cell.provenance == "user" and cell.steps_per_s == pytest.approx(m.steps_per_s)
+    ranked = planner.rank(repo.get(job.id), remaining_steps=300_000, at=cloud.now())
+    assert ranked[0].offer == V100  # the planner reads the measurement at once
+
+    [moved] = rebalancer.run_once(dry_run=False).items
+    assert moved.outcome is Outcome.MOVED, moved.reason
+    assert (moved.from_offer, moved.to_offer) == (A100, V100)
+    assert repo.get(job.id).offer == V100
