@@ -36,12 +36,14 @@ def main() -> None:
     parser.add_argument("--days", type=int, default=1)
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--dump", type=Path, default=None, help="write the cProfile stats here (with --profile)")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     inputs, _ = paper_inputs()
     hazards = build_hazards(Settings())
     prof = cProfile.Profile() if args.profile else None
     t0 = time.perf_counter()
+    c0 = time.process_time()
     if prof is not None:
         prof.enable()
     study = preemption_study(
@@ -56,9 +58,12 @@ def main() -> None:
     if prof is not None:
         prof.disable()
     seconds = time.perf_counter() - t0
-    per_run = seconds / study.runs
-    print(f"{study.runs} runs of {args.model} in {seconds:.1f} s: {per_run:.2f} s per run")
-    print(f"full study ({FULL_RUNS} runs) on 2 processes at this rate: {FULL_RUNS * per_run / 2 / 60:.0f} min")
+    cpu = time.process_time() - c0
+    per_run = cpu / study.runs
+    print(f"{study.runs} runs of {args.model} in {seconds:.1f} s wall, {cpu:.1f} s CPU: {per_run:.3f} s of CPU per run")
+    print(f"full study ({FULL_RUNS} runs) on 2 processes at this rate: {FULL_RUNS * per_run / 2 / 60:.1f} min")
+    if prof is not None and args.dump is not None:
+        prof.dump_stats(args.dump)
     if prof is not None:
         pstats.Stats(prof).sort_stats("cumulative").print_stats(40)
 

@@ -34,7 +34,7 @@ from costopt.agent.layout import (
     read_request,
     write_epoch_marker,
 )
-from costopt.agent.progress import EpochProgress, ProgressAudit, audit, epoch_progress, read_records
+from costopt.agent.progress import EpochProgress, ProgressAudit, audit, read_records, storage_epoch_progress
 from costopt.agent.storage import Storage, open_storage
 
 
@@ -177,7 +177,7 @@ def request_served(location: str | Storage, request_id: str) -> bool:
 
 def progress(location: str | Storage, epoch: int) -> EpochProgress:
     """How the copy of ``epoch`` is doing (started, restored step, last step, checkpoints, done)."""
-    return epoch_progress(read_records(_storage(location), epoch), epoch)
+    return storage_epoch_progress(_storage(location), epoch)
 
 
 def records(location: str | Storage) -> list[dict[str, Any]]:

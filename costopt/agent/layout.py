@@ -29,13 +29,28 @@ import hashlib
 import json
 import logging
 import re
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from costopt.agent.errors import AgentError, CheckpointError
 from costopt.agent.storage import Storage
 
 log = logging.getLogger("costopt.agent")
+
+_T = TypeVar("_T")
+
+
+def _read_parsed(storage: Storage, name: str, parse: Callable[[bytes], _T]) -> _T | None:
+    """``parse`` of the file ``name`` (None: no such file). A storage that keeps parsed files
+    (``MemoryStorage.read_parsed``) parses each write once; the value is then shared: never change it."""
+    read = getattr(storage, "read_parsed", None)
+    if read is not None:
+        value: _T | None = read(name, parse)
+        return value
+    data = storage.read_bytes(name)
+    return None if data is None else parse(data)
+
 
 MAGIC = b"COSTOPT-CKPT/1\n"
 MANIFEST_FORMAT = "costopt-manifest/1"
@@ -151,7 +166,7 @@ class Manifest:
     written_at: float
 
     def encode(self) -> bytes:
-        doc = {"format": MANIFEST_FORMAT, **asdict(self)}
+        doc = {"format": MANIFEST_FORMAT, **{k: getattr(self, k) for k in self.__slots__}}  # as asdict, flat
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
@@ -190,18 +205,21 @@ def read_manifest(storage: Storage, ref: CheckpointRef) -> Manifest | None:
     """The manifest of checkpoint ``ref``; None when it has none, or one that is unreadable or names
     another checkpoint (the caller then reads the checkpoint itself)."""
     name = manifest_name(ref.name)
-    data = storage.read_bytes(name)
-    if data is None:
-        return None
     try:
-        manifest = Manifest.decode(data, name)
+        manifest = _read_parsed(storage, name, _decode_manifest)
     except CorruptCheckpoint as exc:
         log.warning("ignoring manifest %s: %s", name, exc)
+        return None
+    if manifest is None:
         return None
     if (manifest.name, manifest.epoch, manifest.step) != (ref.name, ref.epoch, ref.step):
         log.warning("ignoring manifest %s: it describes %s", name, manifest.name)
         return None
     return manifest
+
+
+def _decode_manifest(data: bytes) -> Manifest:
+    return Manifest.decode(data, "manifest")
 
 
 def delete_checkpoint(storage: Storage, name: str) -> None:
@@ -282,13 +300,15 @@ def latest_checkpoint(storage: Storage) -> Checkpoint | None:
 
 def read_epoch_marker(storage: Storage) -> int:
     """The epoch claimed at the location (0: never claimed)."""
-    data = storage.read_bytes(EPOCH_MARKER)
-    if data is None:
-        return 0
     try:
-        return int(json.loads(data)["epoch"])
+        epoch = _read_parsed(storage, EPOCH_MARKER, _marker_epoch)
     except (KeyError, TypeError, ValueError) as exc:
         raise AgentError(f"{storage.uri}/{EPOCH_MARKER} is unreadable ({exc}); fencing cannot be checked") from exc
+    return 0 if epoch is None else epoch
+
+
+def _marker_epoch(data: bytes) -> int:
+    return int(json.loads(data)["epoch"])
 
 
 def write_epoch_marker(storage: Storage, epoch: int, *, at: float, by: str, temp_tag: str = "") -> None:
@@ -298,14 +318,17 @@ def write_epoch_marker(storage: Storage, epoch: int, *, at: float, by: str, temp
 
 def read_request(storage: Storage) -> dict[str, Any] | None:
     """The pending checkpoint request (``{"id", "requested_at", "epoch"?, "reason"?}``), or None."""
-    data = storage.read_bytes(REQUEST_FILE)
-    if not data:
-        return None
     try:
-        req = json.loads(data)
+        return _read_parsed(storage, REQUEST_FILE, _request)
     except ValueError:
         log.warning("ignoring unreadable checkpoint request at %s/%s", storage.uri, REQUEST_FILE)
         return None
+
+
+def _request(data: bytes) -> dict[str, Any] | None:
+    if not data:
+        return None
+    req = json.loads(data)
     if not isinstance(req, dict) or not req.get("id"):
         return None
     return req

@@ -44,6 +44,53 @@ from costopt.agent.storage import Storage
 log = logging.getLogger("costopt.agent")
 
 
+def _parse(line: str, name: str) -> dict[str, Any] | None:
+    """A progress record of a log line (None: unreadable, or not a record)."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        log.warning("skipping an unreadable progress line in %s: %r", name, line[:200])
+        return None
+    return rec if isinstance(rec, dict) and "event" in rec else None
+
+
+class _LogFold:
+    """What a storage that folds its logs (``MemoryStorage.fold_lines``) keeps of one progress log: its
+    records, each line parsed once, and the runs they make per epoch (:func:`runs_of`, record by record)."""
+
+    __slots__ = ("name", "records", "runs")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.records: list[dict[str, Any]] = []
+        self.runs: dict[int, dict[str, Run]] = {}
+
+    def add(self, line: str) -> None:
+        rec = _parse(line, self.name)
+        if rec is None:
+            return
+        self.records.append(rec)
+        _add_record(self.runs.setdefault(int(rec.get("epoch", -1)), {}), rec)
+
+
+def _fold(storage: Storage, name: str) -> _LogFold | None:
+    """The log's fold, brought up to date (None: the storage cannot fold its logs). Shared: never change it."""
+    fold = getattr(storage, "fold_lines", None)
+    if fold is None:
+        return None
+    state: _LogFold = fold(name, _LogFold, lambda: _LogFold(name), _LogFold.add)
+    return state
+
+
+def _log_records(storage: Storage, name: str) -> list[dict[str, Any]]:
+    """The records of one log; a storage that can fold its logs parses each line once, ever (the records
+    are then shared: read them, never change them)."""
+    state = _fold(storage, name)
+    if state is None:
+        return [rec for rec in (_parse(line, name) for line in storage.read_lines(name)) if rec is not None]
+    return state.records
+
+
 def read_records(storage: Storage, epoch: int | None = None) -> list[dict[str, Any]]:
     """Progress records at a location (of one epoch, or of all), by epoch then in writing order."""
     wanted = None if epoch is None else progress_name(epoch)
@@ -51,14 +98,7 @@ def read_records(storage: Storage, epoch: int | None = None) -> list[dict[str, A
     for name in sorted(storage.list_logs(PROGRESS_DIR)):
         if wanted is not None and name != wanted:
             continue
-        for line in storage.read_lines(name):
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                log.warning("skipping an unreadable progress line in %s: %r", name, line[:200])
-                continue
-            if isinstance(rec, dict) and "event" in rec:
-                out.append(rec)
+        out.extend(_log_records(storage, name))
     return out
 
 
@@ -81,10 +121,12 @@ class Run:
     done_step: int | None = None
     done_at: float | None = None
     last_at: float = 0.0
+    top: int | None = None
+    """The highest step of :attr:`executed` (None: none), kept as :func:`runs_of` adds ranges."""
 
     @property
     def last_step(self) -> int:
-        return max((hi for _, hi in self.executed), default=self.restored_step)
+        return self.restored_step if self.top is None else self.top
 
     @property
     def steps_executed(self) -> int:
@@ -95,36 +137,42 @@ def runs_of(records: Iterable[dict[str, Any]]) -> dict[str, Run]:
     """Group progress records into runs (keyed by run id, in order of first appearance)."""
     runs: dict[str, Run] = {}
     for rec in records:
-        rid = str(rec.get("run", ""))
-        run = runs.get(rid)
-        if run is None:
-            run = runs[rid] = Run(rid, int(rec.get("epoch", 0)))
-        t = float(rec.get("t", 0.0))
-        if run.started_at is None:
-            run.started_at = t
-        run.last_at = max(run.last_at, t)
-        ev = rec.get("event")
-        if ev == "start":
-            run.has_start = True
-            run.started_at = t
-            run.restored_step = int(rec.get("restored_step") or 0)
-            run.restored_epoch = rec.get("restored_epoch")
-            run.restored_run = rec.get("restored_run")
-        elif ev == "step":
-            last = int(rec["step"])
-            first = int(rec.get("first", last))
-            if first <= last:
-                run.executed.append((first, last))
-        elif ev == "checkpoint":
-            run.checkpoints.append((int(rec["step"]), t))
-        elif ev == "stale":
-            run.refused.append(int(rec.get("step", -1)))
-        elif ev == "notice":
-            run.notices += 1
-        elif ev == "done":
-            run.done_step = int(rec["step"])
-            run.done_at = t
+        _add_record(runs, rec)
     return runs
+
+
+def _add_record(runs: dict[str, Run], rec: dict[str, Any]) -> None:
+    """One record into its run (:func:`runs_of`, one record at a time)."""
+    rid = str(rec.get("run", ""))
+    run = runs.get(rid)
+    if run is None:
+        run = runs[rid] = Run(rid, int(rec.get("epoch", 0)))
+    t = float(rec.get("t", 0.0))
+    if run.started_at is None:
+        run.started_at = t
+    run.last_at = max(run.last_at, t)
+    ev = rec.get("event")
+    if ev == "start":
+        run.has_start = True
+        run.started_at = t
+        run.restored_step = int(rec.get("restored_step") or 0)
+        run.restored_epoch = rec.get("restored_epoch")
+        run.restored_run = rec.get("restored_run")
+    elif ev == "step":
+        last = int(rec["step"])
+        first = int(rec.get("first", last))
+        if first <= last:
+            run.executed.append((first, last))
+            run.top = last if run.top is None else max(run.top, last)
+    elif ev == "checkpoint":
+        run.checkpoints.append((int(rec["step"]), t))
+    elif ev == "stale":
+        run.refused.append(int(rec.get("step", -1)))
+    elif ev == "notice":
+        run.notices += 1
+    elif ev == "done":
+        run.done_step = int(rec["step"])
+        run.done_at = t
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,7 +370,21 @@ class EpochProgress:
 
 
 def epoch_progress(records: Iterable[dict[str, Any]], epoch: int) -> EpochProgress:
-    runs = [r for r in runs_of(rec for rec in records if int(rec.get("epoch", -1)) == epoch).values()]
+    return _epoch_progress(runs_of(rec for rec in records if int(rec.get("epoch", -1)) == epoch).values(), epoch)
+
+
+def storage_epoch_progress(storage: Storage, epoch: int) -> EpochProgress:
+    """:func:`epoch_progress` of the epoch's log at ``storage``. A storage that folds its logs
+    (``MemoryStorage.fold_lines``) folds only the records appended since the last look into the epoch's
+    runs, so a poll costs what was logged since the previous one, not the whole log."""
+    state = _fold(storage, progress_name(epoch))
+    if state is None:
+        return epoch_progress(read_records(storage, epoch), epoch)
+    return _epoch_progress(state.runs.get(epoch, {}).values(), epoch)
+
+
+def _epoch_progress(of: Iterable[Run], epoch: int) -> EpochProgress:
+    runs = list(of)
     if not runs:
         return EpochProgress(epoch, False, 0, 0, None, (), False)
     run = max(runs, key=lambda r: r.started_at or 0.0)

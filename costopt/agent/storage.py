@@ -18,9 +18,13 @@ import contextlib
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 from urllib.parse import unquote, urlsplit
+
+_T = TypeVar("_T")
+_S = TypeVar("_S")
 
 TEMP_PREFIX = ".tmp-"
 """Temporary files start with this; readers ignore them."""
@@ -148,14 +152,32 @@ class LocalStorage:
         return [line for line in lines[:-1] if line]
 
 
+class _Log:
+    """An appended log in memory: its lines (as :meth:`LocalStorage.read_lines` would return them) and
+    what readers derived from them so far (:meth:`MemoryStorage.fold_lines`)."""
+
+    __slots__ = ("lines", "memo")
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        self.memo: dict[object, list[Any]] = {}
+
+
 class MemoryStorage:
     """A location in this process's memory (``mem://<root>``): the semantics of :class:`LocalStorage`
     (whole-file replaces, appended logs, directories implied by names) with dicts instead of files.
     Every :class:`MemoryStorage` on the same root sees the same files until :func:`drop_memory`.
-    ``versions``: a counter per name, bumped by every write (what a simulated agent watches)."""
+    ``versions``: a counter per name, bumped by every write (what a simulated agent watches).
 
-    _ROOTS: ClassVar[dict[str, dict[str, dict[str, bytes]]]] = {}  # root -> directory -> base name -> content
+    Nothing is re-read to be parsed again: an appended log keeps its lines (an append costs the new
+    lines, not a copy of the whole log), :meth:`fold_lines` folds only the lines added since the last
+    call, and :meth:`read_parsed` parses a file once per write."""
+
+    # root -> directory -> base name -> content (bytes, or the lines of an appended log)
+    _ROOTS: ClassVar[dict[str, dict[str, dict[str, bytes | _Log]]]] = {}
     _VERSIONS: ClassVar[dict[str, dict[str, int]]] = {}
+    # root -> name -> parser -> (the content parsed, its value)
+    _PARSED: ClassVar[dict[str, dict[str, dict[object, tuple[bytes, Any]]]]] = {}
 
     def __init__(self, uri: str) -> None:
         self.uri = uri
@@ -164,10 +186,52 @@ class MemoryStorage:
             raise ValueError(f"a mem:// URI needs a name: {uri!r}")
         self._dirs = self._ROOTS.setdefault(self.root, {})
         self.versions = self._VERSIONS.setdefault(self.root, {})
+        self._parsed = self._PARSED.setdefault(self.root, {})
 
     def read_bytes(self, name: str) -> bytes | None:
         head, tail = _split(name)
-        return self._dirs.get(head, {}).get(tail)
+        data = self._dirs.get(head, {}).get(tail)
+        if isinstance(data, _Log):
+            return "".join(line + "\n" for line in data.lines).encode()
+        return data
+
+    def read_parsed(self, name: str, parse: Callable[[bytes], _T]) -> _T | None:
+        """``parse(content)`` of ``name`` (None: no such file), parsed once per write of it: the value is
+        shared by every caller, who must not change it. What ``parse`` raises is raised (not kept)."""
+        data = self.read_bytes(name)
+        if data is None:
+            return None
+        memo = self._parsed.setdefault(name, {})
+        hit = memo.get(parse)
+        if hit is not None and hit[0] is data:
+            value: _T = hit[1]
+            return value
+        value = parse(data)
+        memo[parse] = (data, value)
+        return value
+
+    def fold_lines(self, name: str, key: object, start: Callable[[], _S], add: Callable[[_S, str], None]) -> _S:
+        """Fold the lines of the log ``name`` (:meth:`read_lines`) into ``start()`` with ``add(state, line)``,
+        adding only the lines appended since the last fold under ``key``. The state is shared by every
+        caller of that key, who must not change it beyond ``add``."""
+        head, tail = _split(name)
+        data = self._dirs.get(head, {}).get(tail)
+        if not isinstance(data, _Log):
+            state = start()
+            for line in self.read_lines(name):
+                add(state, line)
+            return state
+        memo = data.memo.get(key)
+        if memo is None:
+            memo = data.memo[key] = [0, start()]
+        lines, done = data.lines, memo[0]
+        if done < len(lines):
+            state = memo[1]
+            for line in lines[done:]:
+                add(state, line)
+            memo[0] = len(lines)
+        folded: _S = memo[1]
+        return folded
 
     def write_atomic(self, name: str, data: bytes, *, temp_tag: str = "") -> None:
         head, tail = _split(name)
@@ -190,6 +254,7 @@ class MemoryStorage:
     def delete(self, name: str) -> None:
         head, tail = _split(name)
         self._dirs.get(head, {}).pop(tail, None)
+        self._parsed.pop(name, None)
         self.versions[name] = self.versions.get(name, 0) + 1
 
     def append_lines(self, name: str, lines: list[str]) -> None:
@@ -197,10 +262,20 @@ class MemoryStorage:
             return
         head, tail = _split(name)
         files = self._dirs.setdefault(head, {})
-        files[tail] = files.get(tail, b"") + "".join(line + "\n" for line in lines).encode()
+        log = files.get(tail)
+        if not isinstance(log, _Log):  # a new log, or a file written whole before
+            log = files[tail] = _Log(self.read_lines(name))
+        for line in lines:  # what a reader of the file gets back: no empty lines, one line per newline
+            if "\n" in line:
+                log.lines.extend(part for part in line.split("\n") if part)
+            elif line:
+                log.lines.append(line)
 
     def read_lines(self, name: str) -> list[str]:
-        data = self.read_bytes(name)
+        head, tail = _split(name)
+        data = self._dirs.get(head, {}).get(tail)
+        if isinstance(data, _Log):
+            return list(data.lines)
         if not data:
             return []
         return [line for line in data.decode(errors="replace").split("\n")[:-1] if line]
@@ -212,6 +287,7 @@ def drop_memory(uri: str) -> None:
     for key in [k for k in MemoryStorage._ROOTS if k == root or k.startswith(root + "/")]:
         del MemoryStorage._ROOTS[key]
         MemoryStorage._VERSIONS.pop(key, None)
+        MemoryStorage._PARSED.pop(key, None)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -20,7 +20,7 @@ from costopt.ledger.book import Ledger
 from costopt.ledger.model import ChargeKind, ChargeLine, micro_to_usd
 from costopt.ledger.sql import SqlLedger
 
-__all__ = ["CopyKeys", "MigrationCost", "job_charges", "job_cost", "migration_cost"]
+__all__ = ["CopyKeys", "MigrationCost", "job_charges", "job_cost", "migration_charge_keys", "migration_cost"]
 
 
 class _HasLedger(Protocol):
@@ -91,10 +91,20 @@ class MigrationCost:
         return self.egress + self.overlap + self.restart
 
 
+def migration_charge_keys(job_id: str, migration_id: int, keys: CopyKeys) -> tuple[str, ...]:
+    """The keys of the charge lines :func:`migration_cost` reads (a ledger may read just these)."""
+    out = [f"{job_id}:m{migration_id}:egress"]
+    if keys.old:
+        out.append(f"{keys.old}:overlap")
+    if keys.new:
+        out.append(f"{keys.new}:restart")
+    return tuple(out)
+
+
 def migration_cost(charges: Sequence[ChargeLine], job_id: str, migration_id: int, keys: CopyKeys) -> MigrationCost:
     """The cost of migration ``migration_id`` of ``job_id`` (see :class:`MigrationCost`) from the job's
-    charge lines (:func:`job_charges`): its egress charge (keyed by the migration), the overlap memo of its
-    old copy and the restart memo of its new copy."""
+    charge lines (:func:`job_charges`, or only those of :func:`migration_charge_keys`): its egress charge
+    (keyed by the migration), the overlap memo of its old copy and the restart memo of its new copy."""
     lines = tuple(charges)
     by_key = {c.record.charge_key: c for c in lines}
     egress = by_key.get(f"{job_id}:m{migration_id}:egress")

@@ -63,6 +63,11 @@ _CLOSE = (
     )
 )
 _CHARGE = select(ledger_charges).where(ledger_charges.c.charge_key == bindparam("b_key"))
+_CHARGES_BY_KEY = (
+    select(ledger_charges)
+    .where(ledger_charges.c.charge_key.in_(bindparam("b_keys", expanding=True)))
+    .order_by(ledger_charges.c.at, ledger_charges.c.charge_key)
+)
 _JOB_CHARGES = (
     select(ledger_charges)
     .where(ledger_charges.c.job_id == bindparam("b_job_id"))
@@ -338,6 +343,18 @@ class SqlLedger:
             return self._charges(conn, job_id=job_id, team=team, start=start, end=end)
         with self.engine.connect() as own:
             return self._charges(own, job_id=job_id, team=team, start=start, end=end)
+
+    def charges_by_key(self, keys: Sequence[str], *, conn: Connection | None = None) -> list[ChargeLine]:
+        """The stored charges among ``keys`` (a migration's lines, without reading the job's whole bill),
+        oldest first."""
+        if not keys:
+            return []
+        if conn is not None:
+            rows = conn.execute(_CHARGES_BY_KEY, {"b_keys": list(keys)}).fetchall()
+        else:
+            with self.engine.connect() as own:
+                rows = own.execute(_CHARGES_BY_KEY, {"b_keys": list(keys)}).fetchall()
+        return [ChargeLine(_charge_record(r), int(r.amount_micro_usd)) for r in rows]
 
     @staticmethod
     def _charges(

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from sqlalchemy import Engine, and_, insert, not_, or_, select, update
+from sqlalchemy import Engine, and_, bindparam, insert, not_, or_, select, update
 from sqlalchemy.engine import Connection
 
 from costopt.agent import control
@@ -84,46 +84,91 @@ def end_reason_of(inst: Instance | None, checkpoint_uri: str | None, epoch: int)
     return EndReason.GONE
 
 
+_C = migration_copies.c
+# The hot statements, built once (SQLAlchemy then reuses their cache keys; values are parameters).
+_KEY_EXISTS = select(_C.interval_key).where(_C.interval_key == bindparam("b_key"))
+_INSERT_COPY = insert(migration_copies)
+_COPY_OF = select(_C.interval_key, _C.started_at, _C.ended_at).where(
+    _C.job_id == bindparam("b_job_id"),
+    _C.instance_id == bindparam("b_instance_id"),
+    _C.provider == bindparam("b_provider"),
+)
+_CLOSE_COPY = (
+    update(migration_copies)
+    .where(_C.interval_key == bindparam("b_key"), _C.ended_at.is_(None))
+    .values(ended_at=bindparam("b_ended_at"), end_reason=bindparam("b_reason"), updated_at=bindparam("b_now"))
+)
+_VERIFIED = (
+    update(migration_copies)
+    .where(
+        _C.job_id == bindparam("b_job_id"),
+        _C.instance_id == bindparam("b_instance_id"),
+        _C.provider == bindparam("b_provider"),
+        _C.verified_at.is_(None),
+    )
+    .values(verified_at=bindparam("b_at"), updated_at=bindparam("b_now"))
+)
+_COPIES_ORDER = (_C.job_id, _C.epoch, _C.started_at, _C.interval_key)
+_COPIES_OF = select(migration_copies).where(_C.job_id == bindparam("b_job_id")).order_by(*_COPIES_ORDER)
+_COPIES_OF_INSTANCES = (
+    select(migration_copies)
+    .where(_C.job_id == bindparam("b_job_id"), _C.instance_id.in_(bindparam("b_ids", expanding=True)))
+    .order_by(*_COPIES_ORDER)
+)
+_OPEN_COPIES_OF = (
+    select(migration_copies).where(_C.job_id == bindparam("b_job_id"), _C.ended_at.is_(None)).order_by(*_COPIES_ORDER)
+)
+_SET_FLAGS = update(migration_copies).where(_C.interval_key == bindparam("b_key"))
+"""Executed with the flags (and ``ledger_error``, ``updated_at``) as parameters: the SET clause."""
+_SUCCESSOR = (
+    select(_C.started_at, _C.epoch)
+    .where(_C.job_id == bindparam("b_job_id"), _C.epoch > bindparam("b_epoch"), _C.migration_id.is_not(None))
+    .order_by(_C.epoch, _C.started_at)
+)
+
+
 def write_copy_start(conn: Connection, provider: str, start: CopyStart, now: datetime) -> None:
     key = interval_key(provider, start.job_id, start.epoch, start.instance_id)
-    if conn.execute(select(migration_copies.c.interval_key).where(migration_copies.c.interval_key == key)).first():
+    if conn.execute(_KEY_EXISTS, {"b_key": key}).first():
         return
     conn.execute(
-        insert(migration_copies).values(
-            interval_key=key,
-            job_id=start.job_id,
-            epoch=start.epoch,
-            instance_id=start.instance_id,
-            provider=provider,
-            offer=json.dumps(start.offer.to_doc()),
-            migration_id=start.migration_id,
-            source_offer=json.dumps(start.source_offer.to_doc()) if start.source_offer else None,
-            egress_gb=start.egress_gb,
-            started_at=start.started_at,
-            ledger_opened=False,
-            ledger_memo=False,
-            ledger_closed=False,
-            updated_at=now,
-        )
+        _INSERT_COPY,
+        {
+            "interval_key": key,
+            "job_id": start.job_id,
+            "epoch": start.epoch,
+            "instance_id": start.instance_id,
+            "provider": provider,
+            "offer": json.dumps(start.offer.to_doc()),
+            "migration_id": start.migration_id,
+            "source_offer": json.dumps(start.source_offer.to_doc()) if start.source_offer else None,
+            "egress_gb": start.egress_gb,
+            "started_at": start.started_at,
+            "ledger_opened": False,
+            "ledger_memo": False,
+            "ledger_closed": False,
+            "updated_at": now,
+        },
     )
 
 
 def write_copy_end(conn: Connection, provider: str, end: CopyEnd, now: datetime) -> bool:
     """Close the copy's row (first end wins; never before it started), or insert it closed when nobody
     recorded it (an orphan). False when there was nothing to write."""
-    c = migration_copies.c
     row = conn.execute(
-        select(c.interval_key, c.started_at, c.ended_at).where(
-            c.job_id == end.job_id, c.instance_id == end.instance_id, c.provider == provider
-        )
+        _COPY_OF, {"b_job_id": end.job_id, "b_instance_id": end.instance_id, "b_provider": provider}
     ).first()
     if row is not None:
         if row.ended_at is not None:
             return False
         conn.execute(
-            update(migration_copies)
-            .where(c.interval_key == row.interval_key, c.ended_at.is_(None))
-            .values(ended_at=max(end.ended_at, row.started_at), end_reason=end.reason.value, updated_at=now)
+            _CLOSE_COPY,
+            {
+                "b_key": row.interval_key,
+                "b_ended_at": max(end.ended_at, row.started_at),
+                "b_reason": end.reason.value,
+                "b_now": now,
+            },
         )
         return True
     if end.offer is None:
@@ -137,23 +182,34 @@ def write_copy_end(conn: Connection, provider: str, end: CopyEnd, now: datetime)
 
 
 def write_verified(conn: Connection, provider: str, job_id: str, instance_id: str, at: datetime, now: datetime) -> None:
-    c = migration_copies.c
     conn.execute(
-        update(migration_copies)
-        .where(c.job_id == job_id, c.instance_id == instance_id, c.provider == provider, c.verified_at.is_(None))
-        .values(verified_at=at, updated_at=now)
+        _VERIFIED, {"b_job_id": job_id, "b_instance_id": instance_id, "b_provider": provider, "b_at": at, "b_now": now}
     )
 
 
-def copies(engine: Engine, job_id: str | None = None, *, open_only: bool = False) -> list[CopyRecord]:
+def copies(
+    engine: Engine,
+    job_id: str | None = None,
+    *,
+    open_only: bool = False,
+    instance_ids: Collection[str] | None = None,
+) -> list[CopyRecord]:
     """The copies of ``job_id`` (or of every job), by job, epoch and launch time; only those not known
-    to have ended with ``open_only``."""
-    c = migration_copies.c
-    query = select(migration_copies).order_by(c.job_id, c.epoch, c.started_at, c.interval_key)
+    to have ended with ``open_only``; only those of ``instance_ids`` when given (with ``job_id``)."""
+    if job_id is not None and instance_ids is not None:
+        if not instance_ids:
+            return []
+        query = _COPIES_OF_INSTANCES.where(_C.ended_at.is_(None)) if open_only else _COPIES_OF_INSTANCES
+        with engine.connect() as conn:
+            rows = conn.execute(query, {"b_job_id": job_id, "b_ids": sorted(instance_ids)}).all()
+        return [CopyRecord.of(r) for r in rows]
     if job_id is not None:
-        query = query.where(c.job_id == job_id)
+        with engine.connect() as conn:
+            rows = conn.execute(_OPEN_COPIES_OF if open_only else _COPIES_OF, {"b_job_id": job_id}).all()
+        return [CopyRecord.of(r) for r in rows]
+    query = select(migration_copies).order_by(*_COPIES_ORDER)
     if open_only:
-        query = query.where(c.ended_at.is_(None))
+        query = query.where(_C.ended_at.is_(None))
     with engine.connect() as conn:
         return [CopyRecord.of(r) for r in conn.execute(query).all()]
 
@@ -176,6 +232,14 @@ _PENDING = or_(
     and_(not_(migration_copies.c.ledger_closed), migration_copies.c.ended_at.is_not(None)),
 )
 """The copies whose facts the ledger does not hold yet (:attr:`CopyRecord.synced` in SQL), built once."""
+_PENDING_ALL = (
+    select(migration_copies, jobs.c.team_id.label("b_team"))
+    .select_from(migration_copies.outerjoin(jobs, jobs.c.id == _C.job_id))
+    .where(_PENDING)
+    .order_by(_C.started_at, _C.interval_key)
+)
+"""Every pending copy with its job's team (``jobs.team_id``, in the same read)."""
+_PENDING_OF = _PENDING_ALL.where(_C.job_id == bindparam("b_job_id"))
 
 
 def sync_ledger(
@@ -194,13 +258,14 @@ def sync_ledger(
     the copy stays pending and is retried by the next pass. ``hook`` gets ``"ledger:opened"`` and
     ``"ledger:closed"`` right after those writes, before their flags are committed (fault injection).
     """
-    c = migration_copies.c
-    query = select(migration_copies).where(_PENDING).order_by(c.started_at, c.interval_key)
-    if job_id is not None:
-        query = query.where(c.job_id == job_id)
     with engine.connect() as conn:
-        pending = [CopyRecord.of(r) for r in conn.execute(query).all()]
-        teams = _teams(conn, {copy.job_id for copy in pending})
+        if job_id is None:
+            rows = conn.execute(_PENDING_ALL).all()
+        else:
+            rows = conn.execute(_PENDING_OF, {"b_job_id": job_id}).all()
+    pending = [CopyRecord.of(r) for r in rows]
+    # a job the migrator runs without a ``jobs`` row (a drill, a backtest) has no team: billed to ""
+    teams = {str(r.job_id): r.b_team for r in rows if r.b_team is not None}
     written = 0
     errors: list[str] = []
     left = 0
@@ -214,30 +279,13 @@ def sync_ledger(
             if copy.ledger_error != str(exc):
                 log.warning("ledger: cannot record copy %s yet (retried at the next sync)", msg)
             with engine.begin() as conn:
-                conn.execute(
-                    update(migration_copies).where(c.interval_key == copy.interval_key).values(ledger_error=str(exc))
-                )
+                conn.execute(_SET_FLAGS, {"b_key": copy.interval_key, "ledger_error": str(exc)})
     return LedgerSync(written, left, tuple(errors))
-
-
-def _teams(conn: Connection, job_ids: set[str]) -> dict[str, str]:
-    """The team of each managed job among ``job_ids`` (``jobs.team_id``); a job the migrator runs
-    without a ``jobs`` row (a drill, a backtest) has none and is billed to team ``""``."""
-    ids = sorted(job_ids)
-    out: dict[str, str] = {}
-    for lo in range(0, len(ids), 500):
-        rows = conn.execute(select(jobs.c.id, jobs.c.team_id).where(jobs.c.id.in_(ids[lo : lo + 500])))
-        out.update({r.id: r.team_id for r in rows})
-    return out
 
 
 def _set_flags(engine: Engine, key: str, **flags: bool) -> None:
     with engine.begin() as conn:
-        conn.execute(
-            update(migration_copies)
-            .where(migration_copies.c.interval_key == key)
-            .values(ledger_error=None, updated_at=_utcnow(), **flags)
-        )
+        conn.execute(_SET_FLAGS, {"b_key": key, "ledger_error": None, "updated_at": _utcnow(), **flags})
 
 
 def _sync_copy(
@@ -329,13 +377,8 @@ def _overlap_charge(engine: Engine, copy: CopyRecord, team: str) -> ChargeRecord
     """A moved copy billed while its successor booted and was verified: ``[successor start, its end)``."""
     if copy.end_reason != EndReason.MOVED.value or copy.ended_at is None:
         return None
-    c = migration_copies.c
     with engine.connect() as conn:
-        succ = conn.execute(
-            select(c.started_at, c.epoch)
-            .where(c.job_id == copy.job_id, c.epoch > copy.epoch, c.migration_id.is_not(None))
-            .order_by(c.epoch, c.started_at)
-        ).first()
+        succ = conn.execute(_SUCCESSOR, {"b_job_id": copy.job_id, "b_epoch": copy.epoch}).first()
     if succ is None or succ.started_at >= copy.ended_at:
         return None
     start = max(succ.started_at, copy.started_at)

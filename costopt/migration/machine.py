@@ -57,14 +57,14 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Engine, bindparam, insert, select, update
 
 from costopt.agent import control
 from costopt.agent.contract import contract_env
@@ -132,6 +132,32 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# The hot statements, built once: SQLAlchemy memoizes a statement object's cache key, so reusing the same
+# object skips both the construction and the key generation on every call (bound values are parameters).
+_MJ = migration_jobs.c
+_M = migrations.c
+_JOB = select(migration_jobs).where(_MJ.job_id == bindparam("b_job_id"))
+_JOBS = select(migration_jobs).order_by(_MJ.job_id)
+_SET_JOB = update(migration_jobs).where(_MJ.job_id == bindparam("b_job_id"))
+"""Executed with the columns to set as parameters (the SET clause is the parameters' keys)."""
+_SET_JOB_RETURNING = _SET_JOB.returning(*migration_jobs.c)
+_FINISH = (
+    update(migration_jobs)
+    .where(_MJ.job_id == bindparam("b_job_id"), _MJ.status != JobStatus.FINISHED.value)
+    .values(status=JobStatus.FINISHED.value)
+)
+_MIGRATION = select(migrations).where(_M.id == bindparam("b_id"))
+_ACTIVE_OF = select(migrations).where(_M.job_id == bindparam("b_job_id"), active_condition()).order_by(_M.id)
+_ACTIVE = select(migrations).where(active_condition()).order_by(_M.id)
+_HISTORY = select(migrations).where(_M.job_id == bindparam("b_job_id"), _M.id > bindparam("b_after")).order_by(_M.id)
+_LATEST = select(migrations).where(_M.job_id == bindparam("b_job_id")).order_by(_M.id.desc()).limit(1)
+_TRANSITION = (
+    update(migrations).where(_M.id == bindparam("b_id"), _M.state == bindparam("b_state")).returning(*migrations.c)
+)
+"""Compare-and-set of a migration's state; the columns to set are the parameters besides ``b_*``."""
+_PLAN = insert(migrations).returning(*migrations.c)
+
+
 def _gb(value: float | Decimal | None) -> Decimal | None:
     if value is None:
         return None
@@ -171,6 +197,9 @@ class Migrator:
     ledger: Ledger | None = None
     unavailable: UnavailableOffers | None = None
     egress: EgressRates = field(default_factory=lambda: DEFAULT_EGRESS)
+    _running: dict[str, JobRecord] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """The job record of each migration :meth:`run` drives now, as its own transitions last wrote it (read
+    once per run, not once per step; dropped when the run returns)."""
 
     # -- jobs ------------------------------------------------------------------------------------------
 
@@ -179,7 +208,7 @@ class Migrator:
     ) -> JobRecord:
         """Register a job (idempotent: an existing job is returned unchanged)."""
         with self.engine.begin() as conn:
-            row = conn.execute(select(migration_jobs).where(migration_jobs.c.job_id == job_id)).first()
+            row = conn.execute(_JOB, {"b_job_id": job_id}).first()
             if row is None:
                 conn.execute(
                     insert(migration_jobs).values(
@@ -198,62 +227,77 @@ class Migrator:
 
     def job(self, job_id: str) -> JobRecord:
         with self.engine.connect() as conn:
-            row = conn.execute(select(migration_jobs).where(migration_jobs.c.job_id == job_id)).first()
+            row = conn.execute(_JOB, {"b_job_id": job_id}).first()
         if row is None:
             raise MigrationError(f"unknown job {job_id!r}")
         return JobRecord.of(row)
 
+    def _job(self, job_id: str) -> JobRecord:
+        """The job as the running migration's last transition left it (read once per :meth:`run`)."""
+        job = self._running.get(job_id)
+        if job is None:
+            job = self._running[job_id] = self.job(job_id)
+        return job
+
     def jobs(self) -> list[JobRecord]:
         with self.engine.connect() as conn:
-            rows = conn.execute(select(migration_jobs).order_by(migration_jobs.c.job_id)).all()
+            rows = conn.execute(_JOBS).all()
         return [JobRecord.of(r) for r in rows]
 
-    def copies(self, job_id: str | None = None) -> list[CopyRecord]:
-        """The job's copies as billed (every job's with None), by epoch."""
-        return copies(self.engine, job_id)
+    def copies(self, job_id: str | None = None, *, instance_ids: Collection[str] | None = None) -> list[CopyRecord]:
+        """The job's copies as billed (every job's with None), by epoch; only those of ``instance_ids``
+        when given."""
+        return copies(self.engine, job_id, instance_ids=instance_ids)
 
-    def _set_job(self, conn: Any, job_id: str, **values: Any) -> None:
+    def _set_job(self, conn: Any, job_id: str, *, returning: bool = False, **values: Any) -> JobRecord | None:
         values["updated_at"] = self.now()
         if isinstance(values.get("status"), JobStatus):
             values["status"] = values["status"].value
-        conn.execute(update(migration_jobs).where(migration_jobs.c.job_id == job_id).values(**values))
+        values["b_job_id"] = job_id
+        if not returning:
+            conn.execute(_SET_JOB, values)
+            return None
+        row = conn.execute(_SET_JOB_RETURNING, values).first()
+        return None if row is None else JobRecord.of(row)
 
     def finish(self, job_id: str, reason: str) -> bool:
         """Mark the job finished with ``reason`` (so neither the watcher nor the reconciler recovers it);
         its copy is left to the caller to terminate. Idempotent: True when this call finished it."""
         with self.engine.begin() as conn:
-            done = conn.execute(
-                update(migration_jobs)
-                .where(migration_jobs.c.job_id == job_id, migration_jobs.c.status != JobStatus.FINISHED.value)
-                .values(status=JobStatus.FINISHED.value, reason=reason[:2000], updated_at=self.now())
-            )
+            done = conn.execute(_FINISH, {"b_job_id": job_id, "reason": reason[:2000], "updated_at": self.now()})
         return bool(done.rowcount)
 
     # -- migrations ------------------------------------------------------------------------------------
 
     def migration(self, migration_id: int) -> MigrationRecord:
         with self.engine.connect() as conn:
-            row = conn.execute(select(migrations).where(migrations.c.id == migration_id)).first()
+            row = conn.execute(_MIGRATION, {"b_id": migration_id}).first()
         if row is None:
             raise MigrationError(f"unknown migration {migration_id}")
         return MigrationRecord.of(row)
 
     def active_migration(self, job_id: str) -> MigrationRecord | None:
         with self.engine.connect() as conn:
-            row = conn.execute(
-                select(migrations).where(migrations.c.job_id == job_id, active_condition()).order_by(migrations.c.id)
-            ).first()
+            row = conn.execute(_ACTIVE_OF, {"b_job_id": job_id}).first()
         return MigrationRecord.of(row) if row is not None else None
 
     def active_migrations(self) -> list[MigrationRecord]:
         with self.engine.connect() as conn:
-            rows = conn.execute(select(migrations).where(active_condition()).order_by(migrations.c.id)).all()
+            rows = conn.execute(_ACTIVE).all()
         return [MigrationRecord.of(r) for r in rows]
 
-    def history(self, job_id: str) -> list[MigrationRecord]:
+    def history(self, job_id: str, *, after_id: int = 0) -> list[MigrationRecord]:
+        """The job's migrations in order (those after ``after_id``: the history read so far is immutable
+        once finished, so a reader may keep it and ask only for what came since)."""
         with self.engine.connect() as conn:
-            rows = conn.execute(select(migrations).where(migrations.c.job_id == job_id).order_by(migrations.c.id)).all()
+            rows = conn.execute(_HISTORY, {"b_job_id": job_id, "b_after": after_id}).all()
         return [MigrationRecord.of(r) for r in rows]
+
+    def latest_migration(self, job_id: str) -> MigrationRecord | None:
+        """The job's newest migration (None: it never had one)."""
+        with self.engine.connect() as conn:
+            row = conn.execute(_LATEST, {"b_job_id": job_id}).first()
+        return MigrationRecord.of(row) if row is not None else None
 
     def _order_offers(self, offers: Sequence[OfferKey], kind: Kind) -> tuple[list[OfferKey], str]:
         """The candidates in the order they will be tried, and a note on the unavailable ones.
@@ -295,10 +339,10 @@ class Migrator:
         gb = _gb(checkpoint_gb)
         ordered, note = self._order_offers(offers, kind)
         with self.engine.begin() as conn:
-            active = conn.execute(select(migrations).where(migrations.c.job_id == job_id, active_condition())).first()
+            active = conn.execute(_ACTIVE_OF, {"b_job_id": job_id}).first()
             if active is not None:
                 return MigrationRecord.of(active)
-            row = conn.execute(select(migration_jobs).where(migration_jobs.c.job_id == job_id)).first()
+            row = conn.execute(_JOB, {"b_job_id": job_id}).first()
             if row is None:
                 raise MigrationError(f"unknown job {job_id!r}")
             job = JobRecord.of(row)
@@ -310,24 +354,23 @@ class Migrator:
             to_epoch = max(job.epoch, marker) + 1
             now = self.now()
             planned = conn.execute(
-                insert(migrations)
-                .values(
-                    job_id=job_id,
-                    kind=kind.value,
-                    state=State.PLANNED.value,
-                    from_epoch=job.epoch,
-                    to_epoch=to_epoch,
-                    old_instance_id=job.instance_id,
-                    request_id=request_id(job_id, to_epoch),
-                    offers=json.dumps([o.to_doc() for o in ordered]),
-                    offer_index=0,
-                    attempts=0,
-                    reason=note,
-                    checkpoint_gb=gb,
-                    created_at=now,
-                    updated_at=now,
-                )
-                .returning(*migrations.c)
+                _PLAN,
+                {
+                    "job_id": job_id,
+                    "kind": kind.value,
+                    "state": State.PLANNED.value,
+                    "from_epoch": job.epoch,
+                    "to_epoch": to_epoch,
+                    "old_instance_id": job.instance_id,
+                    "request_id": request_id(job_id, to_epoch),
+                    "offers": json.dumps([o.to_doc() for o in ordered]),
+                    "offer_index": 0,
+                    "attempts": 0,
+                    "reason": note,
+                    "checkpoint_gb": gb,
+                    "created_at": now,
+                    "updated_at": now,
+                },
             ).one()
             mid = int(planned.id)
             self._set_job(conn, job_id, status=JobStatus.MIGRATING if kind is Kind.MOVE else JobStatus.RECOVERING)
@@ -364,9 +407,16 @@ class Migrator:
     def run(self, migration_id: int) -> MigrationRecord:
         """Drive one migration until it is done or rolled back."""
         mig = self.migration(migration_id)
-        while not mig.finished:
-            step = getattr(self, f"_step_{mig.state.value}")
-            mig = step(mig)
+        if mig.finished:
+            return mig
+        job_id = mig.job_id
+        self._running.pop(job_id, None)  # read afresh at the first step
+        try:
+            while not mig.finished:
+                step = getattr(self, f"_step_{mig.state.value}")
+                mig = step(mig)
+        finally:
+            self._running.pop(job_id, None)
         return mig
 
     def sync_ledger(self, job_id: str | None = None) -> LedgerSync:
@@ -395,16 +445,17 @@ class Migrator:
         pname = self.provider.name
         with self.engine.begin() as conn:
             now = self.now()
-            row = conn.execute(
-                update(migrations)
-                .where(migrations.c.id == mig.id, migrations.c.state == mig.state.value)
-                .values(state=state.value, updated_at=now, **values)
-                .returning(*migrations.c)
-            ).first()
+            params = {**values, "state": state.value, "updated_at": now, "b_id": mig.id, "b_state": mig.state.value}
+            row = conn.execute(_TRANSITION, params).first()
             if row is None:
+                self._running.pop(mig.job_id, None)
                 raise ConcurrentTransition(f"migration {mig.id} is no longer {mig.state.value}")
             if job:
-                self._set_job(conn, mig.job_id, **job)
+                written = self._set_job(conn, mig.job_id, returning=True, **job)
+                if written is None:
+                    self._running.pop(mig.job_id, None)
+                else:
+                    self._running[mig.job_id] = written
             if started is not None:
                 write_copy_start(conn, pname, started, now)
             for end in ended:
@@ -463,7 +514,7 @@ class Migrator:
 
     # planned: ask the old copy for a checkpoint (move) or make sure it is gone (recover).
     def _step_planned(self, mig: MigrationRecord) -> MigrationRecord:
-        job = self.job(mig.job_id)
+        job = self._job(mig.job_id)
         if mig.kind is Kind.RECOVER:
             ended = []
             if mig.old_instance_id is not None:
@@ -483,7 +534,7 @@ class Migrator:
 
     # checkpointing: wait until the old copy has answered the request.
     def _step_checkpointing(self, mig: MigrationRecord) -> MigrationRecord:
-        job = self.job(mig.job_id)
+        job = self._job(mig.job_id)
         assert mig.request_id is not None
         deadline = mig.deadline_at or self._deadline(self.checkpoint_timeout)
         while True:
@@ -564,7 +615,7 @@ class Migrator:
 
     # launching: launch with the stored token; on failure back off and try the next offer.
     def _step_launching(self, mig: MigrationRecord) -> MigrationRecord:
-        job = self.job(mig.job_id)
+        job = self._job(mig.job_id)
         assert mig.token is not None
         offer = mig.offers[mig.offer_index]
         try:
@@ -613,7 +664,7 @@ class Migrator:
 
     # launched: fence (claim the new epoch) and hand the job to the new copy, atomically in the row.
     def _step_launched(self, mig: MigrationRecord) -> MigrationRecord:
-        job = self.job(mig.job_id)
+        job = self._job(mig.job_id)
         try:
             control.claim_epoch(job.checkpoint_uri, mig.to_epoch, at=self.now().timestamp())
         except StaleEpoch as exc:
@@ -637,7 +688,7 @@ class Migrator:
 
     # verifying: the new copy restored and is progressing (or finished the job).
     def _step_verifying(self, mig: MigrationRecord) -> MigrationRecord:
-        job = self.job(mig.job_id)
+        job = self._job(mig.job_id)
         deadline = mig.deadline_at or self._deadline(self.verify_timeout)
         while True:
             prog = control.progress(job.checkpoint_uri, mig.to_epoch)
@@ -673,7 +724,7 @@ class Migrator:
 
     # terminating_old: idempotent.
     def _step_terminating_old(self, mig: MigrationRecord) -> MigrationRecord:
-        job = self.job(mig.job_id)
+        job = self._job(mig.job_id)
         ended = []
         if mig.old_instance_id is not None and mig.old_instance_id != mig.new_instance_id:
             ended.append(

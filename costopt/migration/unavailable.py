@@ -30,7 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import ColumnElement, Engine, and_, delete, insert, select, update
+from sqlalchemy import ColumnElement, Engine, and_, bindparam, delete, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from costopt.cloud import CapacityError, QuotaError
@@ -102,6 +102,29 @@ def _key_clause(offer: OfferKey) -> list[ColumnElement[bool]]:
     ]
 
 
+_BY_KEY = and_(*(getattr(_t.c, k) == bindparam(f"b_{k}") for k in _KEY_COLUMNS))
+# The hot statements, built once (SQLAlchemy then reuses their cache keys; values are parameters).
+_ENTRY = select(_t).where(_BY_KEY)
+_INSERT = insert(_t)
+_UPDATE = update(_t).where(_BY_KEY)
+"""Executed with the columns to set as parameters besides the key's ``b_*``."""
+_ACTIVE = (
+    select(_t)
+    .where(_t.c.since <= bindparam("b_at"), _t.c.until > bindparam("b_at"))
+    .order_by(_t.c.until, _t.c.cloud, _t.c.region, _t.c.zone, _t.c.instance_type, _t.c.market)
+)
+
+
+def _key_params(offer: OfferKey) -> dict[str, str]:
+    return {
+        "b_cloud": offer.cloud.value,
+        "b_region": offer.region,
+        "b_zone": offer.zone,
+        "b_instance_type": offer.instance_type,
+        "b_market": offer.market.value,
+    }
+
+
 def _offer_of(row: Any) -> OfferKey:
     """The offer of a row of ``unavailable_offers``."""
     return OfferKey(Cloud(row.cloud), row.region, row.zone, row.instance_type, Market(row.market))
@@ -155,20 +178,22 @@ class UnavailableOffers:
         for _ in range(3):  # an insert race with another process: read again and merge
             try:
                 with self.engine.begin() as conn:
-                    row = conn.execute(select(_t).where(and_(*_key_clause(offer)))).first()
+                    key = _key_params(offer)
+                    row = conn.execute(_ENTRY, key).first()
                     if row is None:
                         conn.execute(
-                            insert(_t).values(
-                                cloud=offer.cloud.value,
-                                region=offer.region,
-                                zone=offer.zone,
-                                instance_type=offer.instance_type,
-                                market=offer.market.value,
-                                reason=reason,
-                                since=since,
-                                until=until,
-                                detail=detail,
-                            )
+                            _INSERT,
+                            {
+                                "cloud": offer.cloud.value,
+                                "region": offer.region,
+                                "zone": offer.zone,
+                                "instance_type": offer.instance_type,
+                                "market": offer.market.value,
+                                "reason": reason,
+                                "since": since,
+                                "until": until,
+                                "detail": detail,
+                            },
                         )
                         return
                     values: dict[str, object]
@@ -180,7 +205,7 @@ class UnavailableOffers:
                         values = {"since": since}
                     else:
                         return
-                    conn.execute(update(_t).where(and_(*_key_clause(offer))).values(**values))
+                    conn.execute(_UPDATE, {**key, **values})
                     return
             except IntegrityError:
                 continue
@@ -206,11 +231,7 @@ class UnavailableOffers:
         """Every entry active at ``at`` (default now), soonest expiry first."""
         when = self._at(at)
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(_t)
-                .where(_t.c.since <= when, _t.c.until > when)
-                .order_by(_t.c.until, _t.c.cloud, _t.c.region, _t.c.zone, _t.c.instance_type, _t.c.market)
-            ).all()
+            rows = conn.execute(_ACTIVE, {"b_at": when}).all()
         return [UnavailableEntry(_offer_of(r), r.reason, r.since, r.until, r.detail or "") for r in rows]
 
     def unavailable_set(self, *, at: datetime | None = None) -> frozenset[OfferKey]:
