@@ -123,23 +123,74 @@ def register(
 
 @app.command("report")
 def report(
-    holdout: Annotated[float, typer.Option(help="Fraction of cells hidden for the low-rank test.")] = 0.2,
-    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    holdout: Annotated[
+        bool, typer.Option("--holdout", help="Print the older hold-out error report on Gavel's data instead.")
+    ] = False,
+    fraction: Annotated[float, typer.Option(help="--holdout: fraction of cells hidden for the low-rank test.")] = 0.2,
+    seed: Annotated[int, typer.Option(help="--holdout: random seed.")] = 0,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
 ) -> None:
-    """How wrong the estimators are on held-out measured cells (markdown)."""
+    """Measured vs estimated, per job type and GPU: what users and running jobs measured, what the catalog
+    held for that cell from everything else (the prior), and how far off it was."""
     from costopt.throughput.catalog import ThroughputCatalog
     from costopt.throughput.estimate import load_accelerator_specs
     from costopt.throughput.loaders import load_throughput_file
-    from costopt.throughput.report import estimator_error_report, render_markdown
 
     settings = settings_with()
     path = settings.resolved_throughput_file()
-    if path is None:
-        raise typer.BadParameter("no throughput file: set COSTOPT_THROUGHPUT_FILE or COSTOPT_DATA_DIR")
+    if holdout:
+        from costopt.throughput.report import estimator_error_report, render_markdown
+
+        if path is None:
+            raise typer.BadParameter("no throughput file: set COSTOPT_THROUGHPUT_FILE or COSTOPT_DATA_DIR")
+        with failures():
+            catalog = ThroughputCatalog.from_measurements(load_throughput_file(path))
+            result = estimator_error_report(catalog, load_accelerator_specs(), holdout_fraction=fraction, seed=seed)
+        sys.stdout.write(render_markdown(result) + "\n")
+        return
+    from api.wiring import build_store
+    from costopt.throughput.registry import MeasurementRegistry
+    from costopt.throughput.report import measured_vs_prior
+
     with failures():
-        catalog = ThroughputCatalog.from_measurements(load_throughput_file(path))
-        result = estimator_error_report(catalog, load_accelerator_specs(), holdout_fraction=holdout, seed=seed)
-    sys.stdout.write(render_markdown(result) + "\n")
+        store = build_store(settings)
+        base = ThroughputCatalog.from_measurements(load_throughput_file(path)) if path else ThroughputCatalog()
+        rows = measured_vs_prior(base, MeasurementRegistry(store.engine).all(), load_accelerator_specs())
+    out = [
+        {
+            "job_type": r.job_type,
+            "accelerator": r.accelerator,
+            "gpu_count": r.gpu_count,
+            "precision": r.precision,
+            "measured_steps_per_s": r.measured,
+            "windows": r.n_measurements,
+            "prior_steps_per_s": r.prior,
+            "prior": r.prior_estimator or r.prior_provenance or "none",
+            "prior_low": r.prior_interval[0] if r.prior_interval else None,
+            "prior_high": r.prior_interval[1] if r.prior_interval else None,
+            "measured_over_prior": round(r.ratio, 3) if r.ratio is not None else None,
+        }
+        for r in rows
+    ]
+    emit(
+        out,
+        [
+            ("job_type", "job type", None),
+            ("accelerator", "GPU", None),
+            ("gpu_count", "GPUs", "count"),
+            ("precision", "precision", None),
+            ("measured_steps_per_s", "measured", "steps/s"),
+            ("windows", "windows", "count"),
+            ("prior_steps_per_s", "prior", "steps/s"),
+            ("prior", "prior from", None),
+            ("measured_over_prior", "measured / prior", "x"),
+        ],
+        fmt,
+        title="Throughput measured by users and jobs vs the catalog's prior",
+    )
+    if not out:
+        note("no measurement registered or reported yet")
+        raise typer.Exit(Exit.NOT_FOUND)
 
 
 class _Scheme(StrEnum):

@@ -38,6 +38,7 @@ from costopt.throughput.estimate import (
     fit_slopes,
     predict_from_anchor,
 )
+from costopt.throughput.registry import Measurement
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -211,3 +212,69 @@ def render_markdown(report: EstimatorReport) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+# --- measured (by users and running jobs) vs what the catalog said before -----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedRow:
+    """Measurements of a job type on ``gpu_count`` GPUs of an accelerator at a precision (users' and
+    jobs', count-weighted mean of ``n_measurements`` windows) against the *prior*: what the catalog held
+    for that cell from everything else (the file and every measurement on other accelerators), measured
+    (a file value) or estimated (named estimator, interval when it has one). ``ratio`` = measured / prior."""
+
+    job_type: str
+    accelerator: str
+    gpu_count: int
+    precision: str
+    measured: float
+    n_measurements: int
+    prior: float | None
+    prior_provenance: str | None
+    prior_estimator: str | None
+    prior_interval: tuple[float, float] | None
+
+    @property
+    def ratio(self) -> float | None:
+        return self.measured / self.prior if self.prior else None
+
+
+def measured_vs_prior(
+    base: ThroughputCatalog, measurements: Sequence[Measurement], specs: Mapping[str, AcceleratorSpec]
+) -> list[ObservedRow]:
+    """One row per measured cell (see :class:`ObservedRow`); the prior of the cells on one accelerator
+    comes from one estimate of ``base`` plus the measurements on the other accelerators."""
+    from costopt.throughput.estimate import estimate_catalog
+    from costopt.throughput.registry import source_precision
+
+    by_group: dict[tuple[str, str], list[Measurement]] = {}
+    for m in measurements:
+        by_group.setdefault((source_precision(m.source), normalize_accelerator(m.accelerator)), []).append(m)
+    rows: list[ObservedRow] = []
+    for (precision, acc), here in sorted(by_group.items()):
+        catalog = base
+        for m in measurements:
+            if source_precision(m.source) == precision and normalize_accelerator(m.accelerator) != acc:
+                catalog = catalog.with_measurement(
+                    m.job_type, m.accelerator, m.gpu_count, m.steps_per_s, placement=m.placement,
+                    n_measurements=m.n_measurements,
+                )  # fmt: skip
+        prior_catalog = estimate_catalog(catalog, specs, precision=precision)  # type: ignore[arg-type]
+        cells: dict[tuple[str, int, str], list[Measurement]] = {}
+        for m in here:
+            cells.setdefault((m.job_type.name, m.gpu_count, m.placement), []).append(m)
+        for (name, gpus, placement), ms in sorted(cells.items()):
+            n = sum(m.n_measurements for m in ms)
+            mean = sum(m.steps_per_s * m.n_measurements for m in ms) / n
+            prior = prior_catalog.get(name, acc, gpus, placement)  # type: ignore[arg-type]
+            rows.append(
+                ObservedRow(
+                    name, acc, gpus, precision, mean, n,
+                    prior.steps_per_s if prior is not None else None,
+                    prior.provenance if prior is not None else None,
+                    prior.estimator if prior is not None else None,
+                    prior.interval if prior is not None else None,
+                )
+            )  # fmt: skip
+    return rows

@@ -25,7 +25,8 @@ from costopt.migration.unavailable import UnavailableOffers
 from costopt.risk.hazard import HazardModel
 from costopt.settings import Settings
 from costopt.simulated import WorkloadTiming
-from costopt.throughput import ThroughputCatalog
+from costopt.throughput import ThroughputCatalog, estimate_catalog
+from costopt.throughput.estimate import AcceleratorSpec
 from costopt.throughput.learning import CopyLook, ThroughputLearner, engine_observer
 from costopt.throughput.model import JobType
 from costopt.throughput.registry import Measurement, MeasurementRegistry, source_precision
@@ -199,3 +200,16 @@ def test_a_job_slower_than_its_estimate_is_measured_and_moved(
     assert moved.outcome is Outcome.MOVED, moved.reason
     assert (moved.from_offer, moved.to_offer) == (A100, V100)
     assert repo.get(job.id).offer == V100
+
+
+def test_a_model_measured_on_one_gpu_only_is_extended_to_the_others(specs: dict[str, AcceleratorSpec]) -> None:
+    mynet = JobType("MyNet", 32)
+    catalog = ThroughputCatalog().with_measurement(mynet, "l4", 1, 3.0)  # e.g. its first window on an L4
+    out = estimate_catalog(catalog, specs)
+    for acc in ("a10", "a100", "h100"):
+        cell = out.get(mynet, acc)
+        assert cell is not None and cell.estimator == "family-calibrated" and cell.interval is not None, acc
+    a100, h100 = out.get(mynet, "a100"), out.get(mynet, "h100")
+    assert a100 is not None and h100 is not None
+    assert 3.0 < a100.steps_per_s < h100.steps_per_s  # faster than the L4 in every feature
+    assert out.get(mynet, "t4") is None  # 16 GB, less than the 24 GB it was measured on: it might not fit
