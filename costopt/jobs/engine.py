@@ -63,10 +63,10 @@ from costopt.db.migration_schema import migrations
 from costopt.domain import OfferKey
 from costopt.errors import CostoptError
 from costopt.fleets.model import FLEET_PROVIDER
-from costopt.jobs.costs import CopyKeys, MigrationCost, job_charges, migration_cost
+from costopt.jobs.costs import CopyKeys, MigrationCost, job_charges, migration_charge_keys, migration_cost
 from costopt.jobs.model import ACTIVE_STATES, JobState
 from costopt.jobs.placement import Placement, Placements
-from costopt.jobs.records import ConcurrentUpdate, IllegalTransition, JobEvent, JobRecord, JobRepository
+from costopt.jobs.records import MAX_PAGE, ConcurrentUpdate, IllegalTransition, JobEvent, JobRecord, JobRepository
 from costopt.jobs.view import JobView, job_view
 from costopt.ledger.book import Ledger
 from costopt.ledger.model import LedgerError
@@ -158,17 +158,26 @@ class _Snapshot:
     last_migration: Mapping[str, int]
 
 
+_LAST_MIGRATIONS = select(migrations.c.job_id, func.max(migrations.c.id)).group_by(migrations.c.job_id)
+"""Each job's newest migration id (built once: SQLAlchemy reuses its cache key)."""
+
+
 def _snapshot(migrator: Migrator) -> _Snapshot:
     mjobs = {j.job_id: j for j in migrator.jobs()}
     active = {m.job_id: m for m in migrator.active_migrations()}
     with migrator.engine.connect() as conn:
-        last = {
-            job_id: int(mid)
-            for job_id, mid in conn.execute(
-                select(migrations.c.job_id, func.max(migrations.c.id)).group_by(migrations.c.job_id)
-            ).all()
-        }
+        last = {job_id: int(mid) for job_id, mid in conn.execute(_LAST_MIGRATIONS).all()}
     return _Snapshot(mjobs, active, last)
+
+
+@dataclass(slots=True)
+class _EventLog:
+    """The events of one job read so far (ids only grow: later reads ask only for newer ones)."""
+
+    last_id: int = 0
+    events: list[JobEvent] = field(default_factory=list)
+    keys: set[tuple[str, int]] = field(default_factory=set)
+    """``(kind, migration id)`` of the events that name a migration."""
 
 
 def _offer_doc(offer: OfferKey | None) -> dict[str, str] | None:
@@ -246,6 +255,8 @@ class JobEngine:
         self._moved: dict[str, JobState] = {}  # job -> the state this step's last transition left it in
         self._seen_steps: dict[str, tuple[int, int]] = {}  # job -> (epoch, last step) at the previous look
         self._history_mark: dict[str, int] = {}  # the last finished migration whose events are recorded
+        self._history_done: dict[str, int] = {}  # every migration up to this id is finished and recorded
+        self._event_logs: dict[str, _EventLog] = {}  # the job events read so far, per active job
         self._tick_lock = threading.Lock()
         self._work_lock = threading.Lock()
         self._started = False
@@ -316,6 +327,10 @@ class JobEngine:
                     log.exception("engine: job %s", job.id)
                     out.errors.append(msg)
             self._started = True
+            live = {job.id for job in jobs}
+            for cache in (self._event_logs, self._history_done):
+                for job_id in [j for j in cache if j not in live]:
+                    del cache[job_id]
             return TickReport(at, len(jobs), tuple(out.changed), tuple(out.busy), tuple(out.errors))
         finally:
             self._tick_lock.release()
@@ -385,6 +400,7 @@ class JobEngine:
             self._after_migration(self.repo.get(job_id), migrator)
             return self.repo.get(job_id)
         finally:
+            self._event_logs.pop(job_id, None)
             done.set_result(None)
 
     # -- one job ---------------------------------------------------------------------------------------
@@ -601,8 +617,8 @@ class JobEngine:
     def _to_running(self, job: JobRecord, migrator: Migrator, mj: MigratorJob) -> JobRecord:
         offer = mj.offer
         price = self._price(job, offer) if offer is not None else None
-        history = migrator.history(job.id)
-        mid = history[-1].id if history else None
+        latest = migrator.latest_migration(job.id)
+        mid = latest.id if latest is not None else None
         if job.state is JobState.RUNNING:
             # Recovered (or moved) between two ticks: the events say so; only the placement changes.
             return self.repo.update(job.id, offer=offer, usd_per_hour=price)
@@ -610,7 +626,7 @@ class JobEngine:
         if job.state is JobState.RECOVERING:
             what = "recovered"
         elif job.state is JobState.MIGRATING:
-            what = "moved" if history and history[-1].state is State.DONE else "move rolled back"
+            what = "moved" if latest is not None and latest.state is State.DONE else "move rolled back"
         return self._to(
             job,
             JobState.RUNNING,
@@ -754,7 +770,8 @@ class JobEngine:
 
         Reads the history and the job's events; the copies (and the cloud, for a loss's kind) only when there
         is something to record, so a tick during a recovery that is recorded already costs two reads."""
-        history = migrator.history(job.id)
+        done = self._history_done.get(job.id, 0)
+        history = migrator.history(job.id, after_id=done)  # the migrations before are recorded and final
         if not history:
             return False
         if all(m.finished for m in history) and self._history_mark.get(job.id) == history[-1].id:
@@ -763,9 +780,10 @@ class JobEngine:
         seen = self._seen(job.id)
         read: list[list[CopyRecord]] = []
 
-        def copies() -> list[CopyRecord]:
+        def copies() -> list[CopyRecord]:  # the copies these migrations name (a job may have hundreds)
             if not read:
-                read.append(migrator.copies(job.id))
+                ids = {i for m in history for i in (m.old_instance_id, m.new_instance_id) if i is not None}
+                read.append(migrator.copies(job.id, instance_ids=ids))
             return read[0]
 
         for mig in history:
@@ -807,6 +825,11 @@ class JobEngine:
             ):
                 self._record_move(job, migrator, mig, reason=f"moved (migration {mig.id})", expected=None)
                 wrote = True
+        for mig in history:  # every finished migration of the prefix is recorded now: never read again
+            if not mig.finished:
+                break
+            done = mig.id
+        self._history_done[job.id] = done
         if all(m.finished for m in history):
             self._history_mark[job.id] = history[-1].id
         return wrote
@@ -814,7 +837,8 @@ class JobEngine:
     def _record_move(
         self, job: JobRecord, migrator: Migrator, mig: MigrationRecord, *, reason: str, expected: Decimal | None
     ) -> None:
-        copies = migrator.copies(job.id)
+        ids = {i for i in (mig.old_instance_id, mig.new_instance_id) if i is not None}
+        copies = migrator.copies(job.id, instance_ids=ids)
         src = self._copy_offer(copies, mig.old_instance_id)
         if mig.state is State.DONE:
             cost = self._migration_cost(job.id, mig, copies)
@@ -900,13 +924,19 @@ class JobEngine:
 
     def _migration_cost(self, job_id: str, mig: MigrationRecord, copies: Sequence[CopyRecord]) -> MigrationCost | None:
         """The migration's cost from the ledger's charge lines (None: no ledger, or its charges unreadable)."""
-        charges = self._charges(job_id)
-        return migration_cost(charges, job_id, mig.id, self._keys(mig, copies)) if charges is not None else None
+        keys = self._keys(mig, copies)
+        charges = self._charges(job_id, migration_charge_keys(job_id, mig.id, keys))
+        return migration_cost(charges, job_id, mig.id, keys) if charges is not None else None
 
-    def _charges(self, job_id: str) -> tuple[Any, ...] | None:
+    def _charges(self, job_id: str, keys: Sequence[str]) -> Sequence[Any] | None:
+        """The job's charge lines with these keys (all of the job's when the ledger cannot pick)."""
         if self.ledger is None:
             return None
         try:
+            by_key = getattr(self.ledger, "charges_by_key", None)
+            if by_key is not None:
+                lines: Sequence[Any] = by_key(keys)
+                return lines
             return job_charges(self.ledger, job_id)
         except (LedgerError, TypeError) as exc:
             log.warning("engine: cannot read the charges of job %s: %s", job_id, exc)
@@ -979,20 +1009,35 @@ class JobEngine:
         except MigrationError:
             return None
 
+    def _event_log(self, job_id: str) -> _EventLog:
+        """The job's events, all of them (page after page), reading only those written since the last
+        call (events are only ever added). The events that name a migration are written by this engine's
+        tick, or by :meth:`move` while the tick leaves the job alone (:meth:`busy`); a move drops the job's
+        log when it ends, so an event of it committed after a newer one (PostgreSQL ids) is read again."""
+        log_ = self._event_logs.get(job_id)
+        if log_ is None:
+            log_ = self._event_logs[job_id] = _EventLog()
+        while True:
+            new = self.repo.events(job_id, after_id=log_.last_id, limit=MAX_PAGE)
+            for e in new:
+                log_.events.append(e)
+                mid = (e.detail or {}).get("migration_id")
+                if isinstance(mid, int):
+                    log_.keys.add((e.kind, mid))
+                log_.last_id = max(log_.last_id, e.id)
+            if len(new) < MAX_PAGE:
+                return log_
+
     def _events(self, job_id: str, kind: str) -> list[JobEvent]:
-        return [e for e in self.repo.events(job_id) if e.kind == kind]
+        return [e for e in self._event_log(job_id).events if e.kind == kind]
 
     def _recorded(self, job_id: str, kind: str, migration_id: int) -> bool:
         return (kind, migration_id) in self._seen(job_id)
 
     def _seen(self, job_id: str) -> set[tuple[str, int]]:
-        """``(kind, migration id)`` of the job's events that name a migration."""
-        out: set[tuple[str, int]] = set()
-        for e in self.repo.events(job_id):
-            mid = (e.detail or {}).get("migration_id")
-            if isinstance(mid, int):
-                out.add((e.kind, mid))
-        return out
+        """``(kind, migration id)`` of the job's events that name a migration (all of them: a job preempted
+        a hundred times has more events than one page)."""
+        return set(self._event_log(job_id).keys)
 
     def _backoff(self, failures: int) -> timedelta:
         return timedelta(seconds=min(self.retry_cap, self.retry_base * 2 ** max(0, failures - 1)))
