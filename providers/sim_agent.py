@@ -329,9 +329,9 @@ class SimAgent:
         self.notice_seen = False
         self.exit_code: int | None = None
         self.exited_at: int | None = None
-        self._lines: list[str] = [
-            f"{_stamp(to_datetime(launched))} boot: job {env.job_id} epoch {env.epoch}, {env.steps} steps at "
-            f"{self.rate:g} steps/s"
+        # the console, formatted when read: (time, record) of each progress record, or (time, text)
+        self._lines: list[tuple[int, Mapping[str, Any] | str]] = [
+            (launched, f"boot: job {env.job_id} epoch {env.epoch}, {env.steps} steps at {self.rate:g} steps/s")
         ]
         self._now_us = launched
 
@@ -343,7 +343,11 @@ class SimAgent:
 
     def lines(self) -> list[str]:
         """The console output so far, one line per record."""
-        return list(self._lines)
+        out = []
+        for t, what in self._lines:
+            when = self._to_dt(t)
+            out.append(f"{_stamp(when)} {what}" if isinstance(what, str) else format_record(what, when))
+        return out
 
     @property
     def running(self) -> bool:
@@ -454,10 +458,10 @@ class SimAgent:
             rec_for_line = dict(rec, left=round(self._deadline_s - float(rec["t"]), 1))
         else:
             rec_for_line = rec
-        self._lines.append(format_record(rec_for_line, self._to_dt(self._now_us)))
+        self._lines.append((self._now_us, rec_for_line))
 
     def _line(self, t: int, text: str) -> None:
-        self._lines.append(f"{_stamp(self._to_dt(t))} {text}")
+        self._lines.append((t, text))
 
     def _start(self, t: int) -> None:
         self.agent = Agent(
