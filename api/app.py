@@ -12,7 +12,19 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 
 from api.errors import BodyLimit, install_error_handlers
-from api.routes import admin, batches, fleets, health, jobs, metrics, plans, prices, report_page, reports
+from api.routes import (
+    admin,
+    batches,
+    fleet_workers,
+    fleets,
+    health,
+    jobs,
+    metrics,
+    plans,
+    prices,
+    report_page,
+    reports,
+)
 from api.wiring import build_sources, build_store, seed_if_empty
 from costopt.settings import Settings, get_settings
 from pricing.store import PriceStore
@@ -71,6 +83,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 service_time=_service_time(settings, app.state.sim_clock),
             )
             scheduler.start()
+        from api.fleet_service import add_fleet_job, fleet_executor_enabled
+
+        if fleet_executor_enabled(settings):  # the fleets' rounds, once per tick across replicas
+            from api.scheduler import new_scheduler
+            from costopt.jobs.leases import LeaseStore
+
+            if scheduler is None:
+                scheduler = new_scheduler()
+                scheduler.start()
+            add_fleet_job(scheduler, app.state.fleet_executor, settings, LeaseStore(store.engine))
         app.state.scheduler = scheduler
         try:
             yield
@@ -100,6 +122,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(jobs.router)
     app.include_router(batches.router)
     app.include_router(fleets.router)
+    app.include_router(fleet_workers.router)
     app.include_router(reports.router)
     app.include_router(report_page.router)
     app.include_router(admin.router)
@@ -141,3 +164,6 @@ def install_job_service(app: FastAPI, store: PriceStore, settings: Settings) -> 
         else JobPlanner(store, settings, unavailable=service.unavailable)
     )
     app.state.providers = dict(service.providers)
+    from api.fleet_service import build_fleet_executor
+
+    app.state.fleet_executor = build_fleet_executor(settings, service)  # the fleets' rounds (scheduled at startup)

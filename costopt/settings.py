@@ -387,6 +387,39 @@ class Settings(BaseSettings):
         "(every team), optionally :<gpus>; values cloud/region (the planner picks the cheapest on-demand instance "
         "there for the job at its submission) or cloud/region/instance_type. JSON object or key=value pairs.",
     )
+    fleet_executor_enabled: bool | None = Field(
+        default=None,
+        description="Run the fleets' round executor in this service (once per tick across replicas); None: "
+        "with the migration jobs (COSTOPT_MIGRATION_JOBS_ENABLED).",
+    )
+    fleet_tick: float = Field(
+        default=1.0,
+        gt=0,
+        le=3600,
+        description="Seconds between passes of the fleets' round executor (a round starts at the first pass at "
+        "or after its boundary).",
+    )
+    fleet_worker_poll: float = Field(
+        default=0.5, gt=0, le=600, description="Seconds between a fleet worker's syncs with the service."
+    )
+    fleet_dead_after: float = Field(
+        default=30.0,
+        gt=0,
+        description="A fleet instance whose worker has not synced for this many seconds is lost (its jobs resume "
+        "elsewhere from their last checkpoint; a replacement is launched).",
+    )
+    fleet_boot_timeout: float = Field(
+        default=600.0, gt=0, description="Seconds a new fleet instance's worker has to sync for the first time."
+    )
+    service_url: str = Field(
+        default="http://127.0.0.1:8000",
+        description="The URL fleet workers reach this service at (they sync over HTTP).",
+    )
+    fleet_worker_command: str | None = Field(
+        default=None,
+        description="The command a fleet instance runs (default: python3 -m costopt.agent.worker; on the local "
+        "provider, this service's own Python).",
+    )
 
     def resolved_throughput_file(self) -> Path | None:
         """The throughput file to load (None: no file configured and no data folder)."""

@@ -234,6 +234,7 @@ def submit_to_fleet(
     if not adm.ok:
         raise refused(fleet.id, adm)
     spec["fleet_id"] = fleet.id
+    spec["fleet_throughput"] = rates  # what the fleet row holds, so the executor can rebuild it from the job
     job, created = jobs.insert(
         NewJob(
             team_id=caller.team_id,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, insert, or_, select, update
+from sqlalchemy import Engine, and_, case, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -384,3 +384,239 @@ class FleetRepository:
                 select(fleet_rounds).where(fleet_rounds.c.fleet_id == fleet_id).order_by(fleet_rounds.c.round)
             ).all()
         return [RoundRecord.of(r) for r in rows]
+
+    # -- the round executor's writes ---------------------------------------------------------------------
+
+    def released_with_instances(self, *, conn: Connection | None = None) -> list[FleetRecord]:
+        """Released fleets that still have instances to terminate or jobs to end."""
+        live = [s.value for s in InstanceState if s is not InstanceState.RELEASED]
+        with self._reads(conn) as c:
+            rows = c.execute(
+                select(fleets)
+                .where(
+                    fleets.c.state == FleetState.RELEASED.value,
+                    or_(
+                        fleets.c.id.in_(select(fleet_instances.c.fleet_id).where(fleet_instances.c.state.in_(live))),
+                        fleets.c.id.in_(
+                            select(fleet_jobs.c.fleet_id).where(
+                                fleet_jobs.c.status.in_([FleetJobStatus.WAITING.value, FleetJobStatus.RUNNING.value])
+                            )
+                        ),
+                    ),
+                )
+                .order_by(fleets.c.created_at)
+            ).all()
+        return [FleetRecord.of(r) for r in rows]
+
+    def update_instance(
+        self, fleet_instance: str, /, *, expect: Collection[InstanceState] | None = None, **values: Any
+    ) -> bool:
+        """Set columns of an instance (``state`` as an :class:`InstanceState`), only from the states in
+        ``expect`` when given; True when the row was changed."""
+        if isinstance(values.get("state"), InstanceState):
+            values["state"] = values["state"].value
+        if "offer" in values:
+            raise ValueError("an instance's offer never changes")
+        conds: list[Any] = [fleet_instances.c.id == fleet_instance]
+        if expect is not None:
+            conds.append(fleet_instances.c.state.in_([InstanceState(s).value for s in expect]))
+        with self.engine.begin() as conn:
+            return bool(conn.execute(update(fleet_instances).where(*conds).values(**values)).rowcount)
+
+    def mark_dirty(self, fleet_id: str) -> None:
+        with self.engine.begin() as conn:
+            self._touch(conn, fleet_id, self.now())
+
+    def lose_instance(self, instance_id: str, reason: str, *, replace: NewInstance | None = None) -> bool:
+        """The instance's worker is gone: ``lost``, its jobs' copies are given up (their holder cleared: they
+        resume elsewhere from their last checkpoint, with a new epoch), the leases of this round that name it
+        are dropped, the fleet is re-solved, and ``replace`` (when given) is added ``pending``. One
+        transaction; False (nothing done) when the instance was not live any more."""
+        now = self.now()
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                update(fleet_instances)
+                .where(
+                    fleet_instances.c.id == instance_id,
+                    fleet_instances.c.state.in_(
+                        [InstanceState.LAUNCHING.value, InstanceState.RUNNING.value, InstanceState.DRAINING.value]
+                    ),
+                )
+                .values(state=InstanceState.LOST.value, ended_at=now, end_reason=reason)
+                .returning(fleet_instances.c.fleet_id)
+            ).first()
+            if row is None:
+                return False
+            conn.execute(
+                update(fleet_jobs)
+                .where(fleet_jobs.c.holder == instance_id)
+                .values(holder=None, holder_epoch=None, status=FleetJobStatus.WAITING.value, updated_at=now)
+            )
+            conn.execute(
+                update(fleet_jobs)
+                .where(fleet_jobs.c.target == instance_id)
+                .values(target=None, target_gpus=None, updated_at=now)
+            )
+            if replace is not None:
+                conn.execute(insert(fleet_instances), _instance_rows(row.fleet_id, [replace], now))
+            self._touch(conn, row.fleet_id, now)
+        return True
+
+    def holders(self, instance_id: str, *, conn: Connection | None = None) -> list[FleetJob]:
+        """Jobs whose copy may run on the instance now, or that the current round puts there."""
+        with self._reads(conn) as c:
+            rows = c.execute(
+                select(fleet_jobs).where(or_(fleet_jobs.c.holder == instance_id, fleet_jobs.c.target == instance_id))
+            ).all()
+        return [FleetJob.of(r) for r in rows]
+
+    def set_job(
+        self, job_id: str, *, expect_holder: tuple[str | None, int | None] | None = None, **values: Any
+    ) -> bool:
+        """Set columns of a fleet job (``status`` as a :class:`FleetJobStatus`; ``received`` and
+        ``target_gpus`` as JSON-able values), only while its holder is ``expect_holder`` (instance, epoch)
+        when given; True when the row was changed."""
+        if isinstance(values.get("status"), FleetJobStatus):
+            values["status"] = values["status"].value
+        for key in ("received", "target_gpus", "throughput"):
+            if key in values and values[key] is not None and not isinstance(values[key], str):
+                values[key] = _dumps(values[key])
+        values["updated_at"] = self.now()
+        conds: list[Any] = [fleet_jobs.c.job_id == job_id]
+        if expect_holder is not None:
+            inst, epoch = expect_holder
+            conds.append(fleet_jobs.c.holder.is_(None) if inst is None else fleet_jobs.c.holder == inst)
+            if inst is not None:
+                conds.append(fleet_jobs.c.holder_epoch == epoch)
+        with self.engine.begin() as conn:
+            return bool(conn.execute(update(fleet_jobs).where(*conds).values(**values)).rowcount)
+
+    def claim(self, job_id: str, instance_id: str, round_number: int) -> FleetJob | None:
+        """Give the job's next copy to ``instance_id`` (compare-and-set: only when no copy holds the job and
+        round ``round_number`` puts it there): the epoch goes up by one. The job, or None when not claimed."""
+        now = self.now()
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                update(fleet_jobs)
+                .where(
+                    fleet_jobs.c.job_id == job_id,
+                    fleet_jobs.c.holder.is_(None),
+                    fleet_jobs.c.target == instance_id,
+                    fleet_jobs.c.target_round == round_number,
+                    fleet_jobs.c.status.in_([FleetJobStatus.WAITING.value, FleetJobStatus.RUNNING.value]),
+                )
+                .values(
+                    holder=instance_id,
+                    epoch=fleet_jobs.c.epoch + 1,
+                    holder_epoch=fleet_jobs.c.epoch + 1,
+                    status=FleetJobStatus.RUNNING.value,
+                    started_at=func.coalesce(fleet_jobs.c.started_at, now),
+                    updated_at=now,
+                )
+                .returning(*fleet_jobs.c)
+            ).first()
+        return None if row is None else FleetJob.of(row)
+
+    def begin_round(
+        self,
+        fleet: FleetRecord,
+        *,
+        started_at: datetime,
+        ends_at: datetime,
+        capacity: Mapping[str, int],
+        assignment: Sequence[Mapping[str, Any]],
+        allocation: Mapping[str, Any] | None,
+        received: Mapping[str, Mapping[str, float]],
+        active: Sequence[str],
+        previous_ended_at: datetime | None,
+    ) -> bool:
+        """Start round ``fleet.round + 1`` (compare-and-set on the fleet's round: False when another replica
+        started it first): close the previous round at ``previous_ended_at``, write the new one, its
+        leases as each job's target, the received seconds of ``active`` jobs, and the allocation (when
+        solved). One transaction."""
+        nxt = fleet.round + 1
+        now = self.now()
+        with self.engine.begin() as conn:
+            values: dict[str, Any] = {
+                "round": nxt,
+                "round_started_at": started_at,
+                "round_ends_at": ends_at,
+                "updated_at": now,
+                "version": fleets.c.version + 1,
+            }
+            if allocation is not None:  # solved: clean, unless something marked it dirty since it was read
+                values.update(
+                    allocation=_dumps(allocation),
+                    solved_round=nxt,
+                    dirty=case((fleets.c.version == fleet.version, False), else_=fleets.c.dirty),
+                )
+            won = conn.execute(
+                update(fleets).where(fleets.c.id == fleet.id, fleets.c.round == fleet.round).values(**values)
+            ).rowcount
+            if not won:
+                return False
+            if fleet.round and previous_ended_at is not None:
+                conn.execute(
+                    update(fleet_rounds)
+                    .where(fleet_rounds.c.fleet_id == fleet.id, fleet_rounds.c.round == fleet.round)
+                    .values(ended_at=previous_ended_at)
+                )
+            conn.execute(
+                insert(fleet_rounds).values(
+                    fleet_id=fleet.id,
+                    round=nxt,
+                    started_at=started_at,
+                    ends_at=ends_at,
+                    capacity=_dumps(dict(capacity)),
+                    assignment=_dumps(list(assignment)),
+                    solved=allocation is not None,
+                    billed=False,
+                )
+            )
+            leases = {str(a["job_id"]): a for a in assignment}
+            for job_id in active:
+                lease = leases.get(job_id)
+                job_values: dict[str, Any] = {
+                    "received": _dumps(dict(received.get(job_id, {}))),
+                    "target": None if lease is None else lease["instance"],
+                    "target_gpus": None if lease is None else _dumps(list(lease["gpus"])),
+                    "target_round": nxt,
+                    "updated_at": now,
+                }
+                if lease is not None:
+                    job_values["ever_ran"] = True
+                conn.execute(update(fleet_jobs).where(fleet_jobs.c.job_id == job_id).values(**job_values))
+        return True
+
+    def end_round(self, fleet: FleetRecord, ended_at: datetime) -> bool:
+        """Close the current round without starting another (no job left to run): False when the fleet
+        moved on meanwhile."""
+        with self.engine.begin() as conn:
+            won = conn.execute(
+                update(fleets)
+                .where(fleets.c.id == fleet.id, fleets.c.round == fleet.round, fleets.c.version == fleet.version)
+                .values(round_ends_at=ended_at, updated_at=self.now(), version=fleets.c.version + 1)
+            ).rowcount
+            if won and fleet.round:
+                conn.execute(
+                    update(fleet_rounds)
+                    .where(fleet_rounds.c.fleet_id == fleet.id, fleet_rounds.c.round == fleet.round)
+                    .values(ended_at=ended_at)
+                )
+        return bool(won)
+
+    def missing_jobs(self, *, conn: Connection | None = None) -> list[tuple[str, str]]:
+        """``(job id, team)`` of queued fleet jobs without their fleet row (a submission cut short between
+        its two writes): the executor registers them."""
+        from costopt.db.jobs_schema import jobs as jobs_table
+        from costopt.fleets.model import FLEET_PROVIDER
+
+        with self._reads(conn) as c:
+            rows = c.execute(
+                select(jobs_table.c.id, jobs_table.c.team_id).where(
+                    jobs_table.c.provider == FLEET_PROVIDER,
+                    jobs_table.c.state == "queued",
+                    jobs_table.c.id.not_in(select(fleet_jobs.c.job_id)),
+                )
+            ).all()
+        return [(str(r.id), str(r.team_id)) for r in rows]

@@ -1,0 +1,453 @@
+"""The round executor: drives every fleet, one idempotent pass per tick (the service runs it once per tick
+across replicas under the ``fleets`` lease, :mod:`api.scheduler`).
+
+Per fleet, each pass:
+
+1. **registers** jobs whose submission was cut short between its two writes (from the job's spec);
+2. **cancels**: a job whose cancel was asked (or whose fleet was released) loses its lease at once (its
+   worker stops its copy at the next sync; the copy's exit cancels it), or is cancelled now when no copy
+   runs;
+3. **liveness**: an instance whose worker has not synced for ``dead_after_s`` (or never within
+   ``boot_timeout_s`` of its launch), or that its provider reports ended, is ``lost``: its GPUs leave the
+   fleet, its jobs' copies are given up (they resume elsewhere from their last checkpoint under a new
+   epoch), the cloud instance is terminated and a replacement is launched (active fleets);
+4. **draining** instances (scaled down, or the fleet released) are terminated once no job holds them;
+5. **launches** pending instances: each runs a worker (``worker_command``) with its fleet, its id and a
+   token whose SHA-256 only is stored;
+6. **round boundary**: when the round in force ends (rounds are ``round_s`` apart on one grid, as the
+   simulator's), credits each lease of the ended round with its seconds, re-solves the policy when jobs
+   arrived or left, the GPUs changed or ``resolve_rounds`` rounds passed, runs the mechanism
+   (:func:`costopt.fleets.rounds.plan_round`) and writes the new round and each job's target (the
+   workers read them at their next sync). A job that arrived after the boundary's time waits for the
+   next one (as in the simulator). Starting a round is a compare-and-set on the fleet's round number;
+7. **billing** (``billing``, when given): the ledger lines of the rounds that ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from costopt.cloud import CloudError, CloudProvider, LaunchSpec, NotFoundError
+from costopt.cloud import InstanceState as CloudState
+from costopt.errors import CostoptError
+from costopt.fleets.model import (
+    FleetInstance,
+    FleetJob,
+    FleetJobStatus,
+    FleetRecord,
+    FleetState,
+    InstanceState,
+    NewInstance,
+    capacity_of,
+)
+from costopt.fleets.rounds import plan_round
+from costopt.fleets.store import FleetRepository, NewFleetJob
+from costopt.fleets.sync import hash_token, new_token
+from costopt.jobs.model import JobState
+from costopt.jobs.records import ConcurrentUpdate, IllegalTransition, JobNotFound, JobRecord, JobRepository
+
+log = logging.getLogger("costopt.fleets")
+
+__all__ = ["ExecutorReport", "FleetExecutor"]
+
+ENDED = (CloudState.TERMINATED, CloudState.PREEMPTED, CloudState.STOPPED)
+LAUNCH_RETRY_S = 30.0
+
+
+@dataclass(slots=True)
+class ExecutorReport:
+    at: datetime
+    fleets: int = 0
+    rounds: list[str] = field(default_factory=list)
+    launched: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class FleetExecutor:
+    """See the module docstring. ``providers``: by name (an instance's ``provider``); ``worker_command``:
+    the worker's command for a provider name; ``worker_env``: extra variables of every worker (e.g.
+    ``COSTOPT_WORKER_POLL``); ``billing``: called with each fleet and now after its boundary."""
+
+    def __init__(
+        self,
+        repo: FleetRepository,
+        jobs: JobRepository,
+        providers: Mapping[str, CloudProvider],
+        *,
+        worker_command: Callable[[str], Sequence[str]],
+        service_url: str,
+        worker_env: Mapping[str, str] | None = None,
+        dead_after_s: float = 30.0,
+        boot_timeout_s: float = 600.0,
+        billing: Callable[[FleetRecord, datetime], object] | None = None,
+    ) -> None:
+        if dead_after_s <= 0 or boot_timeout_s <= 0:
+            raise ValueError("dead_after_s and boot_timeout_s must be > 0")
+        self.repo = repo
+        self.jobs = jobs
+        self.providers = dict(providers)
+        self.worker_command = worker_command
+        self.service_url = service_url.rstrip("/")
+        self.worker_env = dict(worker_env or {})
+        self.dead_after = timedelta(seconds=dead_after_s)
+        self.boot_timeout = timedelta(seconds=boot_timeout_s)
+        self.billing = billing
+        self._retry_at: dict[str, datetime] = {}
+        self._lock = threading.Lock()
+
+    def tick(self) -> ExecutorReport:
+        """One pass over every fleet (module docstring); a concurrent call returns at once."""
+        now = self.repo.now()
+        out = ExecutorReport(now)
+        if not self._lock.acquire(blocking=False):
+            return out
+        try:
+            self._register_missing(out)
+            fleets = self.repo.active() + self.repo.released_with_instances()
+            out.fleets = len(fleets)
+            for fleet in fleets:
+                try:
+                    self._fleet(fleet, out)
+                except (CostoptError, CloudError, OSError, ValueError) as exc:
+                    log.exception("fleet %s: the pass failed", fleet.id)
+                    out.errors.append(f"{fleet.id}: {type(exc).__name__}: {exc}")
+            return out
+        finally:
+            self._lock.release()
+
+    # -- one fleet -------------------------------------------------------------------------------------
+
+    def _fleet(self, fleet: FleetRecord, out: ExecutorReport) -> None:
+        now = self.repo.now()
+        jobs = self.repo.jobs(fleet.id, statuses=(FleetJobStatus.WAITING, FleetJobStatus.RUNNING))
+        records = {j.job_id: self._job(j.job_id) for j in jobs}
+        if fleet.state is FleetState.RELEASED:
+            for j in jobs:
+                rec = records.get(j.job_id)
+                if rec is not None and rec.cancel_requested_at is None and not rec.state.terminal:
+                    records[j.job_id] = self.jobs.request_cancel(j.job_id)
+        runnable = self._cancels(jobs, records)
+        instances = self.repo.instances(fleet.id)
+        self._liveness(fleet, instances, now, out)
+        instances = self.repo.instances(fleet.id)
+        self._drain(fleet, instances, out)
+        if fleet.state is FleetState.ACTIVE:
+            self._launch(
+                fleet, [i for i in instances if i.state in (InstanceState.PENDING, InstanceState.LAUNCHING)], now, out
+            )
+            self._boundary(self.repo.get(fleet.id), instances, runnable, now, out)
+        if self.billing is not None:
+            self.billing(self.repo.get(fleet.id), now)
+
+    def _cancels(self, jobs: Sequence[FleetJob], records: Mapping[str, JobRecord | None]) -> list[FleetJob]:
+        """Leases of cancelled jobs are taken back; returns the jobs that may run."""
+        keep: list[FleetJob] = []
+        for j in jobs:
+            rec = records.get(j.job_id)
+            if rec is None:
+                continue
+            if rec.state.terminal or rec.cancel_requested_at is not None:
+                if j.holder is None:
+                    if self.repo.set_job(
+                        j.job_id,
+                        expect_holder=(None, None),
+                        status=FleetJobStatus.CANCELLED,
+                        target=None,
+                        finished_at=self.repo.now(),
+                        reason="cancelled",
+                    ):
+                        self._to(rec, JobState.CANCELLED, "cancelled before its next lease")
+                        self.repo.mark_dirty(j.fleet_id)
+                elif j.target is not None:
+                    self.repo.set_job(j.job_id, target=None, target_gpus=None)  # its worker stops the copy
+                continue
+            keep.append(j)
+        return keep
+
+    def _liveness(
+        self, fleet: FleetRecord, instances: Sequence[FleetInstance], now: datetime, out: ExecutorReport
+    ) -> None:
+        for inst in instances:
+            reason = None
+            if inst.state in (InstanceState.RUNNING, InstanceState.DRAINING) and inst.last_seen_at is not None:
+                if now - inst.last_seen_at > self.dead_after:
+                    reason = f"its worker has not synced for {(now - inst.last_seen_at).total_seconds():.0f} s"
+            elif (
+                inst.state is InstanceState.LAUNCHING
+                and inst.launched_at is not None
+                and inst.first_seen_at is None
+                and now - inst.launched_at > self.boot_timeout
+            ):
+                reason = f"its worker did not sync within {self.boot_timeout.total_seconds():.0f} s of the launch"
+            if (
+                reason is None
+                and inst.instance_id
+                and inst.state
+                in (
+                    InstanceState.LAUNCHING,
+                    InstanceState.RUNNING,
+                    InstanceState.DRAINING,
+                )
+            ):
+                stale = inst.last_seen_at is None or now - inst.last_seen_at > self.dead_after / 10
+                if stale:
+                    reason = self._ended(inst)
+            if reason is None:
+                continue
+            replace = None
+            if fleet.state is FleetState.ACTIVE and inst.state is not InstanceState.DRAINING:
+                replace = NewInstance(
+                    offer=inst.offer,
+                    accelerator=inst.accelerator,
+                    gpus=inst.gpus,
+                    provider=inst.provider,
+                    usd_per_hour=inst.usd_per_hour,
+                    replaces=inst.id,
+                )
+            if self.repo.lose_instance(inst.id, reason, replace=replace):
+                log.warning(
+                    "fleet %s: instance %s lost: %s%s",
+                    fleet.id,
+                    inst.id,
+                    reason,
+                    "; launching a replacement" if replace else "",
+                )
+                out.lost.append(inst.id)
+                self._terminate(inst)
+
+    def _ended(self, inst: FleetInstance) -> str | None:
+        provider = self.providers.get(inst.provider)
+        if provider is None or inst.instance_id is None:
+            return None
+        try:
+            state = provider.describe(inst.instance_id).state
+        except NotFoundError:
+            return "its provider no longer knows the instance"
+        except CloudError as exc:
+            log.info("fleet instance %s: describe failed: %s", inst.id, exc)
+            return None
+        return f"the instance is {state.value}" if state in ENDED else None
+
+    def _terminate(self, inst: FleetInstance) -> None:
+        provider = self.providers.get(inst.provider)
+        if provider is None or inst.instance_id is None:
+            return
+        try:
+            provider.terminate(inst.instance_id)
+        except CloudError as exc:
+            log.warning("fleet instance %s: terminate failed (retried by the reconciler): %s", inst.id, exc)
+
+    def _drain(self, fleet: FleetRecord, instances: Sequence[FleetInstance], out: ExecutorReport) -> None:
+        for inst in instances:
+            if inst.state is not InstanceState.DRAINING:
+                continue
+            if any(
+                j.holder == inst.id or (j.target == inst.id and not j.status.finished)
+                for j in self.repo.holders(inst.id)
+            ):
+                continue  # its jobs stop at the next round first
+            self._terminate(inst)
+            if self.repo.update_instance(
+                inst.id, expect=(InstanceState.DRAINING,), state=InstanceState.RELEASED, ended_at=self.repo.now()
+            ):
+                out.released.append(inst.id)
+                log.info("fleet %s: instance %s released (%s)", fleet.id, inst.id, inst.end_reason or "drained")
+
+    def _launch(self, fleet: FleetRecord, pending: Sequence[FleetInstance], now: datetime, out: ExecutorReport) -> None:
+        for inst in pending:
+            if inst.state is InstanceState.LAUNCHING:
+                if inst.instance_id is None and inst.launch_token and (now - inst.created_at) > timedelta(seconds=60):
+                    self._abandon_launch(inst)  # a launch cut short: its token's secret is lost
+                continue
+            if self._retry_at.get(inst.id, now) > now:
+                continue
+            provider = self.providers.get(inst.provider)
+            if provider is None:
+                out.errors.append(f"{inst.id}: provider {inst.provider!r} is not configured in this service")
+                continue
+            token, launch_token = new_token(), f"{inst.id}-{secrets.token_hex(4)}"
+            if not self.repo.update_instance(
+                inst.id,
+                expect=(InstanceState.PENDING,),
+                state=InstanceState.LAUNCHING,
+                token_hash=hash_token(token),
+                launch_token=launch_token,
+            ):
+                continue
+            spec = LaunchSpec(
+                offer=inst.offer,
+                command=list(self.worker_command(inst.provider)),
+                env={
+                    **self.worker_env,
+                    "COSTOPT_SERVICE_URL": self.service_url,
+                    "COSTOPT_FLEET_ID": fleet.id,
+                    "COSTOPT_WORKER_ID": inst.id,
+                    "COSTOPT_WORKER_TOKEN": token,
+                    "COSTOPT_WORKER_GPUS": str(inst.gpus),
+                },
+                tags={"costopt:fleet": fleet.id, "costopt:fleet-instance": inst.id},
+            )
+            try:
+                launched = provider.launch(spec, launch_token)
+            except CloudError as exc:
+                self.repo.update_instance(
+                    inst.id,
+                    expect=(InstanceState.LAUNCHING,),
+                    state=InstanceState.PENDING,
+                    token_hash=None,
+                    launch_token=None,
+                    end_reason=f"launch failed: {exc}"[:2000],
+                )
+                self._retry_at[inst.id] = now + timedelta(seconds=LAUNCH_RETRY_S)
+                out.errors.append(f"{inst.id}: launch failed: {exc}")
+                continue
+            self.repo.update_instance(inst.id, instance_id=launched.instance_id, launched_at=self.repo.now())
+            out.launched.append(inst.id)
+            log.info("fleet %s: launched %s (%s) as %s", fleet.id, inst.id, inst.offer, launched.instance_id)
+
+    def _abandon_launch(self, inst: FleetInstance) -> None:
+        provider = self.providers.get(inst.provider)
+        if provider is None or inst.launch_token is None:
+            return
+        try:
+            found = provider.launch(LaunchSpec(offer=inst.offer, command=["true"]), inst.launch_token)
+            provider.terminate(found.instance_id)
+        except CloudError as exc:
+            log.warning("fleet instance %s: could not clear a launch cut short: %s", inst.id, exc)
+            return
+        self.repo.update_instance(
+            inst.id, expect=(InstanceState.LAUNCHING,), state=InstanceState.PENDING, token_hash=None, launch_token=None
+        )
+
+    # -- the boundary ----------------------------------------------------------------------------------
+
+    def _boundary(
+        self,
+        fleet: FleetRecord,
+        instances: Sequence[FleetInstance],
+        jobs: Sequence[FleetJob],
+        now: datetime,
+        out: ExecutorReport,
+    ) -> None:
+        if fleet.round_ends_at is not None and now < fleet.round_ends_at:
+            return
+        length = timedelta(seconds=fleet.round_s)
+        if fleet.round_ends_at is None:
+            start = now
+        else:  # the latest grid point at or before now (re-anchored when the executor was away long)
+            k = math.floor((now - fleet.round_ends_at) / length)
+            start = fleet.round_ends_at + k * length
+            if now - start > length / 2:
+                start = now
+        current = self.repo.round(fleet.id, fleet.round) if fleet.round else None
+        open_round = current is not None and current.ended_at is None
+        jobs = [
+            j
+            for j in self.repo.jobs(fleet.id, statuses=(FleetJobStatus.WAITING, FleetJobStatus.RUNNING))
+            if j.job_id in {x.job_id for x in jobs} and j.arrived_at <= start
+        ]
+        live = [i for i in self.repo.instances(fleet.id) if i.state is InstanceState.RUNNING]
+        if not jobs or not live:
+            if open_round and current is not None:
+                self.repo.end_round(fleet, max(current.started_at, min(start, current.ends_at)))
+            return
+        received: dict[str, dict[str, float]] = {j.job_id: dict(j.received) for j in jobs}
+        if open_round and current is not None:
+            held = (start - current.started_at).total_seconds()
+            for lease in current.assignment:
+                if lease.job_id in received:
+                    got = received[lease.job_id]
+                    got[lease.wtype] = got.get(lease.wtype, 0.0) + held
+        previous = current.assignment if open_round and current is not None else ()
+        solve = self._must_solve(fleet, jobs, live)
+        decision = plan_round(fleet, live, jobs, previous, received, start, solve=solve)
+        if decision.unplaced:
+            log.info(
+                "fleet %s: round %d: no single instance could hold %s",
+                fleet.id,
+                fleet.round + 1,
+                list(decision.unplaced),
+            )
+        allocation = decision.allocation
+        if allocation is not None:
+            allocation = {**allocation, "capacity": dict(decision.capacity)}
+        if self.repo.begin_round(
+            fleet,
+            started_at=start,
+            ends_at=start + length,
+            capacity=decision.capacity,
+            assignment=[a.to_doc() for a in decision.assignment],
+            allocation=allocation,
+            received=received,
+            active=[j.job_id for j in jobs],
+            previous_ended_at=start if open_round else None,
+        ):
+            out.rounds.append(f"{fleet.id}:{fleet.round + 1}")
+            log.info(
+                "fleet %s: round %d at %s: %d leases over %s%s",
+                fleet.id,
+                fleet.round + 1,
+                start.isoformat(),
+                len(decision.assignment),
+                dict(decision.capacity),
+                " (policy solved)" if allocation is not None else "",
+            )
+
+    @staticmethod
+    def _must_solve(fleet: FleetRecord, jobs: Sequence[FleetJob], live: Sequence[FleetInstance]) -> bool:
+        doc = fleet.allocation
+        if fleet.dirty or not doc or fleet.solved_round is None:
+            return True
+        if fleet.round + 1 - fleet.solved_round >= fleet.resolve_rounds:
+            return True
+        if set(doc.get("job_ids", [])) != {j.job_id for j in jobs}:
+            return True
+        return dict(doc.get("capacity", {})) != capacity_of(live)
+
+    # -- jobs ------------------------------------------------------------------------------------------
+
+    def _register_missing(self, out: ExecutorReport) -> None:
+        for job_id, team in self.repo.missing_jobs():
+            rec = self._job(job_id)
+            spec = rec.spec if rec is not None else {}
+            if rec is None or not spec.get("fleet_id"):
+                continue
+            try:
+                self.repo.add_job(
+                    NewFleetJob(
+                        job_id=job_id,
+                        fleet_id=str(spec["fleet_id"]),
+                        team_id=team,
+                        gpus=int(spec.get("gpus", 1)),
+                        throughput={str(k): float(v) for k, v in (spec.get("fleet_throughput") or {}).items()},
+                        steps_total=rec.steps_total,
+                        arrived_at=rec.created_at,
+                        weight=float(spec.get("weight", 1.0)),
+                        slo_s=None if spec.get("slo_s") is None else float(spec["slo_s"]),
+                    )
+                )
+                log.warning("job %s: registered with fleet %s (its submission was cut short)", job_id, spec["fleet_id"])
+            except (CostoptError, ValueError) as exc:
+                out.errors.append(f"{job_id}: {exc}")
+
+    def _job(self, job_id: str) -> JobRecord | None:
+        try:
+            return self.jobs.get(job_id)
+        except JobNotFound:
+            return None
+
+    def _to(self, rec: JobRecord | None, to: JobState, reason: str) -> None:
+        if rec is None or rec.state.terminal:
+            return
+        try:
+            self.jobs.transition(rec.id, to, reason)
+        except (ConcurrentUpdate, IllegalTransition) as exc:
+            log.info("job %s: %s", rec.id, exc)

@@ -1,0 +1,178 @@
+"""One round boundary of a fleet, decided from live state with Gavel's own pieces.
+
+:func:`plan_round` builds the :class:`~costopt.gavel.state.ClusterState` from what the fleet's workers
+reported (each job's steps done, the seconds of leases it received on each worker type, where it ran last
+round), calls the fleet's policy when asked (a job arrived or left, the GPUs changed, or every
+``resolve_rounds`` rounds), and runs :class:`~costopt.gavel.mechanism.RoundMechanism` for the round: the
+same policy objects and mechanism :func:`costopt.gavel.simulator.simulate_trace` drives with simulated
+progress. The mechanism is rebuilt at every boundary from the stored history (its ``received`` seconds
+and ``ever_ran`` flags), so any service replica can run any round. Then :func:`costopt.fleets.placement.
+place` puts the mechanism's units on instances.
+
+Worker types are the accelerators of the fleet's live instances (alphabetical); a job's throughput on a
+type counts only when one live instance of it has the job's GPUs (a job runs within one instance). Times
+given to the policy are seconds since the fleet was created. Space sharing is not used by live fleets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from costopt.fleets.model import Assigned, FleetInstance, FleetJob, FleetRecord, InstanceState
+from costopt.fleets.placement import Slot, Unit, place
+
+__all__ = ["RoundDecision", "plan_round"]
+
+
+@dataclass(frozen=True, slots=True)
+class RoundDecision:
+    """What a boundary decided: the leases of the round, the GPUs per worker type it was planned on, the
+    allocation document when the policy was solved (None: the one in force was kept) and the jobs the
+    mechanism ran but no single instance could hold (they wait)."""
+
+    assignment: tuple[Assigned, ...]
+    capacity: Mapping[str, int]
+    allocation: Mapping[str, Any] | None
+    unplaced: tuple[str, ...] = ()
+
+
+def _seconds(t: datetime, origin: datetime) -> float:
+    return (t - origin).total_seconds()
+
+
+def plan_round(
+    fleet: FleetRecord,
+    instances: Sequence[FleetInstance],
+    jobs: Sequence[FleetJob],
+    previous: Sequence[Assigned],
+    received: Mapping[str, Mapping[str, float]],
+    now: datetime,
+    *,
+    solve: bool,
+) -> RoundDecision:
+    """The leases of the round starting at ``now`` (see the module docstring).
+
+    ``instances``: the fleet's instances (those ``running`` count); ``jobs``: the jobs to share the fleet
+    among (unfinished, not being cancelled); ``previous``: the last round's leases; ``received``: seconds of
+    leases each job received on each worker type up to ``now``; ``solve``: call the policy (else keep the
+    allocation in force, ``fleet.allocation``, for the jobs and types it names)."""
+    from costopt.gavel.mechanism import RoundMechanism, fastest_first
+    from costopt.gavel.policies import get_policy
+    from costopt.gavel.state import ClusterState
+
+    live = [i for i in instances if i.state is InstanceState.RUNNING]
+    cap: dict[str, int] = {}
+    largest: dict[str, int] = {}
+    price: dict[str, list[float]] = {}
+    for i in live:
+        cap[i.accelerator] = cap.get(i.accelerator, 0) + i.gpus
+        largest[i.accelerator] = max(largest.get(i.accelerator, 0), i.gpus)
+        if i.usd_per_hour is not None:
+            price.setdefault(i.accelerator, []).append(float(i.usd_per_hour) / i.gpus)
+    types = sorted(cap)
+    if not types or not jobs:
+        return RoundDecision((), cap, None)
+    n, nt = len(jobs), len(types)
+    tput = np.zeros((n, nt))
+    for r, job in enumerate(jobs):
+        for c, t in enumerate(types):
+            rate = job.throughput.get(t, 0.0)
+            if rate > 0 and job.gpus <= largest[t]:
+                tput[r, c] = rate
+    teams = sorted({j.team_id for j in jobs})
+    last_type = {a.job_id: types.index(a.wtype) for a in previous if a.wtype in cap}
+    origin = fleet.created_at
+    arrival = np.array([_seconds(j.arrived_at, origin) for j in jobs])
+    state = ClusterState.create(
+        tput,
+        np.array([cap[t] for t in types], dtype=np.float64),
+        worker_types=types,
+        prices=np.array([float(np.mean(price[t])) if t in price else 0.0 for t in types]),
+        job_ids=np.arange(n),
+        scale_factor=np.array([j.gpus for j in jobs]),
+        weight=np.array([j.weight for j in jobs]),
+        steps_remaining=np.array([max(j.steps_total - j.steps_done, 0) for j in jobs], dtype=np.float64),
+        arrival_s=arrival,
+        slo_s=np.array([np.inf if j.slo_s is None else j.slo_s for j in jobs]),
+        team=np.array([teams.index(j.team_id) for j in jobs]),
+        current_type=np.array([last_type.get(j.job_id, -1) for j in jobs]),
+        now_s=_seconds(now, origin),
+    )
+    policy = get_policy(fleet.policy)
+    doc: dict[str, Any] | None = None
+    if solve:
+        alloc = policy.allocate(state)
+        x = np.asarray(alloc.x, dtype=np.float64)
+        doc = {
+            "policy": policy.name,
+            "round": fleet.round + 1,
+            "at": now.isoformat(),
+            "worker_types": list(types),
+            "job_ids": [j.job_id for j in jobs],
+            "x": [[round(float(v), 12) for v in row] for row in x],
+            "objective": float(alloc.objective),
+            "notes": list(alloc.notes),
+        }
+    else:
+        x = _kept(fleet.allocation, jobs, types)
+    # the mechanism, rebuilt from the stored history; constructed as the simulator constructs it
+    mech = RoundMechanism(
+        [cap[t] for t in types],
+        [largest[t] for t in types],
+        n,
+        type_order=fastest_first(tput) if policy.heterogeneity_aware else None,
+    )
+    mech.received[:] = np.array([[float(received.get(j.job_id, {}).get(t, 0.0)) for t in types] for j in jobs])
+    mech.ever_ran[:] = np.array([j.ever_ran for j in jobs], dtype=bool)
+    mech.set_allocation(
+        np.arange(n, dtype=np.int64),
+        state.scale_factor,
+        state.runnable(),
+        x,
+        np.zeros((0, 2), dtype=np.int64),
+        np.zeros((0, nt)),
+        arrival,
+    )
+    plan = mech.plan(state.now_s)
+    units = [
+        Unit(jobs[int(a)].job_id, types[int(w)], int(g))
+        for (a, _), w, g in zip(plan.members.tolist(), plan.wtype.tolist(), plan.gpus.tolist(), strict=True)
+    ]
+    held = {a.job_id: (a.instance, a.gpus) for a in previous}
+    slots = [Slot(i.id, i.accelerator, i.gpus) for i in live]
+    where, unplaced = place(units, slots, held)
+    epoch_of = {j.job_id: j for j in jobs}
+    assignment = []
+    for u in units:
+        if u.job_id not in where:
+            continue
+        inst, gpus = where[u.job_id]
+        job = epoch_of[u.job_id]
+        stays = job.holder == inst and held.get(u.job_id) == (inst, gpus) and job.holder_epoch is not None
+        epoch = int(job.holder_epoch) if stays and job.holder_epoch is not None else job.epoch + 1
+        assignment.append(Assigned(u.job_id, inst, gpus, u.wtype, epoch))
+    return RoundDecision(tuple(assignment), cap, doc, tuple(unplaced))
+
+
+def _kept(doc: Mapping[str, Any] | None, jobs: Sequence[FleetJob], types: Sequence[str]) -> Any:
+    """The allocation in force as a (jobs x types) matrix for ``jobs`` and ``types`` (0 where it names
+    neither the job nor the type)."""
+    x = np.zeros((len(jobs), len(types)))
+    if not doc:
+        return x
+    col = {str(t): k for k, t in enumerate(doc.get("worker_types", []))}
+    row = {str(j): k for k, j in enumerate(doc.get("job_ids", []))}
+    stored = np.asarray(doc.get("x", []), dtype=np.float64)
+    for r, job in enumerate(jobs):
+        k = row.get(job.job_id)
+        if k is None:
+            continue
+        for c, t in enumerate(types):
+            if t in col:
+                x[r, c] = stored[k, col[t]]
+    return x

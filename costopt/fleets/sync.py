@@ -1,0 +1,280 @@
+"""The service's side of the worker protocol (:mod:`costopt.agent.worker`): one sync of one worker.
+
+A worker reports its copies (job, epoch, last step and latest checkpoint from the agent's log, exit code
+once exited); :meth:`WorkerSync.sync` records what they say and answers the desired state:
+
+- **liveness**: the instance's ``last_seen_at``; its first sync makes it ``running`` (its GPUs count from
+  the next round);
+- **progress**: the holder copy's last step and checkpoint go to the fleet job (what the policy sees as
+  steps remaining) and to the ``jobs`` row (``launching`` -> ``running`` at its first step);
+- **exits** (compare-and-set on the job's holder and epoch, so a late or repeated report changes nothing):
+  the job is free again (its next copy may start anywhere), ``done`` when the copy finished its steps
+  (``jobs``: ``succeeded``), ``cancelled`` when a cancel was asked, ``failed`` after
+  :data:`MAX_FAILURES` copies exited on their own with an error; every exited copy is acknowledged;
+- **run**: the jobs the current round puts on this instance whose copy runs here already, or that no copy
+  holds (claimed now: epoch + 1, :meth:`FleetRepository.claim`); a job whose previous copy still runs
+  elsewhere waits until that copy's exit is reported (never two writers).
+
+An instance that is ``lost`` or ``released`` gets ``release: true`` and nothing to run: its worker stops
+its copies and ends. A token that does not match is refused (:class:`WorkerRefused`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from costopt.agent.contract import contract_env, job_env
+from costopt.errors import CostoptError
+from costopt.fleets.model import FleetJob, FleetJobStatus, InstanceState
+from costopt.fleets.store import FleetRepository
+from costopt.jobs.model import JobState
+from costopt.jobs.records import ConcurrentUpdate, IllegalTransition, JobNotFound, JobRecord, JobRepository
+
+log = logging.getLogger("costopt.fleets")
+
+__all__ = ["MAX_FAILURES", "WorkerRefused", "WorkerSync", "hash_token", "new_token"]
+
+MAX_FAILURES = 3
+"""Copies of a job that may exit with an error on their own (not stopped) before the job is failed."""
+
+STOPPED_CODES = frozenset({75, 3, -15, 143})
+"""Exit codes of a copy that stopped as asked (checkpointed: 75), was fenced out (3) or was terminated."""
+
+
+class WorkerRefused(CostoptError):
+    """Unknown worker or wrong token."""
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _utc(t: float | None) -> datetime | None:
+    return None if t is None else datetime.fromtimestamp(float(t), UTC)
+
+
+@dataclass(slots=True)
+class WorkerSync:
+    """Answers workers' syncs over ``repo`` and ``jobs``. ``poll_s``: the poll interval workers are told."""
+
+    repo: FleetRepository
+    jobs: JobRepository
+    poll_s: float = 0.5
+    now: Callable[[], datetime] | None = None
+
+    def sync(self, worker_id: str, token: str, report: Mapping[str, Any]) -> dict[str, Any]:
+        inst = self.repo.instance(worker_id)
+        if inst is None or inst.token_hash is None or not hmac.compare_digest(inst.token_hash, hash_token(token)):
+            raise WorkerRefused(f"unknown worker {worker_id!r} or wrong token")
+        now = self.now() if self.now is not None else self.repo.now()
+        if inst.state in (InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.DRAINING):
+            values: dict[str, Any] = {"last_seen_at": now}
+            if inst.first_seen_at is None:
+                values["first_seen_at"] = now
+            if inst.state is InstanceState.LAUNCHING:
+                values["state"] = InstanceState.RUNNING
+                self.repo.mark_dirty(inst.fleet_id)  # its GPUs count from the next round
+                log.info(
+                    "fleet %s: worker %s is up (%d %s GPUs)", inst.fleet_id, worker_id, inst.gpus, inst.accelerator
+                )
+            self.repo.update_instance(worker_id, expect=(inst.state,), **values)
+        fleet = self.repo.get(inst.fleet_id)
+        ack: list[dict[str, Any]] = []
+        for copy in report.get("copies") or ():
+            job_id, epoch = str(copy.get("job_id")), int(copy.get("epoch", 0))
+            fj = self.repo.job(job_id)
+            exited = copy.get("state") == "exited"
+            if fj is None or fj.fleet_id != fleet.id:
+                if exited:
+                    ack.append({"job_id": job_id, "epoch": epoch})
+                continue
+            mine = fj.holder == worker_id and fj.holder_epoch == epoch
+            if mine:
+                self._progress(fj, copy)
+            if exited:
+                if mine:
+                    self._exited(fj, worker_id, epoch, copy)
+                ack.append({"job_id": job_id, "epoch": epoch})
+        gone = inst.state in (InstanceState.LOST, InstanceState.RELEASED)
+        return {
+            "round": fleet.round,
+            "round_ends_at": fleet.round_ends_at.isoformat() if fleet.round_ends_at else None,
+            "poll_s": self.poll_s,
+            "run": [] if gone else self._run(fleet.id, fleet.round, worker_id, inst.accelerator),
+            "ack": ack,
+            "release": gone,
+        }
+
+    # -- reports ---------------------------------------------------------------------------------------
+
+    def _progress(self, fj: FleetJob, copy: Mapping[str, Any]) -> None:
+        step, ckpt = copy.get("step"), copy.get("checkpoint_step")
+        values: dict[str, Any] = {}
+        if step is not None and int(step) != fj.steps_done:
+            values["steps_done"] = int(step)
+        if ckpt is not None and int(ckpt) > fj.checkpoint_step:
+            values["checkpoint_step"] = int(ckpt)
+        if values:
+            self.repo.set_job(fj.job_id, expect_holder=(fj.holder, fj.holder_epoch), **values)
+        if step is not None:
+            self.jobs.set_progress(fj.job_id, int(step))
+            restored = int(copy.get("restored_step") or 0)
+            if int(step) > restored:
+                self._job_to(fj.job_id, JobState.RUNNING, "stepping", expect=JobState.LAUNCHING)
+
+    def _exited(self, fj: FleetJob, worker_id: str, epoch: int, copy: Mapping[str, Any]) -> None:
+        code = copy.get("exit_code")
+        code = None if code is None else int(code)
+        step = int(copy.get("step") or 0)
+        ckpt = copy.get("checkpoint_step")
+        holder = (worker_id, epoch)
+        job = self._job(fj.job_id)
+        common: dict[str, Any] = {"holder": None, "holder_epoch": None}
+        if ckpt is not None:
+            common["checkpoint_step"] = max(int(ckpt), fj.checkpoint_step)
+        if code == 0 and bool(copy.get("done")) and step >= fj.steps_total:
+            at = _utc(copy.get("ended_at")) or self.repo.now()
+            if self.repo.set_job(
+                fj.job_id,
+                expect_holder=holder,
+                status=FleetJobStatus.DONE,
+                steps_done=step,
+                finished_at=at,
+                target=None,
+                reason="finished",
+                **common,
+            ):
+                self.jobs.set_progress(fj.job_id, step)
+                self._job_to(
+                    fj.job_id, JobState.SUCCEEDED, f"finished its {fj.steps_total} steps in the fleet", exit_code=0
+                )
+                self.repo.mark_dirty(fj.fleet_id)
+            return
+        if job is not None and job.cancel_requested_at is not None:
+            if self.repo.set_job(
+                fj.job_id,
+                expect_holder=holder,
+                status=FleetJobStatus.CANCELLED,
+                finished_at=self.repo.now(),
+                target=None,
+                reason="cancelled by its team",
+                **common,
+            ):
+                self._job_to(
+                    fj.job_id,
+                    JobState.CANCELLED,
+                    f"cancelled (checkpointed at step {common.get('checkpoint_step', fj.checkpoint_step)})",
+                )
+                self.repo.mark_dirty(fj.fleet_id)
+            return
+        stopped = code in STOPPED_CODES or code == -9
+        failures = fj.failures + (0 if stopped else 1)
+        if failures >= MAX_FAILURES:
+            reason = f"{failures} copies exited with an error (the last with code {code})"
+            if self.repo.set_job(
+                fj.job_id,
+                expect_holder=holder,
+                status=FleetJobStatus.FAILED,
+                failures=failures,
+                finished_at=self.repo.now(),
+                target=None,
+                reason=reason,
+                **common,
+            ):
+                self._job_to(fj.job_id, JobState.FAILED, reason, exit_code=code)
+                self.repo.mark_dirty(fj.fleet_id)
+            return
+        self.repo.set_job(
+            fj.job_id,
+            expect_holder=holder,
+            status=FleetJobStatus.WAITING,
+            failures=failures,
+            reason="" if stopped else f"copy of epoch {epoch} exited with code {code}",
+            **common,
+        )
+
+    # -- desired state ---------------------------------------------------------------------------------
+
+    def _run(self, fleet_id: str, round_number: int, worker_id: str, accelerator: str) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for fj in self.repo.holders(worker_id):
+            if fj.fleet_id != fleet_id or fj.status.finished or fj.target != worker_id:
+                continue
+            if fj.target_round != round_number:
+                continue
+            if fj.holder is None:
+                job = self._job(fj.job_id)
+                if job is None or job.cancel_requested_at is not None:
+                    continue
+                claimed = self.repo.claim(fj.job_id, worker_id, round_number)
+                if claimed is None:
+                    continue
+                fj = claimed
+                self._job_to(
+                    fj.job_id, JobState.LAUNCHING, f"leased GPUs of fleet instance {worker_id}", expect=JobState.QUEUED
+                )
+            elif fj.holder != worker_id:
+                continue  # its previous copy still runs elsewhere: next sync
+            job = self._job(fj.job_id)
+            if job is None or job.cancel_requested_at is not None:
+                continue  # a cancel: the worker stops the copy, its exit cancels the job
+            out.append(self._entry(fj, job, accelerator))
+        return out
+
+    def _entry(self, fj: FleetJob, job: JobRecord, accelerator: str) -> dict[str, Any]:
+        spec = job.spec
+        uri = str(spec.get("checkpoint_uri") or "")
+        epoch = int(fj.holder_epoch or fj.epoch)
+        env = contract_env(fj.job_id, uri, epoch)
+        rate = fj.throughput.get(accelerator)
+        env.update(job_env(fj.steps_total, job_type=spec.get("job_type"), steps_per_second=rate))
+        return {
+            "job_id": fj.job_id,
+            "epoch": epoch,
+            "gpus": list(fj.target_gpus),
+            "command": [str(a) for a in spec.get("command") or ()],
+            "env": env,
+            "checkpoint_uri": uri,
+            "steps_total": fj.steps_total,
+        }
+
+    # -- jobs rows -------------------------------------------------------------------------------------
+
+    def _job(self, job_id: str) -> JobRecord | None:
+        try:
+            return self.jobs.get(job_id)
+        except JobNotFound:
+            return None
+
+    def _job_to(self, job_id: str, to: JobState, reason: str, *, expect: JobState | None = None, **fields: Any) -> None:
+        """Move the ``jobs`` row (a fleet job goes queued -> launching -> running -> a terminal state)."""
+        job = self._job(job_id)
+        if job is None or job.state is to or job.state.terminal:
+            return
+        if expect is not None and job.state is not expect:
+            return
+        path = {
+            JobState.RUNNING: [JobState.RUNNING],
+            JobState.LAUNCHING: [JobState.LAUNCHING],
+        }.get(to, [to])
+        if job.state is JobState.QUEUED and to in (JobState.RUNNING, JobState.SUCCEEDED):
+            path = [JobState.LAUNCHING, JobState.RUNNING, *([to] if to is JobState.SUCCEEDED else [])]
+        elif job.state is JobState.LAUNCHING and to is JobState.SUCCEEDED:
+            path = [JobState.RUNNING, JobState.SUCCEEDED]
+        for step in path:
+            try:
+                job = self.jobs.transition(job_id, step, reason, **(fields if step is to else {}))
+            except (ConcurrentUpdate, IllegalTransition) as exc:
+                log.info("job %s: %s", job_id, exc)
+                return

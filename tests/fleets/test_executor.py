@@ -1,0 +1,363 @@
+"""The round executor and the workers' sync, with workers played by the test (no processes): launches,
+rounds on one grid, leases handed over only after the previous copy exited (epochs go up by one), live
+progress, completion, a dead worker and its replacement, cancel, release (both backends)."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine
+
+from costopt.cloud import Instance, Interruption, LaunchSpec, NotFoundError
+from costopt.cloud import InstanceState as CloudState
+from costopt.domain import Cloud, Market, OfferKey
+from costopt.fleets.executor import FleetExecutor
+from costopt.fleets.model import FLEET_PROVIDER, FleetJobStatus, InstanceState, NewFleet, NewInstance
+from costopt.fleets.store import FleetRepository, NewFleetJob
+from costopt.fleets.sync import WorkerRefused, WorkerSync
+from costopt.jobs.model import JobState
+from costopt.jobs.records import JobRepository, NewJob
+
+T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
+V100 = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.SPOT)
+K80 = OfferKey(Cloud.AWS, "us-east-1", "us-east-1b", "p2.xlarge", Market.SPOT)
+RATES = {"v100": 10.0, "k80": 2.0}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = T0
+
+    def __call__(self) -> datetime:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += timedelta(seconds=seconds)
+
+
+@dataclass
+class FakeProvider:
+    """Launches nothing: records the specs; an instance runs until terminated (or ``end`` by the test)."""
+
+    name: str = "local"
+    launched: dict[str, LaunchSpec] = field(default_factory=dict)
+    ended: set[str] = field(default_factory=set)
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def launch(self, spec: LaunchSpec, idempotency_token: str) -> Instance:
+        iid = self.tokens.setdefault(idempotency_token, f"i-{len(self.tokens)}")
+        self.launched.setdefault(iid, spec)
+        return self.describe(iid)
+
+    def describe(self, instance_id: str) -> Instance:
+        if instance_id not in self.launched:
+            raise NotFoundError(instance_id)
+        state = CloudState.TERMINATED if instance_id in self.ended else CloudState.RUNNING
+        return Instance(instance_id, self.launched[instance_id].offer, state, {})
+
+    def terminate(self, instance_id: str) -> None:
+        self.ended.add(instance_id)
+
+    def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
+        return [self.describe(i) for i in self.launched]
+
+    def interruptions(self, since: datetime) -> builtins.list[Interruption]:
+        return []
+
+    def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
+        pass
+
+    def output(self, instance_id: str, *, tail: int | None = None) -> str:
+        return ""
+
+
+@dataclass
+class Rig:
+    clock: Clock
+    repo: FleetRepository
+    jobs: JobRepository
+    sync: WorkerSync
+    executor: FleetExecutor
+    provider: FakeProvider
+    fleet_id: str
+    tmp: Path
+
+    def tick(self) -> Any:
+        report = self.executor.tick()
+        assert report.errors == []
+        return report
+
+    def token(self, worker: str) -> str:
+        inst = self.repo.instance(worker)
+        assert inst is not None and inst.instance_id is not None
+        return self.provider.launched[inst.instance_id].env["COSTOPT_WORKER_TOKEN"]
+
+    def worker_sync(self, worker: str, copies: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+        return self.sync.sync(worker, self.token(worker), {"copies": list(copies)})
+
+    def workers(self) -> list[str]:
+        return [i.id for i in self.repo.instances(self.fleet_id)]
+
+    def submit(self, name: str, steps: int = 1000, rates: Mapping[str, float] = RATES, **kw: Any) -> str:
+        job_id = f"job-{name}"
+        spec = {
+            "command": ["python", "train.py"],
+            "checkpoint_uri": f"file://{self.tmp}/{job_id}",
+            "fleet_id": self.fleet_id,
+            "gpus": 1,
+        }
+        job, _ = self.jobs.insert(NewJob("team-a", spec, steps, FLEET_PROVIDER, job_id=job_id))
+        self.repo.add_job(NewFleetJob(job_id, self.fleet_id, "team-a", 1, dict(rates), steps, job.created_at, **kw))
+        return job_id
+
+    def live_for(self, seconds: float, reports: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+        """Let ``seconds`` pass, the workers named syncing every 10 s with their reports."""
+        left = seconds
+        while left > 0:
+            step = min(10.0, left)
+            self.clock.advance(step)
+            left -= step
+            for worker, copies in reports.items():
+                self.worker_sync(worker, copies)
+
+    def lease_of(self, job_id: str) -> tuple[str | None, int | None]:
+        fj = self.repo.job(job_id)
+        assert fj is not None
+        return fj.target, fj.holder_epoch
+
+
+def running(job_id: str, epoch: int, step: int, **kw: Any) -> dict[str, Any]:
+    return {"job_id": job_id, "epoch": epoch, "state": "running", "step": step, **kw}
+
+
+def exited(job_id: str, epoch: int, step: int, code: int, **kw: Any) -> dict[str, Any]:
+    return {"job_id": job_id, "epoch": epoch, "state": "exited", "step": step, "exit_code": code, **kw}
+
+
+@pytest.fixture
+def rig(engine: Engine, tmp_path: Path) -> Rig:
+    clock = Clock()
+    repo = FleetRepository(engine, now=clock)
+    jobs = JobRepository(engine, now=clock)
+    provider = FakeProvider()
+    fleet, _ = repo.create(
+        NewFleet(
+            team_id="team-a",
+            policy="max_min_fairness_perf",
+            instances=(
+                NewInstance(V100, "v100", 1, "local", Decimal("0.95")),
+                NewInstance(K80, "k80", 1, "local", Decimal("0.35")),
+            ),
+            round_s=60.0,
+            resolve_rounds=1000,
+        )
+    )
+    executor = FleetExecutor(
+        repo,
+        jobs,
+        {"local": provider},
+        worker_command=lambda p: ["python", "-m", "costopt.agent.worker"],
+        service_url="http://svc:8000/",
+        dead_after_s=30,
+        boot_timeout_s=300,
+    )
+    return Rig(clock, repo, jobs, WorkerSync(repo, jobs, poll_s=0.5), executor, provider, fleet.id, tmp_path)
+
+
+def test_instances_are_launched_with_a_worker_and_a_token_only_hashed(rig: Rig) -> None:
+    report = rig.tick()
+    assert len(report.launched) == 2 and report.rounds == []  # no worker runs yet: no round
+    v100, k80 = rig.workers()
+    spec = rig.provider.launched[rig.repo.instance(v100).instance_id]  # type: ignore[union-attr]
+    assert spec.command == ["python", "-m", "costopt.agent.worker"] and spec.offer == V100
+    assert spec.env["COSTOPT_WORKER_ID"] == v100 and spec.env["COSTOPT_FLEET_ID"] == rig.fleet_id
+    assert spec.env["COSTOPT_SERVICE_URL"] == "http://svc:8000" and spec.env["COSTOPT_WORKER_GPUS"] == "1"
+    inst = rig.repo.instance(v100)
+    assert inst is not None and inst.state is InstanceState.LAUNCHING
+    assert inst.token_hash is not None and spec.env["COSTOPT_WORKER_TOKEN"] not in inst.token_hash
+    with pytest.raises(WorkerRefused):
+        rig.sync.sync(v100, "wrong", {"copies": []})
+    with pytest.raises(WorkerRefused):
+        rig.sync.sync(k80, rig.token(v100), {"copies": []})
+    assert rig.tick().launched == []  # launched once
+    answer = rig.worker_sync(v100)
+    assert answer["run"] == [] and answer["release"] is False
+    assert rig.repo.instance(v100).state is InstanceState.RUNNING  # type: ignore[union-attr]
+
+
+def test_rounds_share_the_gpus_and_hand_leases_over_only_after_the_copy_exited(rig: Rig) -> None:
+    rig.tick()
+    v100, k80 = rig.workers()
+    rig.worker_sync(v100)
+    rig.worker_sync(k80)
+    a, b, c = rig.submit("a"), rig.submit("b"), rig.submit("c")
+    report = rig.tick()
+    assert report.rounds == [f"{rig.fleet_id}:1"]
+    fleet = rig.repo.get(rig.fleet_id)
+    assert fleet.round == 1 and fleet.round_started_at == T0 and fleet.round_ends_at == T0 + timedelta(seconds=60)
+    assert fleet.allocation is not None and fleet.allocation["job_ids"] == [a, b, c]
+    assert fleet.allocation["worker_types"] == ["k80", "v100"] and not fleet.dirty
+    rnd = rig.repo.round(rig.fleet_id, 1)
+    assert rnd is not None and rnd.capacity == {"k80": 1, "v100": 1} and len(rnd.assignment) == 2
+    on = {x.instance: x.job_id for x in rnd.assignment}
+    assert set(on) == {v100, k80} and all(x.epoch == 1 and x.gpus == (0,) for x in rnd.assignment)
+    # each worker is told to run its job at epoch 1 with the job's contract and its throughput there
+    (lease,) = rig.worker_sync(v100)["run"]
+    assert lease["job_id"] == on[v100] and lease["epoch"] == 1 and lease["gpus"] == [0]
+    assert lease["env"]["COSTOPT_EPOCH"] == "1" and lease["env"]["COSTOPT_JOB_ID"] == on[v100]
+    assert lease["env"]["COSTOPT_STEPS_PER_SECOND"] == repr(RATES["v100"]) and lease["steps_total"] == 1000
+    assert rig.jobs.get(on[v100]).state is JobState.LAUNCHING
+    (lease_k,) = rig.worker_sync(k80)["run"]
+    assert lease_k["env"]["COSTOPT_STEPS_PER_SECOND"] == repr(RATES["k80"])
+    # live progress: the agent's steps, not assumed
+    rig.worker_sync(v100, [running(on[v100], 1, 120, restored_step=0, checkpoint_step=100)])
+    assert rig.repo.job(on[v100]).steps_done == 120  # type: ignore[union-attr]
+    assert rig.jobs.get(on[v100]).state is JobState.RUNNING and rig.jobs.get(on[v100]).steps_done == 120
+    rig.worker_sync(k80, [running(on[k80], 1, 20, restored_step=0)])
+    # the next round: a job that got nothing gets a GPU; the one it displaces is stopped first
+    rig.live_for(60, {v100: [running(on[v100], 1, 120)], k80: [running(on[k80], 1, 20)]})
+    assert rig.tick().rounds == [f"{rig.fleet_id}:2"]
+    rnd2 = rig.repo.round(rig.fleet_id, 2)
+    assert rnd2 is not None and rnd2.started_at == T0 + timedelta(seconds=60)
+    got = {j: rig.repo.job(j).received for j in (a, b, c)}  # type: ignore[union-attr]
+    assert got[on[v100]] == {"v100": 60.0} and got[on[k80]] == {"k80": 60.0} and got[c] == {}
+    # per worker type, the job that has received nothing there comes first: the two swap types
+    new_on = {x.instance: x.job_id for x in rnd2.assignment}
+    assert new_on == {v100: on[k80], k80: on[v100]} and all(x.epoch == 2 for x in rnd2.assignment)
+    answer = rig.worker_sync(v100, [running(on[v100], 1, 130)])
+    assert answer["run"] == []  # its lease is over (the worker stops it); the next job still runs on the K80
+    answer = rig.worker_sync(v100, [exited(on[v100], 1, 140, 75, checkpoint_step=140)])
+    assert answer["ack"] == [{"job_id": on[v100], "epoch": 1}] and answer["run"] == []
+    fj = rig.repo.job(on[v100])
+    assert fj is not None and fj.holder is None and fj.checkpoint_step == 140 and fj.status is FleetJobStatus.WAITING
+    rig.worker_sync(v100, [exited(on[v100], 1, 140, 75)])  # a repeated report changes nothing
+    assert rig.repo.job(on[v100]).checkpoint_step == 140  # type: ignore[union-attr]
+    # the K80's copy exits: now each job starts on the other instance, one epoch up
+    (to_k80,) = rig.worker_sync(k80, [exited(on[k80], 1, 30, 75, checkpoint_step=30)])["run"]
+    assert (to_k80["job_id"], to_k80["epoch"]) == (on[v100], 2)
+    (to_v100,) = rig.worker_sync(v100)["run"]
+    assert (to_v100["job_id"], to_v100["epoch"], to_v100["env"]["COSTOPT_EPOCH"]) == (on[k80], 2, "2")
+    assert rig.repo.job(on[k80]).holder == v100  # type: ignore[union-attr]
+
+
+def test_a_moved_job_gets_the_next_epoch_and_a_finished_job_succeeds(rig: Rig) -> None:
+    rig.tick()
+    v100, k80 = rig.workers()
+    rig.worker_sync(v100)
+    rig.worker_sync(k80)
+    a = rig.submit("a", steps=50)
+    rig.tick()
+    assert rig.lease_of(a)[0] in (v100, k80)
+    where = rig.lease_of(a)[0]
+    assert where is not None
+    (lease,) = rig.worker_sync(where)["run"]
+    assert lease["epoch"] == 1
+    # the job's copy exits by itself (done) mid-round: the job succeeded, its fleet row is done
+    rig.worker_sync(
+        where, [exited(a, 1, 50, 0, done=True, checkpoint_step=50, ended_at=(T0 + timedelta(seconds=5)).timestamp())]
+    )
+    fj = rig.repo.job(a)
+    assert fj is not None and fj.status is FleetJobStatus.DONE and fj.finished_at == T0 + timedelta(seconds=5)
+    assert rig.jobs.get(a).state is JobState.SUCCEEDED and rig.jobs.get(a).steps_done == 50
+    assert rig.repo.get(rig.fleet_id).dirty
+    rig.clock.advance(60)
+    rig.tick()  # nobody left: the round ends, no new one
+    fleet = rig.repo.get(rig.fleet_id)
+    assert fleet.round == 1 and rig.repo.round(rig.fleet_id, 1).ended_at == T0 + timedelta(seconds=60)  # type: ignore[union-attr]
+
+
+def test_a_job_arriving_after_the_boundary_waits_for_the_next_grid_point(rig: Rig) -> None:
+    rig.tick()
+    for w in rig.workers():
+        rig.worker_sync(w)
+    a = rig.submit("a")
+    rig.tick()
+    rig.live_for(60.4, {w: [] for w in rig.workers()})  # the executor is a bit late for the boundary at 60 s
+    b = rig.submit("b")  # arrives after the boundary's time
+    rig.tick()
+    rnd = rig.repo.round(rig.fleet_id, 2)
+    assert rnd is not None and rnd.started_at == T0 + timedelta(seconds=60)  # on the grid
+    assert [x.job_id for x in rnd.assignment] == [a] and rig.lease_of(b)[0] is None
+    rig.live_for(60, {w: [] for w in rig.workers()})
+    rig.tick()
+    rnd3 = rig.repo.round(rig.fleet_id, 3)
+    assert rnd3 is not None and {x.job_id for x in rnd3.assignment} == {a, b}
+
+
+def test_a_dead_worker_is_lost_replaced_and_its_job_resumes_elsewhere_under_a_new_epoch(rig: Rig) -> None:
+    rig.tick()
+    v100, k80 = rig.workers()
+    rig.worker_sync(v100)
+    rig.worker_sync(k80)
+    a = rig.submit("a", rates={"v100": 10.0})  # runs on V100s only
+    rig.tick()
+    assert rig.lease_of(a) == (v100, None)
+    rig.worker_sync(v100, [])  # claims it
+    assert rig.lease_of(a) == (v100, 1)
+    rig.worker_sync(v100, [running(a, 1, 100, checkpoint_step=80)])
+    # the V100's worker dies: silence past dead_after (the K80's keeps syncing)
+    for _ in range(4):
+        rig.clock.advance(10)
+        rig.worker_sync(k80)
+    report = rig.tick()
+    assert report.lost == [v100]
+    lost = rig.repo.instance(v100)
+    assert lost is not None and lost.state is InstanceState.LOST and "not synced" in (lost.end_reason or "")
+    assert rig.provider.describe(lost.instance_id).state is CloudState.TERMINATED  # type: ignore[arg-type]
+    fj = rig.repo.job(a)
+    assert fj is not None and fj.holder is None and fj.target is None and fj.checkpoint_step == 80
+    # a replacement is pending, launched at the next pass, and takes the job at the next round
+    replacement = [i for i in rig.repo.instances(rig.fleet_id) if i.replaces == v100]
+    assert len(replacement) == 1 and replacement[0].state is InstanceState.LAUNCHING  # launched in the same pass
+    new = replacement[0].id
+    assert rig.worker_sync(v100)["release"] is True  # the lost worker, if it comes back, runs nothing
+    rig.worker_sync(new)
+    rig.live_for(20, {new: [], k80: []})
+    rig.tick()
+    assert rig.lease_of(a) == (new, None)
+    (lease,) = rig.worker_sync(new)["run"]
+    assert lease["epoch"] == 2 and lease["env"]["COSTOPT_EPOCH"] == "2"
+
+
+def test_cancel_stops_the_copy_then_cancels_and_release_ends_everything(rig: Rig) -> None:
+    rig.tick()
+    v100, k80 = rig.workers()
+    rig.worker_sync(v100)
+    rig.worker_sync(k80)
+    a, b, c = rig.submit("a"), rig.submit("b"), rig.submit("c")
+    rig.tick()
+    held = {x.job_id: x.instance for x in rig.repo.round(rig.fleet_id, 1).assignment}  # type: ignore[union-attr]
+    for w in (v100, k80):
+        rig.worker_sync(w)
+    waiting = next(j for j in (a, b, c) if j not in held)
+    rig.jobs.request_cancel(waiting)  # never ran: cancelled at the next pass
+    victim = next(iter(held))
+    rig.jobs.request_cancel(victim)
+    rig.tick()
+    assert rig.jobs.get(waiting).state is JobState.CANCELLED
+    assert rig.repo.job(waiting).status is FleetJobStatus.CANCELLED  # type: ignore[union-attr]
+    answer = rig.worker_sync(held[victim], [running(victim, 1, 10)])
+    assert answer["run"] == []  # stop it
+    rig.worker_sync(held[victim], [exited(victim, 1, 12, 75, checkpoint_step=12)])
+    assert rig.jobs.get(victim).state is JobState.CANCELLED
+    other = next(j for j in held if j != victim)
+    rig.repo.release(rig.fleet_id)
+    report = rig.tick()  # the instance nobody holds is terminated at once; the other once its copy stopped
+    assert report.released == [held[victim]]
+    assert rig.repo.instance(held[other]).state is InstanceState.DRAINING  # type: ignore[union-attr]
+    assert rig.worker_sync(held[victim])["release"] is True
+    assert rig.worker_sync(held[other], [running(other, 1, 5)])["run"] == []
+    rig.worker_sync(held[other], [exited(other, 1, 6, 75)])
+    assert rig.jobs.get(other).state is JobState.CANCELLED
+    report = rig.tick()
+    assert report.released == [held[other]]
+    assert all(i.state is InstanceState.RELEASED for i in rig.repo.instances(rig.fleet_id))
+    assert rig.provider.ended == set(rig.provider.launched)
+    assert rig.tick().fleets == 0  # nothing left to do
