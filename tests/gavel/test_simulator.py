@@ -142,7 +142,7 @@ def test_bad_simulation_arguments_are_typed_errors(workload: Workload) -> None:
 
 
 def test_aware_policies_get_one_queue_per_type_and_agnostic_ones_a_single_queue(workload: Workload) -> None:
-    trace = generate_trace(workload, 60, rate_per_hour=3.0, seed=5)
+    trace = generate_trace(workload, 30, rate_per_hour=3.0, seed=5)
 
     def run(policy: str, per_type: bool | None) -> dict[str, object]:
         res = simulate_trace(get_policy(policy), trace, workload, (2, 2, 2), round_s=HOUR, per_type_queues=per_type)

@@ -1,0 +1,234 @@
+"""Aware LAS (max_min_fairness_perf) against an emulation of Gavel's reference mechanism, on the same
+recorded traces (issue 12, "Traces from elsewhere").
+
+The traces are Gavel's continuous ones (5 jobs/h, jobs 4000-4999 measured, 36 V100 / 36 P100 / 36 K80
+in servers of 4, rounds of 360 s), written with ``costopt gavel simulate --dump-trace`` (the same
+writer) and read back with ``--trace``'s reader, so every variant runs the same jobs:
+
+* ``costopt-one-queue``: the mechanism before issue 12 (one priority queue over every (job, type)).
+* ``costopt``: today's mechanism (one queue per worker type, fastest first, for aware policies).
+* ``reference-emulation``: this simulator driven the way the reference implementation
+  (stanford-futuredata/gavel, ``scheduler/scheduler.py`` at c4fa400, read, not copied) drives its
+  simulation: one queue per type served V100, P100, K80; priority = allocation / the job's fraction of
+  the type's time since the last reset, every job starting each reset with half a round on every type;
+  ties by deficit (time owed at past resets), then allocation; jobs without allocation on a type queue
+  there after the others, by deficit; a reset, and a new allocation in force, at most every 1920 s (its
+  ``minimum_time_between_allocation_resets``): jobs that arrived since have no allocation yet and run
+  only on GPUs left over; and the max-min LP solved by an interior-point method
+  without crossover (the reference's default solver, ECOS, is interior-point: its optimum is a central
+  point of the optimal face, not a vertex). What is not emulated: the reference's rounds end when
+  their last job ends (here: every 360 s), its steps per round are whole numbers, and ECOS's exact point.
+
+Run: .venv/bin/python experiments/gavel/compare_reference.py [--seeds 0 1 2] [--processes 2]
+Appends to experiments/gavel/results/reference_comparison.jsonl (resumable); prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+from common import DATA, RESULTS, load, spec_key
+
+VARIANTS = ("costopt-one-queue", "costopt", "reference-emulation")
+ABLATIONS = (
+    "one-queue+central-lp",  # the allocation vertex: the old mechanism on the reference's kind of optimum
+    "one-queue+resolve-1920s",  # admission: new allocations at most every 1920 s, as the reference
+    "reference-emulation+vertex-lp",  # the reference's mechanism on HiGHS's vertex
+    "reference-emulation+one-queue",  # the reference's priorities without its per-type queues
+    "costopt@30s",  # 30 s lost per move (restart from a checkpoint), which the paper does not charge
+    "reference-emulation@30s",
+)
+"""With ``--ablations``: which of the reference's mechanisms carries the difference."""
+OUT = RESULTS / "reference_comparison.jsonl"
+WINDOW = (4000, 5000)
+RESET_S = 1920.0
+
+
+def _reference_mechanism(per_type: bool) -> type:
+    import numpy as np
+
+    from costopt.gavel.mechanism import RoundMechanism
+
+    class ReferenceEmulation(RoundMechanism):  # type: ignore[misc]
+        """Priorities, resets, deficits and per-type queues as the reference's simulation applies them."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._type_pos = np.arange(self.n_types) if per_type else np.zeros(self.n_types, dtype=np.int64)
+            # v100, p100, k80: the workload's order
+            n, t = self._n, self.n_types
+            self.half = 180.0
+            self.since_reset = np.zeros((n, t))  # seconds on each type since the last reset (+ half a round)
+            self.deficit = np.zeros((n, t))
+            self.known = np.zeros(n, dtype=bool)
+            self.x_in_force = np.zeros((n, t))
+            self.last_reset = -np.inf
+            self.pending: tuple[Any, Any] | None = None
+            self.jobs = np.zeros(0, dtype=np.int64)
+            self.runnable = np.zeros((0, t), dtype=bool)
+
+        def set_allocation(self, jobs, scale_factor, runnable, x, pairs, pair_x, since_s):  # type: ignore[no-untyped-def]
+            super().set_allocation(jobs, scale_factor, runnable, x, pairs, pair_x, since_s)
+            fresh = jobs[~self.known[jobs]]
+            self.since_reset[fresh] = self.half
+            self.known[fresh] = True
+            self.pending = (jobs, x)  # in force at the next reset; until then, new jobs queue without allocation
+            self.jobs, self.runnable = jobs, runnable
+
+        def plan(self, now_s: float):  # type: ignore[no-untyped-def]
+            if self.pending is not None and now_s - self.last_reset >= RESET_S:  # a reset: the new allocation
+                jobs, x = self.pending
+                if np.isfinite(self.last_reset):
+                    owed = self.x_in_force[jobs] * (now_s - self.last_reset) - (self.since_reset[jobs] - self.half)
+                    self.deficit[jobs] += owed
+                self.since_reset[jobs] = self.half
+                self.x_in_force[:] = 0.0
+                self.x_in_force[jobs] = x
+                self.last_reset, self.pending = now_s, None
+            gone = np.frombuffer(bytes(self._gone), dtype=np.uint8).astype(bool)
+            jobs = self.jobs
+            type_time = self.since_reset[jobs[~gone[jobs]]].sum(axis=0)
+            x = self.x_in_force[jobs]
+            frac = np.divide(self.since_reset[jobs], type_time, out=np.zeros_like(x), where=type_time > 0)
+            prio = np.where(x > 0, x / np.where(frac > 0, frac, 1e-9), 0.0)
+            rows, types = np.nonzero(self.runnable)
+            order = np.lexsort(
+                (-x[rows, types], -self.deficit[jobs[rows], types], -prio[rows, types], self._type_pos[types])
+            )
+            free, busy = list(self.capacity), bytearray(self._gone)
+            units: list[int] = []
+            chosen: list[int] = []
+            self._greedy(rows[order].tolist(), types[order].tolist(), free, busy, units, chosen)
+            return self._place(np.array(units, dtype=np.int64), np.array(chosen, dtype=np.int64))
+
+        def record(self, plan, seconds):  # type: ignore[no-untyped-def]
+            super().record(plan, seconds)
+            np.add.at(self.since_reset, (plan.members[:, 0], plan.wtype), seconds)
+
+    return ReferenceEmulation
+
+
+def _central_solve_lp(
+    c, a, row_lower, row_upper, col_lower=None, col_upper=None, *, maximize=False, what="LP", warm=True
+):  # type: ignore[no-untyped-def]
+    """The LP by HiGHS's interior-point method without crossover (a central optimum, as ECOS)."""
+    import numpy as np
+
+    from costopt.gavel.lp import LPSolution, _arrays, _new_highs
+
+    cost = np.asarray(c, dtype=np.float64)
+    arr = _arrays(-cost if maximize else cost, a, row_lower, row_upper, col_lower, col_upper, what)
+    h = _new_highs()  # the core class, configured as the project's (no banner on stdout)
+    h.setOptionValue("solver", "ipm")
+    h.setOptionValue("run_crossover", "off")
+    h.passModel(arr.highs_lp())
+    h.run()
+    x = np.asarray(h.getSolution().col_value, dtype=np.float64)
+    return LPSolution(x=x, objective=float(cost @ x))
+
+
+def _run(spec: dict[str, Any], trace_path: str) -> dict[str, Any]:
+    import costopt.gavel.policies.fairness as fairness
+    import costopt.gavel.simulator as simulator
+    from costopt.gavel.policies import get_policy
+    from costopt.gavel.trace import read_trace
+    from costopt.gavel.workload import load_workload
+    from costopt.throughput import GAVEL_SIMULATION_FILE
+
+    workload = load_workload(DATA / GAVEL_SIMULATION_FILE)
+    with open(trace_path, encoding="utf-8") as f:
+        trace = read_trace(f, workload, source=trace_path)
+    kwargs: dict[str, Any] = {}
+    variant, _, overhead = spec["variant"].partition("@")
+    if overhead:
+        kwargs["restart_overhead_s"] = float(overhead.rstrip("s"))
+    if variant.startswith("one-queue") or variant == "costopt-one-queue":
+        kwargs["per_type_queues"] = False
+    if variant.startswith("reference-emulation"):  # patched in this worker process only
+        simulator.RoundMechanism = _reference_mechanism(per_type="one-queue" not in variant)  # type: ignore[misc]
+        kwargs["fast_forward"] = False  # its skipped rounds assume the mechanism repeats the last one
+    if variant == "reference-emulation" or "central-lp" in variant:
+        fairness.solve_lp = _central_solve_lp  # type: ignore[assignment]
+    if "resolve-1920s" in variant:
+        kwargs["resolve_interval_s"] = RESET_S
+    t0 = time.perf_counter()
+    res = simulator.simulate_trace(
+        get_policy("max_min_fairness_perf"), trace, workload, (36, 36, 36), window=WINDOW, seed=spec["seed"], **kwargs
+    )
+    out = res.as_dict()
+    out["spec"] = spec
+    out["runner_wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def write_traces(seeds: list[int], folder: Path) -> dict[int, str]:
+    """Each seed's trace, as ``costopt gavel simulate --rate 5 --seed S --dump-trace`` writes it."""
+    from costopt.gavel.simulator import generated_trace
+    from costopt.gavel.trace import write_trace
+    from costopt.gavel.workload import load_workload
+    from costopt.throughput import GAVEL_SIMULATION_FILE
+
+    workload = load_workload(DATA / GAVEL_SIMULATION_FILE)
+    paths = {}
+    for seed in seeds:
+        path = folder / f"trace_5jph_seed{seed}.jsonl"
+        with path.open("w", encoding="utf-8") as f:
+            write_trace(generated_trace(workload, 5.0, seed, WINDOW), workload, f)
+        paths[seed] = str(path)
+    return paths
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    by = {(r["spec"]["variant"], r["spec"]["seed"]): r["avg_jct_s"] / 3600 for r in rows}
+    seeds = sorted({s for _, s in by})
+    lines = [
+        "| variant | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | vs emulation |",
+        "|---" * (len(seeds) + 3) + "|",
+    ]
+    for v in VARIANTS + ABLATIONS:
+        ref = [
+            by.get(("reference-emulation" + v[v.index("@") :] if "@" in v else "reference-emulation", s)) for s in seeds
+        ]
+        vals = [by.get((v, s)) for s in seeds]
+        if any(x is None for x in vals):
+            continue
+        mean = sum(vals) / len(vals)  # type: ignore[arg-type]
+        rel = (
+            " / ".join(f"{(a / b - 1) * 100:+.1f}%" for a, b in zip(vals, ref, strict=True))  # type: ignore[operator]
+            if all(x is not None for x in ref)
+            else "-"
+        )
+        lines.append(f"| {v} | " + " | ".join(f"{x:.2f} h" for x in vals) + f" | {mean:.2f} h | {rel} |")  # type: ignore[str-format]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--ablations", action="store_true", help="also run the variants that isolate each mechanism")
+    args = ap.parse_args()
+    done = {spec_key(r["spec"]) for r in load(OUT)}
+    variants = VARIANTS + (ABLATIONS if args.ablations else ())
+    specs = [{"variant": v, "seed": s} for s in args.seeds for v in variants]
+    todo = [s for s in specs if spec_key(s) not in done]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_traces(sorted({s["seed"] for s in todo}), Path(tmp)) if todo else {}
+        # one process per run: the emulation patches the simulator's module in its process
+        with ProcessPoolExecutor(max_workers=args.processes, max_tasks_per_child=1) as pool:
+            futures = [pool.submit(_run, s, paths[s["seed"]]) for s in todo]
+            for fut in as_completed(futures):
+                r = fut.result()
+                with OUT.open("a") as f:
+                    f.write(json.dumps(r) + "\n")
+                print(
+                    f"  {r['spec']} -> avg JCT {r['avg_jct_s'] / 3600:.3f} h, wall {r['runner_wall_s']:.0f} s",
+                    flush=True,
+                )
+    print(table([r for r in load(OUT) if r["spec"]["seed"] in args.seeds]))
