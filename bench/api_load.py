@@ -80,7 +80,8 @@ def database(backend: str) -> Iterator[str]:
     with admin.begin() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
     try:
-        yield f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema}"
+        # the schema's name as the connections' application_name: the bench finds its server's backends by it
+        yield f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema}&application_name={schema}"
     finally:
         with admin.begin() as conn:
             conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
@@ -165,12 +166,51 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of one process (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def db_cpu_meter(url: str) -> Iterator[Callable[[], dict[int, float]]]:
+    """A function giving the CPU seconds so far of each PostgreSQL backend serving ``url``'s connections
+    (found by their application_name; PostgreSQL runs one process per connection on this machine);
+    SQLite runs inside the server: always {}."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from sqlalchemy import text
+
+    from costopt.db.engine import make_engine
+
+    name = (parse_qs(urlsplit(url).query).get("application_name") or [""])[0]
+    if not url.startswith("postgresql") or not name:
+        yield dict
+        return
+    admin = make_engine(PG_ADMIN_URL)
+    query = text("SELECT pid FROM pg_stat_activity WHERE application_name = :name")
+
+    def backends() -> dict[int, float]:
+        with admin.connect() as conn:
+            pids = [int(p) for (p,) in conn.execute(query, {"name": name})]
+        return {p: process_cpu(p) for p in pids}
+
+    try:
+        yield backends
+    finally:
+        admin.dispose()
+
+
 @dataclass
 class Server:
     proc: subprocess.Popen[bytes]
     base: str
     workers: int
     log: Path
+    db_cpu: Callable[[], dict[int, float]] = dict
 
     def cpu(self) -> float:
         return cpu_seconds(self.proc.pid)
@@ -212,7 +252,8 @@ def server(url: str, *, workers: int, job_work: bool, log_dir: Path) -> Iterator
             time.sleep(0.2)
         else:
             raise RuntimeError(f"the server did not become ready in 120 s; see {log}")
-        yield Server(proc, base, workers, log)
+        with db_cpu_meter(url) as meter:
+            yield Server(proc, base, workers, log, meter)
     finally:
         proc.terminate()
         try:
@@ -303,6 +344,7 @@ class Phase:
     errors: int = 0
     wall_s: float = 0.0
     cpu_s: float = 0.0
+    db_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
     problems: list[str] = field(default_factory=list)
 
@@ -329,7 +371,18 @@ class Phase:
             "server_cpu_s": round(self.cpu_s, 2),
             "server_cpu_pct": round(100 * self.cpu_s / self.wall_s, 1) if self.wall_s else 0.0,
             "server_cpu_ms_per_req": round(1000 * self.cpu_s / self.requests, 2) if self.requests else 0.0,
+            "db_cpu_pct": round(100 * self.db_cpu_s / self.wall_s, 1) if self.wall_s else 0.0,
+            "db_cpu_ms_per_req": round(1000 * self.db_cpu_s / self.requests, 2) if self.requests else 0.0,
             "client_cpu_pct": round(100 * self.client_cpu_s / self.wall_s, 1) if self.wall_s else 0.0,
+            "client_cpu_ms_per_req": round(1000 * self.client_cpu_s / self.requests, 2) if self.requests else 0.0,
+            # the whole machine's CPU per request (server, its database backends, the load generator), and
+            # the rate 2 cores could serve at that cost with nothing else running
+            "total_cpu_ms_per_req": round(1000 * (self.cpu_s + self.db_cpu_s + self.client_cpu_s) / self.requests, 2)
+            if self.requests
+            else 0.0,
+            "ceiling_req_per_s_2_cores": round(2 * self.requests / (self.cpu_s + self.db_cpu_s + self.client_cpu_s))
+            if self.requests and (self.cpu_s + self.db_cpu_s + self.client_cpu_s) > 0
+            else 0,
             "problems": self.problems[:5],
         }
 
@@ -352,7 +405,7 @@ async def drive(
     counter = iter(range(n))
     host, port = srv.base.removeprefix("http://").split(":")
     conns = [RawConnection(host, int(port)) for _ in range(concurrency)]
-    start, cpu0, client0 = time.perf_counter(), srv.cpu(), time.process_time()
+    start, cpu0, db0, client0 = time.perf_counter(), srv.cpu(), srv.db_cpu(), time.process_time()
     deadline = start + max_s
 
     async def worker(conn: RawConnection) -> None:
@@ -382,6 +435,7 @@ async def drive(
     phase.wall_s = time.perf_counter() - start
     phase.cpu_s = srv.cpu() - cpu0
     phase.client_cpu_s = time.process_time() - client0
+    phase.db_cpu_s = sum(cpu - db0.get(pid, 0.0) for pid, cpu in srv.db_cpu().items())
     return phase
 
 
@@ -441,6 +495,14 @@ async def run_load(srv: Server, secret: str, args: argparse.Namespace) -> tuple[
                 args.max_seconds,
                 lambda i: gets[(i * 7919) % len(gets)],
                 lambda s, b, i: s == 200,
+            )
+        )
+
+    if args.floor:  # the stack's floor: an empty route (no key, no database) through the same server and client
+        livez = http_request("GET", "/livez", host)
+        phases.append(
+            await drive(
+                srv, "livez", args.floor, args.concurrency, args.max_seconds, lambda i: livez, lambda s, b, i: s == 200
             )
         )
 
@@ -508,13 +570,14 @@ def render(results: list[dict[str, Any]]) -> None:
 
     table = Table(title="REST API load (loopback)")
     cols = ("backend", "workers", "endpoint", "requests", "errors", "req/s", "p50 ms", "p95 ms", "p99 ms")
-    for col in (*cols, "server CPU", "ms CPU/req", "client CPU"):
+    for col in (*cols, "server CPU", "server ms/req", "db ms/req", "client ms/req", "total ms/req", "2-core ceiling"):
         table.add_column(col, justify="right" if col not in ("backend", "endpoint") else "left")
     labels = {
         "submit": "POST /v1/jobs",
         "retry": "POST /v1/jobs (retry)",
         "get": "GET /v1/jobs/{id}",
         "list": "GET /v1/jobs?limit=50",
+        "livez": "GET /livez (floor)",
     }
     for r in results:
         for name, p in r["phases"].items():
@@ -530,9 +593,12 @@ def render(results: list[dict[str, Any]]) -> None:
                 f"{p['p99_ms']:.1f}",
                 f"{p['server_cpu_pct']:.0f}%",
                 f"{p['server_cpu_ms_per_req']:.2f}",
-                f"{p['client_cpu_pct']:.0f}%",
+                f"{p['db_cpu_ms_per_req']:.2f}",
+                f"{p['client_cpu_ms_per_req']:.2f}",
+                f"{p['total_cpu_ms_per_req']:.2f}",
+                f"{p['ceiling_req_per_s_2_cores']}/s",
             )
-    console = Console(width=160)
+    console = Console(width=220)
     console.print(table)
     for r in results:
         v = r["integrity"]
@@ -543,8 +609,9 @@ def render(results: list[dict[str, Any]]) -> None:
         )
     console.print(
         f"targets (PostgreSQL): submit >= {TARGETS['submit']:.0f}/s, get >= {TARGETS['get']:.0f}/s, "
-        f"p99 <= {P99_TARGET_MS:.0f} ms; server CPU = its processes' user+system time / wall (2 cores = 200%), "
-        "client CPU = the load generator's"
+        f"p99 <= {P99_TARGET_MS:.0f} ms. server CPU = its processes' user+system time / wall (2 cores = 200%); "
+        "ms/req = CPU ms per request of the server, its PostgreSQL backends, the load generator and their total; "
+        "2-core ceiling = 2 cores / total (the rate with nothing else running on the machine)"
     )
 
 
@@ -556,6 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=2000, help="submissions (each its own key)")
     ap.add_argument("--reads", type=int, default=5000, help="GET /v1/jobs/{id} requests")
     ap.add_argument("--pages", type=int, default=300, help="GET /v1/jobs?limit=50 requests")
+    ap.add_argument("--floor", type=int, default=2000, help="GET /livez requests (the stack's floor; 0: none)")
     ap.add_argument("--retry-fraction", type=float, default=0.1, help="share of keys sent again (twice each)")
     ap.add_argument("--max-seconds", type=float, default=60.0, help="wall-time cap per phase")
     ap.add_argument("--job-work", action="store_true", help="run the scheduler's job-side work (engine tick...)")

@@ -125,6 +125,16 @@ class Settings(BaseSettings):
         default=f"sqlite:///{PROJECT_ROOT / 'var' / 'costopt.db'}",
         description="SQLAlchemy URL. SQLite file by default; postgresql+psycopg://... for PostgreSQL.",
     )
+    db_pool_size: int = Field(
+        default=20,
+        ge=1,
+        description="Database connections each service process keeps open (the REST requests in flight, the "
+        "scheduler's jobs and the engine's workers share them); a connection opened beyond them is closed "
+        "after use.",
+    )
+    db_max_overflow: int = Field(
+        default=10, ge=0, description="Connections a service process may open beyond db_pool_size at a peak."
+    )
     data_dir: Path | None = Field(
         default_factory=_default_data_dir,
         description="Folder of real public data (../shared/data when present); None when absent.",

@@ -42,11 +42,13 @@ SNAPSHOT_COLUMNS = [
 ]
 
 
+_VERSION = store_meta.select().with_only_columns(store_meta.c.value).where(store_meta.c.name == "price_version")
+"""Built once: read on every plan (SQLAlchemy then reuses its cache key)."""
+
+
 def read_version(engine: Engine) -> int:
     with engine.connect() as conn:
-        value = conn.execute(
-            store_meta.select().with_only_columns(store_meta.c.value).where(store_meta.c.name == "price_version")
-        ).scalar_one_or_none()
+        value = conn.execute(_VERSION).scalar_one_or_none()
     return int(value or 0)
 
 

@@ -290,15 +290,9 @@ def submit_job(
     idempotency_key: IdempotencyKey = None,
 ) -> JobPublic:
     """Plan the job (the quote) and queue it; 422 ``unknown_job_type`` (with close matches) or
-    ``infeasible`` (naming the binding constraint) when it cannot be planned. A new job is written in one
-    transaction (the job and its event) and rendered from what was written (nothing read back); only a
-    retried key is read (the first job, on one connection)."""
-    if idempotency_key is not None:
-        with jobs.reading() as conn:
-            first = jobs.by_idempotency_key(caller.team_id, idempotency_key, conn=conn)
-            if first is not None:
-                response.status_code = 200
-                return render_job(request, jobs, first, conn=conn)
+    ``infeasible`` (naming the binding constraint) when it cannot be planned. The job and its event are
+    written in one transaction that is also the idempotency check (a key the team used already inserts
+    nothing and answers the first job, 200), and rendered from what was written (nothing read back)."""
     job_id = new_job_id()
     spec = job_spec(body, job_id, settings)
     if body.fleet_id is not None:  # the fleet's policy places it: no quote on the open market
@@ -316,7 +310,12 @@ def submit_job(
     try:
         quote = planner.quote(spec)
     except (UnknownJobType, JobInfeasible, InvalidJob) as exc:
-        raise planning_error(exc) from exc
+        # a retry of a job accepted before answers that job, even when it could not be planned now
+        first = None if idempotency_key is None else jobs.by_idempotency_key(caller.team_id, idempotency_key)
+        if first is None:
+            raise planning_error(exc) from exc
+        response.status_code = 200
+        return render_job(request, jobs, first)
     job, created = jobs.insert(
         NewJob(
             team_id=caller.team_id,
@@ -329,9 +328,10 @@ def submit_job(
             job_id=job_id,
         )
     )
-    if not created:  # a retry of the same key raced this one and won: its job, 200
+    if not created:  # the key was used before (a retry): the first job, 200
         response.status_code = 200
-        return render_job(request, jobs, job)
+        with jobs.reading() as conn:
+            return render_job(request, jobs, job, conn=conn)
     log.info("job %s submitted by key %s (team %s)", job.id, caller.key_id, caller.team_id)
     # queued, never launched: no moves and nothing billed (no events or ledger to read)
     return render_job(request, jobs, job, events=())

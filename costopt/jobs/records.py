@@ -37,8 +37,9 @@ from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import Engine, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
 
 from costopt.db.jobs_schema import job_events, jobs
 from costopt.domain import OfferKey
@@ -216,6 +217,25 @@ _GET = select(jobs).where(jobs.c.id == bindparam("b_id"))
 _IN_STATES: dict[frozenset[str], Any] = {}
 
 
+# The request path's statements, built once: their values are parameters, so SQLAlchemy finds each one's
+# compiled form in its cache without rebuilding the statement and its cache key per call (a statement
+# with literal values, e.g. ``insert(jobs).values(...)``, costs more to build than to run here).
+_TEAM_JOB = _GET.where(jobs.c.team_id == bindparam("b_team"))
+_KEYED_JOB = select(jobs).where(jobs.c.team_id == bindparam("b_team"), jobs.c.idempotency_key == bindparam("b_key"))
+_EVENTS = (
+    select(job_events)
+    .where(job_events.c.job_id == bindparam("b_job"), job_events.c.id > bindparam("b_after"))
+    .order_by(job_events.c.id)
+    .limit(bindparam("b_limit"))
+)
+_INSERT_JOB = {
+    # a retried submission's insert does nothing (the team's key is taken) instead of failing its transaction
+    "postgresql": pg_insert(jobs).on_conflict_do_nothing().returning(*jobs.c),
+    "sqlite": sqlite_insert(jobs).on_conflict_do_nothing().returning(*jobs.c),
+}
+_INSERT_EVENT = insert(job_events)
+
+
 def _in_states(values: frozenset[str]) -> Any:
     stmt = _IN_STATES.get(values)
     if stmt is None:
@@ -246,41 +266,38 @@ class JobRepository:
         return self.insert(new)
 
     def insert(self, new: NewJob) -> tuple[JobRecord, bool]:
-        """:meth:`create` without looking for the idempotency key first (the caller just did): one
-        transaction, the job and its event written with ``RETURNING``, nothing read back."""
+        """:meth:`create` in one transaction, without looking for the idempotency key first: the job is
+        inserted unless the team's key is taken (``ON CONFLICT DO NOTHING``, which waits for a racing
+        insert of the same key to commit or roll back), then its event; a taken key reads the first job
+        on the same connection. Written with ``RETURNING``: nothing is read back."""
         now = self.now()
-        try:
-            with self.engine.begin() as conn:
-                row = conn.execute(
-                    insert(jobs)
-                    .values(
-                        id=new.job_id,
-                        team_id=new.team_id,
-                        batch_id=new.batch_id,
-                        name=new.name,
-                        state=JobState.QUEUED.value,
-                        reason="submitted",
-                        spec=_dumps(new.spec),
-                        quote=_dumps(new.quote) if new.quote is not None else None,
-                        provider=new.provider,
-                        steps_total=int(new.steps_total),
-                        steps_done=0,
-                        idempotency_key=new.idempotency_key,
-                        version=0,
-                        created_at=now,
-                        updated_at=now,
-                    )
-                    .returning(*jobs.c)
-                ).one()
+        params = {
+            "id": new.job_id,
+            "team_id": new.team_id,
+            "batch_id": new.batch_id,
+            "name": new.name,
+            "state": JobState.QUEUED.value,
+            "reason": "submitted",
+            "spec": _dumps(new.spec),
+            "quote": _dumps(new.quote) if new.quote is not None else None,
+            "provider": new.provider,
+            "steps_total": int(new.steps_total),
+            "steps_done": 0,
+            "idempotency_key": new.idempotency_key,
+            "version": 0,
+            "created_at": now,
+            "updated_at": now,
+        }
+        with self.engine.begin() as conn:
+            row = conn.execute(_INSERT_JOB[self.engine.dialect.name], params).first()
+            if row is not None:
                 self._event(conn, new.job_id, "state", None, JobState.QUEUED, "submitted", at=now)
-        except IntegrityError:
-            if new.idempotency_key is None:
-                raise
-            existing = self._by_key(new.team_id, new.idempotency_key)
-            if existing is None:
-                raise
-            return existing, False
-        return JobRecord.of(row), True
+                return JobRecord.of(row), True
+            key = new.idempotency_key
+            existing = None if key is None else self._by_key(new.team_id, key, conn=conn)
+        if existing is None:  # the job id is taken (64 random bits): nothing was written
+            raise RuntimeError(f"job id {new.job_id} is taken: submit again")
+        return existing, False
 
     def transition(
         self,
@@ -408,9 +425,8 @@ class JobRepository:
             with self._reads(conn) as c:
                 row = c.execute(_GET, {"b_id": job_id}).first()
         else:
-            query = select(jobs).where(jobs.c.id == job_id, jobs.c.team_id == team_id)
             with self._reads(conn) as c:
-                row = c.execute(query).first()
+                row = c.execute(_TEAM_JOB, {"b_id": job_id, "b_team": team_id}).first()
         if row is None:
             raise JobNotFound(f"no job {job_id!r}")
         return JobRecord.of(row)
@@ -464,12 +480,7 @@ class JobRepository:
     ) -> list[JobEvent]:
         """The job's events in order, those after ``after_id``."""
         with self._reads(conn) as c:
-            rows = c.execute(
-                select(job_events)
-                .where(job_events.c.job_id == job_id, job_events.c.id > after_id)
-                .order_by(job_events.c.id)
-                .limit(limit)
-            ).all()
+            rows = c.execute(_EVENTS, {"b_job": job_id, "b_after": int(after_id), "b_limit": int(limit)}).all()
         return [JobEvent.of(r) for r in rows]
 
     def events_of(self, job_ids: Sequence[str], *, conn: Connection | None = None) -> dict[str, list[JobEvent]]:
@@ -503,7 +514,7 @@ class JobRepository:
 
     def _by_key(self, team_id: str, key: str, *, conn: Connection | None = None) -> JobRecord | None:
         with self._reads(conn) as c:
-            row = c.execute(select(jobs).where(jobs.c.team_id == team_id, jobs.c.idempotency_key == key)).first()
+            row = c.execute(_KEYED_JOB, {"b_team": team_id, "b_key": key}).first()
         return JobRecord.of(row) if row is not None else None
 
     @staticmethod
@@ -534,14 +545,15 @@ class JobRepository:
         detail: Mapping[str, Any] | None = None,
     ) -> None:
         conn.execute(
-            insert(job_events).values(
-                job_id=job_id,
-                at=at,
-                kind=kind,
-                from_state=src.value if src is not None else None,
-                to_state=dst.value if dst is not None else None,
-                reason=reason,
-                cost_usd=cost_usd,
-                detail=_dumps(detail) if detail is not None else None,
-            )
+            _INSERT_EVENT,
+            {
+                "job_id": job_id,
+                "at": at,
+                "kind": kind,
+                "from_state": src.value if src is not None else None,
+                "to_state": dst.value if dst is not None else None,
+                "reason": reason,
+                "cost_usd": cost_usd,
+                "detail": _dumps(detail) if detail is not None else None,
+            },
         )

@@ -210,7 +210,10 @@ class _Counter:
 
 
 @pytest.fixture
-def counter(svc: Service) -> Iterator[_Counter]:
+def counter(svc: Service, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Counter]:
+    """Counts on the service's engine; a verified key stays cached for the whole test (a slow machine
+    would otherwise see the key read again within the counted requests)."""
+    monkeypatch.setattr(api.auth, "KEY_CACHE_TTL_S", 3600.0)
     c = _Counter(svc.store.engine)
     yield c
     c.remove()
@@ -255,16 +258,38 @@ def test_a_launched_job_reads_the_ledger_on_the_same_connection(svc: Service, co
 
 
 def test_a_submission_writes_once_and_reads_nothing_back(svc: Service, counter: _Counter) -> None:
-    """POST /v1/jobs with an Idempotency-Key: of the job tables, one look-up of the key and one
-    transaction writing the job and its event (RETURNING: no read back); a retry reads the first job."""
+    """POST /v1/jobs with an Idempotency-Key: of the job tables, one transaction inserting the job (the
+    idempotency check: nothing inserted when the key is taken) and its event, no read; a retry inserts
+    nothing and reads the first job."""
     headers = {**svc.alpha, "Idempotency-Key": "once"}
     svc.client.get("/v1/jobs", headers=svc.alpha)  # the key cached
     with counter.counting():
         first = svc.client.post("/v1/jobs", json=BODY, headers=headers)
     assert first.status_code == 201
     job_sql = [s for s in counter.statements if " jobs" in s or "job_events" in s]
-    assert [s.split()[0] for s in job_sql] == ["SELECT", "INSERT", "INSERT"], job_sql
+    assert [(s.split()[0], "job_events" in s) for s in job_sql] == [("INSERT", False), ("INSERT", True)], job_sql
     with counter.counting():
         again = svc.client.post("/v1/jobs", json=BODY, headers=headers)
     assert again.status_code == 200 and again.json() == first.json()
-    assert counter.checkouts == 1
+    job_sql = [s for s in counter.statements if " jobs" in s or "job_events" in s]
+    assert [(s.split()[0], "job_events" in s) for s in job_sql] == [
+        ("INSERT", False),  # did nothing: the key is taken
+        ("SELECT", False),  # the first job
+        ("SELECT", True),  # its events, to render it
+    ], job_sql
+    assert len(svc.jobs.events(first.json()["id"])) == 1
+
+
+def test_a_retry_answers_the_first_job_even_when_it_cannot_be_planned_now(svc: Service) -> None:
+    """The idempotency check is the insert, after the quote: a retry whose quote fails now (every offer
+    marked unavailable since) still answers the job accepted first, not a 422."""
+    headers = {**svc.alpha, "Idempotency-Key": "before-the-drought"}
+    first = svc.client.post("/v1/jobs", json=BODY, headers=headers)
+    assert first.status_code == 201
+    gone = svc.app.state.job_service.unavailable
+    for offer in svc.store.snapshot(svc.jobs.now(), include_stale=True):
+        gone.mark(offer.key, "capacity", at=svc.jobs.now())
+    fresh = svc.client.post("/v1/jobs", json=BODY, headers=svc.alpha)
+    assert fresh.status_code == 422  # nothing can be planned now
+    again = svc.client.post("/v1/jobs", json=BODY, headers=headers)
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
