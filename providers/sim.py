@@ -19,6 +19,7 @@
   key, so two policies on the same offer at the same time meet the same preemptions). An instance is
   preempted at its offer's first reclaim after its launch. A notice precedes it by the cloud's lead time
   (AWS 2 min, GCP and Azure 30 s; never before the launch). On-demand offers are never preempted.
+  :meth:`SimCloud.preempt` forces one (tests, drills) through the same notice and preemption path.
 - **Workloads**: a job registered on an instance (:meth:`SimCloud.start_workload`) waits for the boot,
   restores for ``timing.restore`` (when it resumes from a checkpoint), then trains at the throughput
   given, pausing ``timing.checkpoint`` after every ``timing.checkpoint_interval`` of training to write a
@@ -572,6 +573,38 @@ class SimCloud:
             inst.terminated = t
             self._live.discard(instance_id)
             self._kill_agent(inst, t)
+
+    @_locked
+    def preempt(self, instance_id: str, *, notice: timedelta | None = None) -> Interruption:
+        """Reclaim the instance now, whatever its market (a test's or a drill's forced preemption), through
+        the same path as a drawn one: a notice now, the instance taken ``notice`` later (None: the cloud's
+        lead time, ``SimConfig.notice_lead``; zero: at once), seen by :meth:`run_until`,
+        :meth:`interruptions`, the instance's state and its agent (which checkpoints on the notice, as for a
+        drawn preemption). A drawn (or earlier forced) preemption that comes first stays. Returns the
+        notice (the preemption when it is taken at once). :class:`~costopt.cloud.NotFoundError` for an
+        unknown id, :class:`SimError` for an instance that has already ended."""
+        inst = self._get(instance_id)
+        self._catch_up()
+        now = self.clock.micros()
+        if not self._alive(inst, now):
+            raise SimError(f"{instance_id} has ended: it cannot be preempted")
+        lead = self.config.notice_lead.get(inst.spec.offer.cloud, DEFAULT_NOTICE_LEAD[Cloud.SIM])
+        lead = lead if notice is None else notice
+        if lead < timedelta(0):
+            raise ValueError(f"the notice must be >= 0, got {lead}")
+        deadline = now + lead // _US
+        if inst.preempt is None or deadline < inst.preempt:
+            noticed = inst.notice if inst.notice is not None and inst.notice <= now else now  # one notice only
+            inst.preempt, inst.notice = deadline, noticed
+            if inst.agent is not None and inst.agent.running:
+                inst.agent.set_notice(noticed, deadline)
+                self._schedule(inst)
+        assert inst.preempt is not None and inst.notice is not None
+        if inst.preempt <= now:  # taken at once (the drawn path does this when run_until reaches it)
+            self._live.discard(instance_id)
+            self._kill_agent(inst, now)
+            return Interruption(instance_id, self._dt(now), None, "preempted")
+        return Interruption(instance_id, self._dt(inst.notice), self._dt(inst.preempt), "notice")
 
     @_locked
     def output(self, instance_id: str, *, tail: int | None = None) -> str:

@@ -444,6 +444,13 @@ class SimAgent:
         except (AgentError, OSError) as exc:
             self._fail(t, exc)
 
+    def set_notice(self, notice: int, deadline: int) -> None:
+        """The instance's preemption notice is now posted at ``notice`` and the instance taken at
+        ``deadline`` (the cloud's microseconds; :meth:`SimCloud.preempt`); the cloud reschedules the agent."""
+        self.notice = notice
+        self._source.notice_s = self._to_s(notice)
+        self._source.deadline_s = self._deadline_s = self._to_s(deadline)
+
     def kill(self, t: int) -> None:
         """The instance is gone (preempted, terminated): nothing more is written, no exit code."""
         if self.phase is not Phase.EXITED:

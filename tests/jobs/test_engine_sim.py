@@ -1,7 +1,7 @@
 """The job engine over the simulated cloud (its simulated agents, its clock; the migrator sleeps on it), on
 both backends, offline and in milliseconds: a job given by throughput runs from queued to succeeded with
-exactly its steps and its ledger cost; a seeded spot preemption is recovered through the watcher on the
-job's own placements; cancel checkpoints first; a move records its cost."""
+exactly its steps and its ledger cost; a spot preemption (forced: ``SimCloud.preempt``) is recovered
+through the watcher on the job's own placements; cancel checkpoints first; a move records its cost."""
 
 from __future__ import annotations
 
@@ -155,7 +155,7 @@ def test_a_running_job_has_an_eta_from_its_throughput(engine, tmp_path) -> None:
 
 
 def test_a_spot_preemption_is_recovered_through_the_watcher_on_the_jobs_placements(engine, tmp_path) -> None:
-    sim = Sim(engine, tmp_path, [SPOT, OD_A], spot_hazard=0.5, seed=3)
+    sim = Sim(engine, tmp_path, [SPOT, OD_A])  # no hazard: the spot copy is preempted when the test says so
     watcher = InterruptionWatcher(
         sim.migrator,
         lambda mj: sim.engine.recovery_offers(sim.repo.get(mj.job_id), mj),
@@ -165,13 +165,14 @@ def test_a_spot_preemption_is_recovered_through_the_watcher_on_the_jobs_placemen
         retry_base=0.0,
     )
     job = sim.submit(20_000)
+    sim.run(job.id, lambda j: j.state is JobState.RUNNING and j.steps_done >= 2_000)
+    sim.cloud.preempt(sim.migrator.job(job.id).instance_id or "")  # AWS: 2 min of notice
     done = sim.run(job.id, lambda j: j.state.terminal, also=watcher.poll)
 
     assert done.state is JobState.SUCCEEDED, done.reason
     events = sim.repo.events(job.id)
     kinds = [e.kind for e in events]
-    assert kinds.count("preemption") >= 1, "the seeded spot copy is preempted"
-    assert kinds.count("recovery") == kinds.count("preemption")
+    assert kinds.count("preemption") == 1 and kinds.count("recovery") == 1
     # the watcher's recovery runs within its pass on simulated time: the engine may only see its outcome
     assert sim.states(job.id)[:3] == ["queued", "launching", "running"]
     first = next(e for e in events if e.kind == "preemption")

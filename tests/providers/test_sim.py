@@ -330,6 +330,56 @@ def test_a_checkpoint_on_notice_saves_the_work_when_the_lead_time_allows() -> No
     assert azure_lost > 0
 
 
+def test_a_forced_preemption_takes_the_drawn_path_notice_then_preempted() -> None:
+    cloud = sim(checkpoint_on_notice=True)  # no hazard: only the forced preemption
+    inst = cloud.launch(spec(AWS), "t").instance_id
+    cloud.start_workload(inst, steps_per_s=10.0, target_steps=10**9)
+    cloud.run_until(m(50))
+    notice = cloud.preempt(inst)
+    assert (notice.kind, notice.noticed_at, notice.deadline) == ("notice", m(50), m(52))  # AWS: 2 min
+    assert cloud.describe(inst).state is InstanceState.RUNNING  # until its deadline
+    events = cloud.run_until(m(90), watch={inst})
+    assert [(e.kind, e.at) for e in events] == [(SimEventKind.NOTICE, m(50)), (SimEventKind.PREEMPTED, m(52))]
+    gone = cloud.describe(inst)
+    assert gone.state is InstanceState.PREEMPTED and gone.terminated_at == m(52)
+    assert [(i.kind, i.noticed_at, i.deadline) for i in cloud.interruptions(m(40))] == [
+        ("notice", m(50), m(52)),
+        ("preempted", m(52), None),
+    ]
+    assert cloud.progress(inst).lost_steps == 0  # checkpoint_on_notice: written within the 2 min
+    with pytest.raises(SimError, match="has ended"):
+        cloud.preempt(inst)
+    with pytest.raises(NotFoundError):
+        cloud.preempt("sim-nope")
+
+
+def test_a_forced_preemption_without_notice_takes_the_instance_at_once_even_on_demand() -> None:
+    cloud = sim()
+    od = cloud.launch(spec(AWS_OD), "od").instance_id
+    cloud.run_until(m(10))
+    taken = cloud.preempt(od, notice=timedelta(0))
+    assert (taken.kind, taken.noticed_at, taken.deadline) == ("preempted", m(10), None)
+    assert cloud.describe(od).state is InstanceState.PREEMPTED and cloud.describe(od).terminated_at == m(10)
+    assert [e.kind for e in cloud.run_until(m(20))] == [SimEventKind.NOTICE, SimEventKind.PREEMPTED]
+    assert [i.kind for i in cloud.interruptions(m(10))] == ["notice", "preempted"]
+    with pytest.raises(ValueError, match=">= 0"):
+        cloud.preempt(cloud.launch(spec(AWS_OD), "od2").instance_id, notice=timedelta(seconds=-1))
+
+
+def test_a_drawn_preemption_that_comes_first_stays() -> None:
+    drawn = sim(HIGH_HAZARD, seed=3)
+    inst = drawn.launch(spec(AWS), "a").instance_id
+    drawn.run_until(T + timedelta(days=5), watch=())
+    taken = drawn.describe(inst).terminated_at
+    assert taken is not None
+    forced = sim(HIGH_HAZARD, seed=3)  # the same draws
+    forced.launch(spec(AWS), "a")
+    late = forced.preempt(inst, notice=taken - T + timedelta(hours=1))  # asked for after the drawn one
+    assert late.deadline == taken
+    forced.run_until(T + timedelta(days=5), watch=())
+    assert forced.describe(inst).terminated_at == taken
+
+
 def test_workloads_are_refused_on_gone_instances() -> None:
     cloud = sim()
     inst = cloud.launch(spec(), "t").instance_id

@@ -238,7 +238,7 @@ def test_a_move_over_the_simulated_cloud_ends_done_and_the_audit_is_exact(engine
 
 
 def test_a_recovery_after_a_preemption_seen_by_the_watcher_keeps_the_audit_exact(engine: Engine, uri: str) -> None:
-    cloud = make_cloud(spot_hazard=0.5, seed=3)
+    cloud = make_cloud()  # no hazard: the spot copy is preempted when the test says so
     mig = migrator(engine, cloud)
     unavailable = UnavailableOffers(engine)
     mig.unavailable = unavailable
@@ -251,22 +251,46 @@ def test_a_recovery_after_a_preemption_seen_by_the_watcher_keeps_the_audit_exact
         watermark=MemoryWatermark(),
         clock=cloud.now,
     )
+    cloud.run_to(START + timedelta(hours=2, minutes=10))  # mid-way between two periodic checkpoints
+    first = mig.job("job-1").instance_id or ""
+    notice = cloud.preempt(first)  # AWS: 2 min of notice, room for the agent's 1-min checkpoint
     preempted, recoveries = [], []
-    deadline = START + timedelta(days=2)
-    while mig.job("job-1").status is not JobStatus.FINISHED and cloud.now() < deadline:
+    while not recoveries and cloud.now() < START + timedelta(hours=3):
         events = cloud.run_to(cloud.now() + timedelta(seconds=20))
         preempted += [e for e in events if e.kind is SimEventKind.PREEMPTED]
         report = watcher.poll()
         recoveries += [r for r in report.recoveries if r.recovered]
-        if any(e.kind is SimEventKind.DONE for e in events):
-            break
-    assert preempted, "the spot copy was expected to be preempted (seeded)"
+    assert [(e.instance_id, e.at) for e in preempted] == [(first, notice.deadline)]
     assert recoveries, "the watcher recovers the job"
+    final = mig.job("job-1")
+    assert final.offer in (OD_A, OD_B) and final.instance_id != first
+    events = cloud.run_to(START + timedelta(hours=12))
+    assert [e.kind for e in events if e.instance_id == final.instance_id][-1] is SimEventKind.DONE
     audit = control.audit_job(uri, 40_000)
     assert audit.ok, audit.problems
     assert audit.lost_steps == 0 and audit.repeated_steps == 0 and audit.steps_done == 40_000
-    final = mig.job("job-1")
-    assert final.offer in (OD_A, OD_B) and cloud.describe(final.instance_id or "").exit_code == 0
+    assert cloud.describe(final.instance_id or "").exit_code == 0
+
+
+def test_a_forced_notice_is_served_like_a_drawn_one(uri: str) -> None:
+    cloud = make_cloud()
+    inst = cloud.launch(spec(uri, offer=OD_A, steps=200_000), "t1").instance_id  # on-demand: no drawn preemption
+    cloud.run_to(START + timedelta(hours=1, minutes=40))
+    notice = cloud.preempt(inst)
+    events = cloud.run_to(START + timedelta(hours=3))
+    assert [(e.kind, e.at) for e in events if e.kind in (SimEventKind.NOTICE, SimEventKind.PREEMPTED)] == [
+        (SimEventKind.NOTICE, notice.noticed_at),
+        (SimEventKind.PREEMPTED, notice.deadline),
+    ]
+    assert any(r["event"] == "notice" for r in control.records(uri))
+    last = control.latest(uri)
+    trained = (notice.noticed_at - START - timedelta(minutes=3)).total_seconds()  # after the 3-min boot
+    # the notice's checkpoint: every step trained to the notice (three 1-min periodic checkpoints paused it);
+    # the last periodic one (after 90 min of training) holds 10 800
+    assert last is not None and last.step == int((trained - 3 * 60) * RATE) == 11_280
+    described = cloud.describe(inst)
+    assert described.state is InstanceState.PREEMPTED and described.exit_code == 75
+    assert "stopped after its checkpoint" in cloud.output(inst)
 
 
 def test_a_notice_long_enough_for_a_checkpoint_saves_the_work(uri: str) -> None:
