@@ -29,7 +29,6 @@ Clock: every deadline is computed from the injected ``clock`` (``time.time`` by 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -71,6 +70,7 @@ from costopt.agent.layout import (
     write_manifest,
 )
 from costopt.agent.notices import CHECKPOINT_MARGIN_SECONDS, Clock, Notice, NoticeSource, sources_from_env
+from costopt.agent.progress import record_line
 from costopt.agent.storage import LocalStorage, Storage, open_storage
 
 log = logging.getLogger("costopt.agent")
@@ -345,7 +345,7 @@ class Agent:
         if self.on_progress is not None:
             self.on_progress(rec)
         if self.write_progress:
-            self._buffer.append(json.dumps(rec, separators=(",", ":")))
+            self._buffer.append(record_line(rec))
         return rec
 
     def _flush(self, *, force: bool = False) -> None:

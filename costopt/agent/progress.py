@@ -44,8 +44,32 @@ from costopt.agent.storage import Storage
 log = logging.getLogger("costopt.agent")
 
 
+class RecordLine(str):
+    """A progress log line that still carries the record it was written from (:func:`record_line`), so a
+    log kept in memory (``MemoryStorage``) is not parsed back; written anywhere else it is just its text."""
+
+    record: dict[str, Any]
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def record_line(rec: dict[str, Any]) -> str:
+    """The log line of a progress record (compact JSON). A record of plain values (what a JSON round
+    trip gives back unchanged) travels with its line, for a reader in the same process."""
+    text = json.dumps(rec, separators=(",", ":"))
+    if not all(type(v) in _PLAIN for v in rec.values()) or not all(type(k) is str for k in rec):
+        return text
+    line = RecordLine(text)
+    line.record = dict(rec)
+    return line
+
+
 def _parse(line: str, name: str) -> dict[str, Any] | None:
     """A progress record of a log line (None: unreadable, or not a record)."""
+    if type(line) is RecordLine:
+        kept = line.record
+        return kept if "event" in kept else None
     try:
         rec = json.loads(line)
     except ValueError:

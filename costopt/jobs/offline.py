@@ -37,17 +37,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, select
+from sqlalchemy import Engine, and_, create_engine, event, select
 from sqlalchemy.pool import StaticPool
 
 from costopt.agent.storage import drop_memory
+from costopt.db.jobs_schema import jobs as jobs_table
 from costopt.db.migration_schema import migration_copies
 from costopt.domain import Cloud, utc
 from costopt.jobs.engine import JobEngine
 from costopt.jobs.model import ACTIVE_STATES, JobState
 from costopt.jobs.placement import Placements
 from costopt.jobs.rebalance import Rebalancer, RebalanceReport
-from costopt.jobs.records import JobEvent, JobRecord, JobRepository, NewJob
+from costopt.jobs.records import MAX_PAGE, JobEvent, JobRecord, JobRepository, NewJob
 from costopt.ledger.model import CostReport
 from costopt.ledger.prices import PriceSteps
 from costopt.ledger.sql import SqlLedger
@@ -229,7 +230,7 @@ def run_offline(
         while True:
             engine.tick()
             watcher.poll()
-            active = [job for job in repo.in_states(ACTIVE_STATES) if job.id in wanted]
+            active, live_copies = _active_jobs(db, wanted)
             now = utc(cloud.now())
             if not active or now >= until:
                 break
@@ -241,10 +242,9 @@ def run_offline(
             # a job between states (launching, migrating, recovering), or without a live copy (a recovery
             # that rolled back, for the watcher to retry), is ticked again at once, then every poll
             # interval: the engine and the watcher act on a later pass
-            live_copies = _live_copies(db, [j.id for j in active])
             watch = [iid for _, iid in live_copies]
             live = {job_id for job_id, _ in live_copies}
-            settling = any(job.state is not JobState.RUNNING or job.id not in live for job in active)
+            settling = any(state is not JobState.RUNNING or job_id not in live for job_id, state in active)
             if settling and spins < 2:
                 spins += 1
                 continue
@@ -257,7 +257,7 @@ def run_offline(
         engine.close()
     ended = utc(cloud.now())
     final = [repo.get(i) for i in ids]
-    events = repo.events_of(ids)
+    events = _all_events(repo, ids)
     run = OfflineRun(
         jobs=tuple(final),
         events={i: tuple(events[i]) for i in ids},
@@ -273,14 +273,48 @@ def run_offline(
     return run
 
 
-def _live_copies(db: Engine, job_ids: Sequence[str]) -> list[tuple[str, str]]:
-    """(job id, instance id) of the jobs' copies still open in the migrator's records (one query)."""
-    t = migration_copies.c
+_ACTIVE_WITH_COPIES = (
+    select(jobs_table.c.id, jobs_table.c.state, migration_copies.c.instance_id)
+    .select_from(
+        jobs_table.outerjoin(
+            migration_copies,
+            and_(migration_copies.c.job_id == jobs_table.c.id, migration_copies.c.ended_at.is_(None)),
+        )
+    )
+    .where(jobs_table.c.state.in_(sorted(s.value for s in ACTIVE_STATES)))
+    .order_by(jobs_table.c.created_at, jobs_table.c.id, migration_copies.c.instance_id)
+)
+"""The active jobs with their copies still open in the migrator's records (one query, built once)."""
+
+
+def _active_jobs(db: Engine, wanted: set[str]) -> tuple[list[tuple[str, JobState]], list[tuple[str, str]]]:
+    """``(job id, state)`` of the active jobs among ``wanted``, and ``(job id, instance id)`` of their open
+    copies."""
     with db.connect() as conn:
-        rows = conn.execute(
-            select(t.job_id, t.instance_id).where(t.job_id.in_(list(job_ids)), t.ended_at.is_(None))
-        ).all()
-    return [(str(r.job_id), str(r.instance_id)) for r in rows]
+        rows = conn.execute(_ACTIVE_WITH_COPIES).all()
+    active: dict[str, JobState] = {}
+    copies: list[tuple[str, str]] = []
+    for r in rows:
+        job_id = str(r.id)
+        if job_id not in wanted:
+            continue
+        active[job_id] = JobState(r.state)
+        if r.instance_id is not None:
+            copies.append((job_id, str(r.instance_id)))
+    return list(active.items()), copies
+
+
+def _all_events(repo: JobRepository, ids: Sequence[str]) -> dict[str, list[JobEvent]]:
+    """Every event of each job, in order: :meth:`JobRepository.events_of` gives at most a page per job
+    (:data:`MAX_PAGE`), and a job preempted a hundred times has more; the rest is read page by page."""
+    out = repo.events_of(ids)
+    for job_id, got in out.items():
+        while len(got) % MAX_PAGE == 0 and got:
+            more = repo.events(job_id, after_id=got[-1].id, limit=MAX_PAGE)
+            if not more:
+                break
+            got.extend(more)
+    return out
 
 
 def reset_database(db: Engine) -> None:
