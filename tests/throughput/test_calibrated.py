@@ -136,3 +136,21 @@ def test_leave_one_gpu_out_meets_the_targets_on_the_shipped_calibration_set(
     # every scored cell is scored for both estimators, and Gavel's cells are reported apart
     assert all(set(e.factors) == {ESTIMATOR_CALIBRATED, ESTIMATOR_HARDWARE} for e in cv.errors)
     assert {r.family for r in cv.summary(dataset="gavel", by_gpu=False)} >= {"gan", "reinforcement_learning"}
+
+
+def test_bounded_lstsq_agrees_with_scipys_bounded_solver() -> None:
+    import numpy as np
+    from scipy.optimize import lsq_linear
+
+    from costopt.throughput.calibrated import bounded_lstsq
+
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        a = rng.normal(size=(40, 12))
+        b = rng.normal(size=40) * 3
+        lower = np.where(rng.random(12) < 0.5, 0.0, -np.inf)
+        upper = np.where(rng.random(12) < 0.5, 1.0, np.inf)
+        ours = bounded_lstsq(a, b, lower, upper)
+        ref = lsq_linear(a, b, bounds=(lower, upper), method="bvls").x
+        assert np.all(ours >= lower - 1e-9) and np.all(ours <= upper + 1e-9)
+        assert np.sum((a @ ours - b) ** 2) == pytest.approx(np.sum((a @ ref - b) ** 2), rel=1e-9, abs=1e-9)
