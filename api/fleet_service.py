@@ -48,9 +48,14 @@ def worker_command(settings: Settings, provider: str) -> Sequence[str]:
     return [python, "-m", "costopt.agent.worker"]
 
 
-def build_fleet_executor(settings: Settings, service: JobService, *, billing: Any = None) -> FleetExecutor:
-    """The executor over the job service's database, clock and providers (by name)."""
+def build_fleet_executor(settings: Settings, service: JobService) -> FleetExecutor:
+    """The executor over the job service's database, clock and providers (by name), billing the fleets to
+    the service's ledger (:class:`costopt.fleets.billing.FleetBilling`)."""
+    from costopt.fleets.billing import FleetBilling
+
     repo = FleetRepository(service.repo.engine, now=service.clock)
+    prices = getattr(service.ledger, "prices", None)
+    billing = None if prices is None else FleetBilling(repo, service.ledger, prices)
     providers = {name: p for name, p in service.providers.items() if name not in NO_WORKER_PROVIDERS}
     return FleetExecutor(
         repo,
@@ -62,6 +67,7 @@ def build_fleet_executor(settings: Settings, service: JobService, *, billing: An
         dead_after_s=settings.fleet_dead_after,
         boot_timeout_s=settings.fleet_boot_timeout,
         billing=billing,
+        grid_s=settings.fleet_tick,
     )
 
 

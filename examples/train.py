@@ -80,6 +80,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, required=True, help="total training steps to reach")
     p.add_argument("--checkpoint-every", type=int, default=20, help="checkpoint every K steps (default 20)")
     p.add_argument("--step-seconds", type=float, default=0.0, help="extra time per step, to simulate work")
+    p.add_argument(
+        "--pace",
+        action="store_true",
+        help="run at COSTOPT_STEPS_PER_SECOND (the throughput of the GPU the job was given: a fleet's worker "
+        "sets it): step k of a run completes k / rate seconds after the run restored; a stop asked for while "
+        "a step is under way checkpoints the steps completed and exits without finishing that step",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dim", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=32)
@@ -93,6 +100,32 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.steps < 0 or args.checkpoint_every < 1:
         p.error("--steps must be >= 0 and --checkpoint-every >= 1")
     return args
+
+
+def pace_rate(args: argparse.Namespace) -> float | None:
+    """Steps per second to run at with ``--pace`` (None: as fast as the machine goes)."""
+    if not args.pace:
+        return None
+    raw = os.environ.get("COSTOPT_STEPS_PER_SECOND", "")
+    try:
+        rate = float(raw)
+    except ValueError:
+        rate = float("nan")
+    if not rate > 0 or rate == float("inf"):
+        raise SystemExit(f"--pace needs COSTOPT_STEPS_PER_SECOND > 0 in the environment, got {raw!r}")
+    return rate
+
+
+def wait_for_step(agent: Agent, due: float) -> bool:
+    """Spend the step's time (until ``due``, monotonic seconds), looking every 20 ms whether the agent
+    asks for a checkpoint (a stop, a notice, a request); False when it does before the step is done."""
+    while True:
+        left = due - time.monotonic()
+        if left <= 0:
+            return True
+        if agent.should_checkpoint():
+            return False
+        time.sleep(min(left, 0.02))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,7 +169,17 @@ def run(agent: Agent, args: argparse.Namespace) -> int:
         log.info("job %s epoch %d: resuming after step %d", agent.job_id, agent.epoch, step)
 
     loss = float("nan")
+    rate = pace_rate(args)
+    run_start, run_steps = time.monotonic(), 0
     while step < args.steps:
+        if rate is not None and not wait_for_step(agent, run_start + (run_steps + 1) / rate):
+            # asked to stop (or checkpoint) while the step was under way: it is not done
+            agent.checkpoint(step, encode_state(w, args))
+            if agent.should_stop():
+                log.info("stopping after step %d (checkpointed) for preemption or termination", step)
+                return EXIT_FENCED if agent.stale else EXIT_STOPPED
+            continue
+        run_steps += 1
         x, y = batch(args.seed, step + 1, args.dim, args.batch_size)
         w, loss = sgd_step(w, x, y, args.lr)
         step += 1

@@ -268,3 +268,88 @@ def _shown_bench(r: dict[str, Any]) -> dict[str, Any]:
         "peak memory (process)": f"{r['peak_mem_mb']:,.0f} MB",
         "objective": f"{r['objective']:.6g}",
     }
+
+
+@app.command("validate")
+def validate(
+    provider: Annotated[
+        str, typer.Option("--provider", help="Where the fleet's instances run: local (worker processes here).")
+    ],
+    jobs: Annotated[int, typer.Option(min=1, max=200, help="Jobs in the trace.")] = 24,
+    policies: Annotated[
+        str, typer.Option("--policies", help="Policies, comma-separated.")
+    ] = "max_min_fairness,max_min_fairness_perf,finish_time_fairness_perf",
+    seed: Annotated[int, typer.Option(help="Trace seed.")] = 0,
+    round_length: Annotated[str, typer.Option("--round", help="Round length, e.g. 6s.")] = "6s",
+    per_label: Annotated[
+        int, typer.Option("--per-label", min=1, max=8, help="One-GPU instances of each label (K80, P100, V100).")
+    ] = 2,
+    sim_overhead: Annotated[
+        str,
+        typer.Option(
+            "--sim-overhead",
+            help="Restart overhead the simulator charges a move: 'measured' (the live mean) or a duration.",
+        ),
+    ] = "measured",
+    workdir: Annotated[
+        Path | None, typer.Option("--workdir", help="Keep each run's database, checkpoints and logs here.")
+    ] = None,
+    data: DataOpt = None,
+    fmt: FormatOpt = OutputFormat.table,
+) -> None:
+    """Run a fleet live on this machine under each policy and the same trace through the simulator: average
+    JCT and makespan live vs simulated, steps lost and repeated, round overhead (docs/gavel.md).
+
+    Exit 1 when a job did not finish or a step was lost or repeated."""
+    from api.fleet_validate import ValidationSetup
+    from api.fleet_validate import validate as run_validation
+
+    if provider.strip().lower() != "local":
+        raise typer.BadParameter(
+            f"only the local provider runs fleet workers on this machine, got {provider!r} (the simulated cloud "
+            "runs no worker: use `costopt gavel simulate`)",
+            param_hint="--provider",
+        )
+    names = tuple(_check_policy(p.strip()) for p in policies.split(",") if p.strip())
+    if not names:
+        raise typer.BadParameter("give at least one policy", param_hint="--policies")
+    round_s = parse_seconds(round_length, "--round")
+    overhead = None if sim_overhead.strip().lower() == "measured" else parse_seconds(sim_overhead, "--sim-overhead")
+    if round_s < 1 or (overhead is not None and overhead >= round_s):
+        raise typer.BadParameter("need --round >= 1s and --sim-overhead shorter than a round", param_hint="--round")
+    settings = settings_with(data)
+    try:
+        setup = ValidationSetup(jobs=jobs, policies=names, seed=seed, round_s=round_s, per_label=per_label)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    with failures():
+        from rich.console import Console
+
+        console = Console(stderr=True)
+        with console.status("validating...") as status:
+
+            def progress(message: str) -> None:
+                status.update(message)
+                if not message.startswith("{"):
+                    console.log(message)
+
+            results = run_validation(
+                setup, settings=settings, workdir=workdir, sim_overhead_s=overhead, progress=progress
+            )
+    rows = [r.as_dict() for r in results]
+    columns = [
+        ("policy", "policy", None),
+        ("live_avg_jct_s", "JCT live", "s"),
+        ("sim_avg_jct_s", "JCT sim", "s"),
+        ("jct_error", "JCT error", None),
+        ("live_makespan_s", "makespan live", "s"),
+        ("sim_makespan_s", "makespan sim", "s"),
+        ("makespan_error", "makespan error", None),
+        ("lost_steps", "lost", "steps"),
+        ("repeated_steps", "repeated", "steps"),
+        ("round_overhead_s", "round overhead", "s"),
+        ("sim0_avg_jct_s", "JCT sim, no overhead", "s"),
+    ]
+    emit(rows, columns, fmt, title=f"fleet live vs simulated ({jobs} jobs, {round_s:g} s rounds)")
+    if any(r.lost_steps or r.repeated_steps or r.jobs_done < r.jobs for r in results):
+        raise typer.Exit(Exit.FAILED)

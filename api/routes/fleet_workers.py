@@ -67,12 +67,15 @@ class CopyKey(BaseModel):
 
 class SyncOut(BaseModel):
     """The desired state: the copies that may run on this instance now (``run``), the exited copies the
-    service recorded (``ack``), and ``release``: the instance left the fleet (stop everything and end)."""
+    service recorded (``ack``), and ``release``: the instance left the fleet (stop everything and end).
+    ``round_ends_at`` and ``waiting`` tell the worker when to sync next (at the round's end; soon while a
+    lease waits for a copy elsewhere to stop)."""
 
     round: int
     round_ends_at: str | None
     poll_s: float
     run: list[LeaseOut]
+    waiting: int = Field(description="Leases of this round waiting for their job's previous copy to stop")
     ack: list[CopyKey]
     release: bool
 

@@ -31,7 +31,7 @@ import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from costopt.cloud import CloudError, CloudProvider, LaunchSpec, NotFoundError
 from costopt.cloud import InstanceState as CloudState
@@ -56,6 +56,8 @@ log = logging.getLogger("costopt.fleets")
 
 __all__ = ["ExecutorReport", "FleetExecutor"]
 
+TICK_ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)
+"""Where the service's interval schedules count their ticks from (``api.ticks.ANCHOR``)."""
 ENDED = (CloudState.TERMINATED, CloudState.PREEMPTED, CloudState.STOPPED)
 LAUNCH_RETRY_S = 30.0
 
@@ -74,7 +76,10 @@ class ExecutorReport:
 class FleetExecutor:
     """See the module docstring. ``providers``: by name (an instance's ``provider``); ``worker_command``:
     the worker's command for a provider name; ``worker_env``: extra variables of every worker (e.g.
-    ``COSTOPT_WORKER_POLL``); ``billing``: called with each fleet and now after its boundary."""
+    ``COSTOPT_WORKER_POLL``); ``billing``: called with each fleet and now after its boundary; ``grid_s``: the
+    period the executor is ticked at (a fleet's first round starts on that grid, so its boundaries fall on
+    ticks); ``full_every_s``: a fleet whose round is not over is looked at (liveness, launches, cancels,
+    billing) at most this often; one whose round ended, at every tick."""
 
     def __init__(
         self,
@@ -88,9 +93,12 @@ class FleetExecutor:
         dead_after_s: float = 30.0,
         boot_timeout_s: float = 600.0,
         billing: Callable[[FleetRecord, datetime], object] | None = None,
+        grid_s: float | None = None,
+        full_every_s: float = 1.0,
     ) -> None:
-        if dead_after_s <= 0 or boot_timeout_s <= 0:
-            raise ValueError("dead_after_s and boot_timeout_s must be > 0")
+        if dead_after_s <= 0 or boot_timeout_s <= 0 or (grid_s is not None and grid_s <= 0):
+            raise ValueError("dead_after_s, boot_timeout_s and grid_s must be > 0")
+        self.grid_s = grid_s
         self.repo = repo
         self.jobs = jobs
         self.providers = dict(providers)
@@ -102,6 +110,8 @@ class FleetExecutor:
         self.billing = billing
         self._retry_at: dict[str, datetime] = {}
         self._lock = threading.Lock()
+        self.full_every_s = full_every_s
+        self._last_full = datetime.min.replace(tzinfo=UTC)
 
     def tick(self) -> ExecutorReport:
         """One pass over every fleet (module docstring); a concurrent call returns at once."""
@@ -110,10 +120,16 @@ class FleetExecutor:
         if not self._lock.acquire(blocking=False):
             return out
         try:
-            self._register_missing(out)
-            fleets = self.repo.active() + self.repo.released_with_instances()
+            full = (now - self._last_full).total_seconds() >= self.full_every_s or now < self._last_full
+            if full:
+                self._last_full = now
+                self._register_missing(out)
+            fleets = self.repo.active() + (self.repo.released_with_instances() if full else [])
             out.fleets = len(fleets)
             for fleet in fleets:
+                due = fleet.round_ends_at is None or now >= fleet.round_ends_at
+                if not (full or due):
+                    continue
                 try:
                     self._fleet(fleet, out)
                 except (CostoptError, CloudError, OSError, ValueError) as exc:
@@ -139,6 +155,10 @@ class FleetExecutor:
         self._liveness(fleet, instances, now, out)
         instances = self.repo.instances(fleet.id)
         self._drain(fleet, instances, out)
+        if fleet.state is FleetState.RELEASED and fleet.round and fleet.released_at is not None:
+            current = self.repo.round(fleet.id, fleet.round)
+            if current is not None and current.ended_at is None:  # the last round ends with the fleet
+                self.repo.end_round(fleet, max(current.started_at, min(fleet.released_at, current.ends_at)))
         if fleet.state is FleetState.ACTIVE:
             self._launch(
                 fleet, [i for i in instances if i.state in (InstanceState.PENDING, InstanceState.LAUNCHING)], now, out
@@ -341,12 +361,12 @@ class FleetExecutor:
             return
         length = timedelta(seconds=fleet.round_s)
         if fleet.round_ends_at is None:
-            start = now
+            start = self._on_ticks(now)
         else:  # the latest grid point at or before now (re-anchored when the executor was away long)
             k = math.floor((now - fleet.round_ends_at) / length)
             start = fleet.round_ends_at + k * length
             if now - start > length / 2:
-                start = now
+                start = self._on_ticks(now)
         current = self.repo.round(fleet.id, fleet.round) if fleet.round else None
         open_round = current is not None and current.ended_at is None
         jobs = [
@@ -400,6 +420,14 @@ class FleetExecutor:
                 dict(decision.capacity),
                 " (policy solved)" if allocation is not None else "",
             )
+
+    def _on_ticks(self, now: datetime) -> datetime:
+        """``now`` down to the executor's own tick grid (``grid_s``): a round anchored there ends when a
+        tick fires, not just after one (None: ``now``)."""
+        if self.grid_s is None:
+            return now
+        grid = timedelta(seconds=self.grid_s)
+        return TICK_ANCHOR + ((now - TICK_ANCHOR) // grid) * grid
 
     @staticmethod
     def _must_solve(fleet: FleetRecord, jobs: Sequence[FleetJob], live: Sequence[FleetInstance]) -> bool:

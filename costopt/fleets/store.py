@@ -620,3 +620,12 @@ class FleetRepository:
                 )
             ).all()
         return [(str(r.id), str(r.team_id)) for r in rows]
+
+    def mark_billed(self, fleet_id: str, number: int) -> None:
+        """Round ``number`` of the fleet is in the ledger."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(fleet_rounds)
+                .where(fleet_rounds.c.fleet_id == fleet_id, fleet_rounds.c.round == number)
+                .values(billed=True)
+            )

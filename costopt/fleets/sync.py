@@ -26,7 +26,7 @@ import hmac
 import logging
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,19 +66,30 @@ def _utc(t: float | None) -> datetime | None:
 
 @dataclass(slots=True)
 class WorkerSync:
-    """Answers workers' syncs over ``repo`` and ``jobs``. ``poll_s``: the poll interval workers are told."""
+    """Answers workers' syncs over ``repo`` and ``jobs``. ``poll_s``: the poll interval workers are told.
+
+    A sync is cheap when nothing changes: one read of the fleet's row and one of the jobs the worker holds
+    or is given; the worker's ``last_seen_at`` and its copies' progress are written at most every
+    ``write_every_s`` seconds (a checkpoint, an exit or a first step are written at once); job specs (for
+    the command and the checkpoint location) are read once per job."""
 
     repo: FleetRepository
     jobs: JobRepository
     poll_s: float = 0.5
     now: Callable[[], datetime] | None = None
+    write_every_s: float = 1.0
+    _specs: dict[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def sync(self, worker_id: str, token: str, report: Mapping[str, Any]) -> dict[str, Any]:
         inst = self.repo.instance(worker_id)
         if inst is None or inst.token_hash is None or not hmac.compare_digest(inst.token_hash, hash_token(token)):
             raise WorkerRefused(f"unknown worker {worker_id!r} or wrong token")
         now = self.now() if self.now is not None else self.repo.now()
-        if inst.state in (InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.DRAINING):
+        if inst.state in (InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.DRAINING) and (
+            inst.last_seen_at is None
+            or (now - inst.last_seen_at).total_seconds() >= self.write_every_s
+            or inst.state is InstanceState.LAUNCHING
+        ):
             values: dict[str, Any] = {"last_seen_at": now}
             if inst.first_seen_at is None:
                 values["first_seen_at"] = now
@@ -90,10 +101,12 @@ class WorkerSync:
                 )
             self.repo.update_instance(worker_id, expect=(inst.state,), **values)
         fleet = self.repo.get(inst.fleet_id)
+        mine_now = {fj.job_id: fj for fj in self.repo.holders(worker_id)}
         ack: list[dict[str, Any]] = []
+        changed = False
         for copy in report.get("copies") or ():
             job_id, epoch = str(copy.get("job_id")), int(copy.get("epoch", 0))
-            fj = self.repo.job(job_id)
+            fj = mine_now.get(job_id) or self.repo.job(job_id)
             exited = copy.get("state") == "exited"
             if fj is None or fj.fleet_id != fleet.id:
                 if exited:
@@ -101,37 +114,48 @@ class WorkerSync:
                 continue
             mine = fj.holder == worker_id and fj.holder_epoch == epoch
             if mine:
-                self._progress(fj, copy)
+                changed |= self._progress(fj, copy, now, force=exited)
             if exited:
                 if mine:
                     self._exited(fj, worker_id, epoch, copy)
+                    changed = True
                 ack.append({"job_id": job_id, "epoch": epoch})
+        if changed:
+            mine_now = {fj.job_id: fj for fj in self.repo.holders(worker_id)}
         gone = inst.state in (InstanceState.LOST, InstanceState.RELEASED)
+        run, waiting = ([], 0) if gone else self._run(fleet.id, fleet.round, worker_id, inst.accelerator, mine_now)
         return {
             "round": fleet.round,
             "round_ends_at": fleet.round_ends_at.isoformat() if fleet.round_ends_at else None,
             "poll_s": self.poll_s,
-            "run": [] if gone else self._run(fleet.id, fleet.round, worker_id, inst.accelerator),
+            "run": run,
+            "waiting": waiting,
             "ack": ack,
             "release": gone,
         }
 
     # -- reports ---------------------------------------------------------------------------------------
 
-    def _progress(self, fj: FleetJob, copy: Mapping[str, Any]) -> None:
+    def _progress(self, fj: FleetJob, copy: Mapping[str, Any], now: datetime, *, force: bool = False) -> bool:
+        """Record the holder copy's progress (at most every ``write_every_s``, at once for a new checkpoint,
+        a first step or ``force``); True when something was written."""
         step, ckpt = copy.get("step"), copy.get("checkpoint_step")
         values: dict[str, Any] = {}
         if step is not None and int(step) != fj.steps_done:
             values["steps_done"] = int(step)
         if ckpt is not None and int(ckpt) > fj.checkpoint_step:
             values["checkpoint_step"] = int(ckpt)
-        if values:
-            self.repo.set_job(fj.job_id, expect_holder=(fj.holder, fj.holder_epoch), **values)
+        restored = int(copy.get("restored_step") or 0)
+        first = step is not None and int(step) > restored and fj.steps_done <= restored
+        due = (now - fj.updated_at).total_seconds() >= self.write_every_s
+        if not values or not (due or force or first or "checkpoint_step" in values):
+            return False
+        self.repo.set_job(fj.job_id, expect_holder=(fj.holder, fj.holder_epoch), **values)
         if step is not None:
             self.jobs.set_progress(fj.job_id, int(step))
-            restored = int(copy.get("restored_step") or 0)
             if int(step) > restored:
                 self._job_to(fj.job_id, JobState.RUNNING, "stepping", expect=JobState.LAUNCHING)
+        return True
 
     def _exited(self, fj: FleetJob, worker_id: str, epoch: int, copy: Mapping[str, Any]) -> None:
         code = copy.get("exit_code")
@@ -206,9 +230,14 @@ class WorkerSync:
 
     # -- desired state ---------------------------------------------------------------------------------
 
-    def _run(self, fleet_id: str, round_number: int, worker_id: str, accelerator: str) -> list[dict[str, Any]]:
+    def _run(
+        self, fleet_id: str, round_number: int, worker_id: str, accelerator: str, mine: Mapping[str, FleetJob]
+    ) -> tuple[list[dict[str, Any]], int]:
+        """The copies that may run on the worker now, and how many jobs the round gives it whose previous
+        copy still runs elsewhere (the worker polls sooner while some do)."""
         out: list[dict[str, Any]] = []
-        for fj in self.repo.holders(worker_id):
+        waiting = 0
+        for fj in mine.values():
             if fj.fleet_id != fleet_id or fj.status.finished or fj.target != worker_id:
                 continue
             if fj.target_round != round_number:
@@ -225,15 +254,15 @@ class WorkerSync:
                     fj.job_id, JobState.LAUNCHING, f"leased GPUs of fleet instance {worker_id}", expect=JobState.QUEUED
                 )
             elif fj.holder != worker_id:
+                waiting += 1
                 continue  # its previous copy still runs elsewhere: next sync
-            job = self._job(fj.job_id)
-            if job is None or job.cancel_requested_at is not None:
-                continue  # a cancel: the worker stops the copy, its exit cancels the job
-            out.append(self._entry(fj, job, accelerator))
-        return out
+            spec = self._spec(fj.job_id)
+            if spec is None:
+                continue
+            out.append(self._entry(fj, spec, accelerator))
+        return out, waiting
 
-    def _entry(self, fj: FleetJob, job: JobRecord, accelerator: str) -> dict[str, Any]:
-        spec = job.spec
+    def _entry(self, fj: FleetJob, spec: Mapping[str, Any], accelerator: str) -> dict[str, Any]:
         uri = str(spec.get("checkpoint_uri") or "")
         epoch = int(fj.holder_epoch or fj.epoch)
         env = contract_env(fj.job_id, uri, epoch)
@@ -253,9 +282,21 @@ class WorkerSync:
 
     def _job(self, job_id: str) -> JobRecord | None:
         try:
-            return self.jobs.get(job_id)
+            job = self.jobs.get(job_id)
         except JobNotFound:
             return None
+        self._specs[job_id] = job.spec
+        return job
+
+    def _spec(self, job_id: str) -> Mapping[str, Any] | None:
+        """The job's submitted spec (read once: it never changes)."""
+        spec = self._specs.get(job_id)
+        if spec is None:
+            job = self._job(job_id)
+            spec = None if job is None else job.spec
+        if len(self._specs) > 100_000:
+            self._specs.clear()
+        return spec
 
     def _job_to(self, job_id: str, to: JobState, reason: str, *, expect: JobState | None = None, **fields: Any) -> None:
         """Move the ``jobs`` row (a fleet job goes queued -> launching -> running -> a terminal state)."""

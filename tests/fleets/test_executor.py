@@ -5,6 +5,7 @@ progress, completion, a dead worker and its replacement, cancel, release (both b
 from __future__ import annotations
 
 import builtins
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -18,12 +19,16 @@ from sqlalchemy import Engine
 from costopt.cloud import Instance, Interruption, LaunchSpec, NotFoundError
 from costopt.cloud import InstanceState as CloudState
 from costopt.domain import Cloud, Market, OfferKey
+from costopt.fleets.billing import FleetBilling, split_micro
 from costopt.fleets.executor import FleetExecutor
 from costopt.fleets.model import FLEET_PROVIDER, FleetJobStatus, InstanceState, NewFleet, NewInstance
 from costopt.fleets.store import FleetRepository, NewFleetJob
 from costopt.fleets.sync import WorkerRefused, WorkerSync
 from costopt.jobs.model import JobState
 from costopt.jobs.records import JobRepository, NewJob
+from costopt.ledger.model import micro_to_usd
+from costopt.ledger.prices import PriceStep, price_segments
+from costopt.ledger.sql import SqlLedger
 
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 V100 = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.SPOT)
@@ -167,6 +172,7 @@ def rig(engine: Engine, tmp_path: Path) -> Rig:
         service_url="http://svc:8000/",
         dead_after_s=30,
         boot_timeout_s=300,
+        full_every_s=0.0,  # every pass looks at everything (the clock stands still between the test's ticks)
     )
     return Rig(clock, repo, jobs, WorkerSync(repo, jobs, poll_s=0.5), executor, provider, fleet.id, tmp_path)
 
@@ -361,3 +367,96 @@ def test_cancel_stops_the_copy_then_cancels_and_release_ends_everything(rig: Rig
     assert all(i.state is InstanceState.RELEASED for i in rig.repo.instances(rig.fleet_id))
     assert rig.provider.ended == set(rig.provider.launched)
     assert rig.tick().fleets == 0  # nothing left to do
+
+
+class StepPricesFor:
+    """Prices of the two offers; the V100's changes 90 s in (a change inside a round)."""
+
+    def __init__(self) -> None:
+        self.table = {
+            V100: [PriceStep(T0 - timedelta(days=1), 0.953), PriceStep(T0 + timedelta(seconds=90), 1.0517)],
+            K80: [PriceStep(T0 - timedelta(days=1), 0.3517)],
+        }
+
+    def steps(self, key: OfferKey, start: datetime, end: datetime) -> Sequence[PriceStep]:
+        steps = self.table.get(key, [])
+        at = [s for s in steps if s.valid_from <= start][-1:]
+        return at + [s for s in steps if start < s.valid_from < end]
+
+
+def test_the_ledger_splits_each_instance_interval_over_its_leases_and_sums_to_the_bill_exactly(rig: Rig) -> None:
+    prices = StepPricesFor()
+    ledger = SqlLedger(rig.repo.engine, prices)
+    rig.executor.billing = FleetBilling(rig.repo, ledger, prices)
+    rig.tick()
+    v100, k80 = rig.workers()
+    rig.worker_sync(v100)
+    rig.worker_sync(k80)
+    rig.live_for(7.3, {v100: [], k80: []})  # the instances live a while before the first round: the fleet's
+    jobs = [rig.submit(n) for n in "abc"]
+    rig.tick()
+    for _ in range(3):  # three rounds, leases rotating; copies exit when their lease ends
+        rnd = rig.repo.round(rig.fleet_id, rig.repo.get(rig.fleet_id).round)
+        assert rnd is not None
+        for lease in rnd.assignment:
+            rig.worker_sync(lease.instance)
+        rig.live_for(60, {v100: [], k80: []})
+        for w in (v100, k80):
+            held = [j for j in jobs if rig.repo.job(j).holder == w]  # type: ignore[union-attr]
+            rig.worker_sync(w, [exited(j, rig.repo.job(j).holder_epoch, 1, 75) for j in held])  # type: ignore[union-attr]
+        rig.tick()
+    rig.repo.release(rig.fleet_id)
+    rig.live_for(3.7, {v100: [], k80: []})
+    rig.tick()  # the copies of round 4 are told to stop; their exits cancel their jobs
+    for w in (v100, k80):
+        held = [j for j in jobs if rig.repo.job(j).holder == w]  # type: ignore[union-attr]
+        rig.worker_sync(w, [exited(j, rig.repo.job(j).holder_epoch, 1, 75) for j in held])  # type: ignore[union-attr]
+    rig.tick()
+    insts = rig.repo.instances(rig.fleet_id)
+    assert all(i.state is InstanceState.RELEASED and i.ended_at is not None for i in insts)
+    assert all(r.billed for r in rig.repo.rounds(rig.fleet_id))
+    report = ledger.costs(team="team-a")
+    by_job = report.by("job_id")
+    bill = 0
+    rounds = rig.repo.rounds(rig.fleet_id)
+    for inst in insts:
+        assert inst.launched_at is not None and inst.ended_at is not None
+        # the instance's intervals: its life cut at every round's start and end (each billed at share 1)
+        cuts = {inst.launched_at, inst.ended_at}
+        cuts |= {t for r in rounds for t in (r.started_at, r.ended_at) if t and inst.launched_at < t < inst.ended_at}
+        edges = sorted(cuts)
+        whole = sum(
+            s.amount_micro_usd for a, b in itertools.pairwise(edges) for s in price_segments(prices, inst.offer, a, b)
+        )
+        mine = sum(line.amount_micro_usd for line in report.lines if line.record.instance_id == inst.instance_id)
+        assert mine == whole  # to the micro-dollar
+        life = sum(s.amount_micro_usd for s in price_segments(prices, inst.offer, inst.launched_at, inst.ended_at))
+        assert abs(whole - life) <= len(edges)  # against one interval over its whole life: rounding only
+        bill += whole
+    assert report.total_micro_usd == bill
+    assert sum(by_job.values()) == micro_to_usd(bill)
+    assert set(by_job) == {*jobs, rig.fleet_id} and all(v > 0 for v in by_job.values())
+    # a job's lines are its leases: its GPU's price over the rounds it held it
+    for j in jobs:
+        leases = [(r, a) for r in rig.repo.rounds(rig.fleet_id) for a in r.assignment if a.job_id == j and r.ended_at]
+        expected = Decimal(0)
+        for r, a in leases:
+            offer = V100 if a.wtype == "v100" else K80
+            assert r.ended_at is not None
+            segs = price_segments(prices, offer, r.started_at, r.ended_at)
+            expected += sum((micro_to_usd(s.amount_micro_usd) for s in segs), Decimal(0))
+        assert by_job[j] == expected  # one-GPU instances: the whole instance, round by round
+    idle = [line for line in report.lines if line.record.job_id == rig.fleet_id]
+    first = min(line.starts_at for line in idle)
+    assert first == T0 and T0 + timedelta(seconds=7.3) in {line.ends_at for line in idle}
+
+
+def test_split_micro_is_whole_and_exact() -> None:
+    assert split_micro(10, [1, 1, 1]) == [4, 3, 3]
+    assert split_micro(7, [3, 0, 1]) == [5, 0, 2]
+    for total in (0, 1, 999, 123457):
+        for weights in ([1], [2, 5], [1, 1, 1, 4], [0, 3]):
+            parts = split_micro(total, weights)
+            assert sum(parts) == total and all(p >= 0 for p in parts)
+    with pytest.raises(ValueError):
+        split_micro(5, [0, 0])

@@ -1,0 +1,161 @@
+"""A fleet's bill in the ledger: each instance interval split over the jobs that held its GPUs, round by
+round; the GPUs nobody held stay on the fleet.
+
+The timeline of a fleet is cut into windows: each closed round ``[started_at, ended_at)``, and the gaps
+before, between and after rounds (no job runs then). For every instance, the part of each window it was
+alive (``[launched_at, ended_at)``) is cut at the offer's price changes (:func:`costopt.ledger.prices.
+price_segments`) and each segment's whole-instance amount (micro-dollars, the ledger's rounding) is split
+over the round's leases on the instance in proportion to their GPUs, the rest to the fleet (ledger job id
+= the fleet's id), by largest remainder: the parts of a segment are whole micro-dollars summing exactly to
+the segment's amount. Each part is recorded as a ledger interval of its job (team = the fleet's) whose
+``share`` is the part's fraction of the segment's exact cost (the GPU fraction, to within a micro-dollar),
+so the ledger's own rounding gives back exactly the part: the fleet's jobs and its idle lines sum to the
+bill of its instances, to the micro-dollar.
+
+A lease is billed whole: a job that finished early in a round held its GPUs until the round's end. A round
+is billed once it ended (``fleet_rounds.billed``; the current round is not billed yet); recording is
+idempotent per interval key (``fleet:<fleet>:<instance>:<window>:s<segment>:<job>``), so a pass cut short
+and repeated records nothing twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Context, Decimal
+
+from costopt.fleets.model import FleetInstance, FleetRecord, RoundRecord
+from costopt.fleets.store import FleetRepository
+from costopt.ledger.book import Ledger
+from costopt.ledger.model import IntervalRecord, LedgerError
+from costopt.ledger.prices import PriceSteps, price_segments
+
+log = logging.getLogger("costopt.fleets")
+
+__all__ = ["FleetBilling", "split_micro"]
+
+_EXACT = Context(prec=60)
+_US_PER_HOUR = Decimal(3_600_000_000)
+_US = timedelta(microseconds=1)
+
+
+def split_micro(total: int, weights: Sequence[int]) -> list[int]:
+    """``total`` micro-dollars split in proportion to ``weights`` (>= 0, not all 0) by largest remainder:
+    whole numbers summing exactly to ``total``; ties go to the earlier weight."""
+    w = sum(weights)
+    if w <= 0:
+        raise ValueError("weights must not all be 0")
+    base = [total * x // w for x in weights]
+    rest = total - sum(base)
+    order = sorted(range(len(weights)), key=lambda i: (-(total * weights[i] % w), i))
+    for i in order[:rest]:
+        base[i] += 1
+    return base
+
+
+@dataclass(slots=True)
+class FleetBilling:
+    """Bills fleets into ``ledger`` (its prices are ``prices``); call it with a fleet and now (the round
+    executor does, after each boundary)."""
+
+    repo: FleetRepository
+    ledger: Ledger
+    prices: PriceSteps
+    _tails: set[str] = field(default_factory=set)
+
+    def __call__(self, fleet: FleetRecord, now: datetime) -> int:
+        """Record what ended since the last call; returns the number of lines written or confirmed."""
+        rounds = self.repo.rounds(fleet.id)
+        instances = [i for i in self.repo.instances(fleet.id) if i.launched_at is not None]
+        lines = 0
+        for k, rnd in enumerate(rounds):
+            if rnd.billed or rnd.ended_at is None:
+                continue
+            prev = rounds[k - 1].ended_at if k else None
+            try:
+                for inst in instances:
+                    gap_start = prev if prev is not None else inst.launched_at
+                    assert gap_start is not None
+                    lines += self._window(fleet, inst, f"g{rnd.round - 1}", gap_start, rnd.started_at, {})
+                    held = {a.job_id: len(a.gpus) for a in rnd.assignment if a.instance == inst.id}
+                    lines += self._window(fleet, inst, f"r{rnd.round}", rnd.started_at, rnd.ended_at, held)
+            except LedgerError as exc:
+                log.error("fleet %s: round %d cannot be billed yet: %s", fleet.id, rnd.round, exc)
+                return lines
+            self.repo.mark_billed(fleet.id, rnd.round)
+        lines += self._tails_of(fleet, instances, rounds)
+        return lines
+
+    def _tails_of(self, fleet: FleetRecord, instances: Sequence[FleetInstance], rounds: Sequence[RoundRecord]) -> int:
+        """Ended instances' time after the last round that ended before their end, when no round started
+        before their end since (else the windows of the rounds bill it)."""
+        lines = 0
+        for inst in instances:
+            end = inst.ended_at
+            if end is None or inst.id in self._tails:
+                continue
+            before = [r for r in rounds if r.ended_at is not None and r.ended_at <= end]
+            later = [r for r in rounds if r.started_at < end and (r.ended_at is None or r.ended_at > end)]
+            if later:
+                continue
+            n = before[-1].round if before else 0
+            start = before[-1].ended_at if before else inst.launched_at
+            assert start is not None
+            try:
+                lines += self._window(fleet, inst, f"g{n}", start, end, {})
+            except LedgerError as exc:
+                log.error("fleet %s: instance %s's last interval cannot be billed yet: %s", fleet.id, inst.id, exc)
+                continue
+            self._tails.add(inst.id)
+        return lines
+
+    def _window(
+        self,
+        fleet: FleetRecord,
+        inst: FleetInstance,
+        window: str,
+        start: datetime,
+        end: datetime,
+        held: Mapping[str, int],
+    ) -> int:
+        """Record ``[start, end)`` of ``inst`` (clipped to its life) split over ``held`` (job -> GPUs)."""
+        assert inst.launched_at is not None
+        a = max(start, inst.launched_at)
+        b = min(end, inst.ended_at) if inst.ended_at is not None else end
+        if b <= a:
+            return 0
+        parts = [(job, n) for job, n in sorted(held.items()) if n > 0]
+        idle = inst.gpus - sum(n for _, n in parts)
+        if idle > 0:
+            parts.append((fleet.id, idle))
+        lines = 0
+        for s, seg in enumerate(price_segments(self.prices, inst.offer, a, b)):
+            micros = (seg.ends_at - seg.starts_at) // _US
+            exact = _EXACT.divide(_EXACT.multiply(Decimal(micros), seg.usd_per_hour), _US_PER_HOUR)  # USD
+            whole = seg.amount_micro_usd
+            amounts = split_micro(whole, [n for _, n in parts])
+            for (job, _), amount in zip(parts, amounts, strict=True):
+                if amount <= 0:
+                    continue
+                if amount == whole or exact == 0:
+                    share = Decimal(1)
+                else:
+                    share = min(Decimal(1), _EXACT.divide(Decimal(amount).scaleb(-6), exact))
+                self.ledger.record_interval(
+                    IntervalRecord(
+                        interval_key=f"fleet:{fleet.id}:{inst.id}:{window}:s{s}:{job}",
+                        job_id=job,
+                        instance_id=inst.instance_id or inst.id,
+                        offer=inst.offer,
+                        started_at=seg.starts_at,
+                        ended_at=seg.ends_at,
+                        share=share,
+                        team=fleet.team_id,
+                        provider=inst.provider,
+                        end_reason="round" if window.startswith("r") else "idle",
+                    )
+                )
+                lines += 1
+        return lines
