@@ -383,14 +383,14 @@ class Migrator:
         self, job_id: str, offers: Sequence[OfferKey], *, checkpoint_gb: float | Decimal | None = None
     ) -> MigrationRecord:
         """Plan and run a move of a running job; returns the finished migration (done or rolled back)."""
-        return self.run(self.plan(job_id, offers, Kind.MOVE, checkpoint_gb=checkpoint_gb).id)
+        return self._drive(self.plan(job_id, offers, Kind.MOVE, checkpoint_gb=checkpoint_gb))
 
     def recover(
         self, job_id: str, offers: Sequence[OfferKey], *, checkpoint_gb: float | Decimal | None = None
     ) -> MigrationRecord:
         """Launch a new epoch from the last checkpoint at once (the old copy is gone, e.g. preempted).
         Also starts a registered job that never ran (epoch 1, from scratch)."""
-        return self.run(self.plan(job_id, offers, Kind.RECOVER, checkpoint_gb=checkpoint_gb).id)
+        return self._drive(self.plan(job_id, offers, Kind.RECOVER, checkpoint_gb=checkpoint_gb))
 
     start = recover
 
@@ -406,7 +406,10 @@ class Migrator:
 
     def run(self, migration_id: int) -> MigrationRecord:
         """Drive one migration until it is done or rolled back."""
-        mig = self.migration(migration_id)
+        return self._drive(self.migration(migration_id))
+
+    def _drive(self, mig: MigrationRecord) -> MigrationRecord:
+        """:meth:`run` from the row as just read (or written, by :meth:`plan`)."""
         if mig.finished:
             return mig
         job_id = mig.job_id
