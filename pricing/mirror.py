@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from costopt.db.schema import store_meta
 from costopt.db.types import db_value_to_ns
@@ -46,8 +46,12 @@ _VERSION = store_meta.select().with_only_columns(store_meta.c.value).where(store
 """Built once: read on every plan (SQLAlchemy then reuses its cache key)."""
 
 
-def read_version(engine: Engine) -> int:
-    with engine.connect() as conn:
+def read_version(bind: Engine | Connection) -> int:
+    """The store's price version (bumped by every write of prices), on ``bind``: an engine (a connection
+    of its own) or a caller's connection."""
+    if isinstance(bind, Connection):
+        return int(bind.execute(_VERSION).scalar_one_or_none() or 0)
+    with bind.connect() as conn:
         value = conn.execute(_VERSION).scalar_one_or_none()
     return int(value or 0)
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 from sqlalchemy import ColumnElement, Engine, and_, bindparam, delete, insert, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from costopt.cloud import CapacityError, QuotaError
@@ -227,16 +228,21 @@ class UnavailableOffers:
             ).first()
         return row is not None
 
-    def active(self, *, at: datetime | None = None) -> list[UnavailableEntry]:
-        """Every entry active at ``at`` (default now), soonest expiry first."""
+    def active(self, *, at: datetime | None = None, conn: Connection | None = None) -> list[UnavailableEntry]:
+        """Every entry active at ``at`` (default now), soonest expiry first; read on ``conn`` when given
+        (a caller's, which reads more on it), else on a connection of its own."""
         when = self._at(at)
-        with self.engine.connect() as conn:
+        if conn is not None:
             rows = conn.execute(_ACTIVE, {"b_at": when}).all()
+        else:
+            with self.engine.connect() as own:
+                rows = own.execute(_ACTIVE, {"b_at": when}).all()
         return [UnavailableEntry(_offer_of(r), r.reason, r.since, r.until, r.detail or "") for r in rows]
 
-    def unavailable_set(self, *, at: datetime | None = None) -> frozenset[OfferKey]:
-        """The offers unavailable at ``at`` (one query; for filtering many offer tables)."""
-        return frozenset(e.offer for e in self.active(at=at))
+    def unavailable_set(self, *, at: datetime | None = None, conn: Connection | None = None) -> frozenset[OfferKey]:
+        """The offers unavailable at ``at`` (one query; for filtering many offer tables; ``conn``: as
+        :meth:`active`)."""
+        return frozenset(e.offer for e in self.active(at=at, conn=conn))
 
     def filter(self, offers: Sequence[OfferKey], *, at: datetime | None = None) -> list[OfferKey]:
         """``offers`` without the unavailable ones, in the order given."""
