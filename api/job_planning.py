@@ -81,6 +81,8 @@ its plan time (:meth:`JobPlanner.price_epoch`; None: live now), unavailable offe
 constraints: bounds how late an offer turning stale by the wall clock alone (``stale_after``) is noticed
 in live mode."""
 TABLE_CACHE_SIZE = 64
+PLAN_CACHE_SIZE = 256
+"""Quotes kept (per job planning fields and table; each lives as long as its table's entry)."""
 CONSTRAINT_ORDER = ("clouds", "regions", "markets", "accelerators", "max_usd_per_hour")
 _LIST_CONSTRAINTS = {"clouds": "cloud", "regions": "region", "markets": "market"}
 """The constraints that list the values allowed in an offers frame's column (constraint -> column)."""
@@ -205,6 +207,17 @@ def apply_constraints(frame: pd.DataFrame, constraints: Mapping[str, Any], skip:
     return frame.reset_index(drop=True)
 
 
+@dataclass(frozen=True, slots=True)
+class _Table:
+    """A cached offer table: the plan's now, the offers, their table, its cache key and expiry (monotonic)."""
+
+    now: Now
+    offers: pd.DataFrame
+    table: OfferTable
+    key: tuple[Any, ...]
+    expires: float
+
+
 @dataclass(slots=True)
 class JobPlanner:
     """Plans managed jobs over the price store (see the module doc). Implements
@@ -225,6 +238,9 @@ class JobPlanner:
     )
     _tables_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _epochs: tuple[int, np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
+    _plans: dict[tuple[Any, ...], tuple[float, Plan, ThroughputCatalog]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     # -- inputs ----------------------------------------------------------------------------------------
 
@@ -284,7 +300,6 @@ class JobPlanner:
             location,
             spec.get("precision") or DEFAULT_PRECISION,
         )
-        goal = objective if objective is not None else objective_of(spec.get("objective") or {})
         constraints: Mapping[str, Any] = spec.get("constraints") or {}
         if only is not None:  # one offer: the store filters it out of the snapshot (no table to cache)
             now = plan_now(self.store, self.settings, at)
@@ -298,22 +313,47 @@ class JobPlanner:
             )
             table = OfferTable.from_frame(one, inputs.hazards)
             try:
-                return now, plan_job(job, goal, table, catalog, assumptions, top=top)
+                return now, plan_job(job, self._goal(spec, objective), table, catalog, assumptions, top=top)
             except Infeasible as exc:
                 raise JobInfeasible(str(exc), binding=exc.binding) from exc
-        now, offers, table = self.offer_table(
+        found = self._cached_table(
             at, constraints, inputs.hazards, exclude=exclude, respect_unavailable=respect_unavailable
         )
+        now, offers, table = found.now, found.offers, found.table
 
         def run(f: pd.DataFrame, obj: Objective, n: int) -> Plan:
             return plan_job(job, obj, OfferTable.from_frame(f, inputs.hazards), catalog, assumptions, top=n)
 
+        # A new job's plan (its own objective, no location, nothing excluded: a quote) of a catalog job
+        # type is a function of the cached table, the catalog (the same object: planner_inputs' until
+        # reset) and the job's planning fields: identical submissions (a sweep's) share it for as long as
+        # the table is cached.
+        memo = None
+        quote = objective is None and location is None and not exclude and respect_unavailable
+        if quote and not spec.get("throughput"):
+            memo = (found.key, job, json.dumps(spec.get("objective") or {}, sort_keys=True), top)
+            with self._tables_lock:
+                hit = self._plans.get(memo)
+            if hit is not None and hit[0] > time.monotonic() and hit[2] is catalog:
+                return now, hit[1]
+        goal = self._goal(spec, objective)
         try:
-            return now, plan_job(job, goal, table, catalog, assumptions, top=top)
+            plan = plan_job(job, goal, table, catalog, assumptions, top=top)
         except Infeasible as exc:
             if exc.binding not in ("offers", "throughput"):
                 raise JobInfeasible(str(exc), binding=exc.binding) from exc
             raise self._binding_constraint(exc, offers, constraints, run, goal, job) from exc
+        if memo is not None:
+            with self._tables_lock:
+                if len(self._plans) >= PLAN_CACHE_SIZE:
+                    self._plans.clear()
+                self._plans[memo] = (found.expires, plan, catalog)
+        return now, plan
+
+    @staticmethod
+    def _goal(spec: Mapping[str, Any], objective: Objective | None) -> Objective:
+        """``objective``, or else the job's own (raises InvalidJob naming a bad parameter)."""
+        return objective if objective is not None else objective_of(spec.get("objective") or {})
 
     def offer_table(
         self,
@@ -325,20 +365,38 @@ class JobPlanner:
         respect_unavailable: bool = True,
     ) -> tuple[Now, pd.DataFrame, OfferTable]:
         """(now, the offers in effect at ``at`` (None: now by the settings' clock) less the unavailable
+        ones (unless not ``respect_unavailable``) and ``exclude``, their offer table under ``constraints``),
+        cached (:meth:`_cached_table`)."""
+        found = self._cached_table(at, constraints, hazards, exclude=exclude, respect_unavailable=respect_unavailable)
+        return found.now, found.offers, found.table
+
+    def _cached_table(
+        self,
+        at: datetime | None,
+        constraints: Mapping[str, Any],
+        hazards: HazardModel,
+        *,
+        exclude: Collection[OfferKey] = (),
+        respect_unavailable: bool = True,
+    ) -> _Table:
+        """(now, the offers in effect at ``at`` (None: now by the settings' clock) less the unavailable
         ones (unless not ``respect_unavailable``) and ``exclude``, their offer table under ``constraints``).
 
         The pair is cached for :data:`TABLE_TTL_S` per price version, :meth:`price_epoch` of the plan time
         (not the time itself: over the simulated clock every tick is a new time, but the offers only
         change when a price point takes effect or an offer turns stale), unavailable offers, exclusions
         and constraints. The key (price version first) is read before the offers, so a cached table is
-        never older than its key. A hit costs two small reads (the version, the unavailable offers)."""
+        never older than its key. A hit costs two small reads on one connection (the version, the unavailable
+        offers)."""
         from costopt.planning.evaluate import OfferTable
         from pricing.mirror import read_version
 
         now = plan_now(self.store, self.settings, at)
         unavailable = self.unavailable if respect_unavailable else None
-        version = read_version(self.store.engine)
-        gone = frozenset() if unavailable is None else unavailable.unavailable_set(at=at)
+        with self.store.engine.connect() as conn:  # both small reads on one checkout, no transaction
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            version = read_version(conn)
+            gone = frozenset() if unavailable is None else unavailable.unavailable_set(at=at, conn=conn)
         key = (
             version,
             self.price_epoch(version, snapshot_time(now)),
@@ -350,7 +408,7 @@ class JobPlanner:
         with self._tables_lock:
             hit = self._tables.get(key)
         if hit is not None and hit[0] > time.monotonic():
-            return now, hit[1], hit[2]
+            return _Table(now, hit[1], hit[2], key, hit[0])
         _, offers = offers_at(self.store, self.settings, at, None, now=now)
         drop = gone | frozenset(exclude)  # the unavailable set read once, for the key and the frame
         if drop:
@@ -359,11 +417,12 @@ class JobPlanner:
             rows = zip(*(offers[c].astype(str).to_numpy() for c in cols), strict=True)
             offers = offers[[tuple(r) not in keys for r in rows]].reset_index(drop=True)
         table = OfferTable.from_frame(apply_constraints(offers, constraints), hazards)
+        expires = time.monotonic() + TABLE_TTL_S
         with self._tables_lock:
             if len(self._tables) >= TABLE_CACHE_SIZE:
                 self._tables.clear()
-            self._tables[key] = (time.monotonic() + TABLE_TTL_S, offers, table)
-        return now, offers, table
+            self._tables[key] = (expires, offers, table)
+        return _Table(now, offers, table, key, expires)
 
     def price_epoch(self, version: int, t: datetime | None) -> tuple[Any, ...] | None:
         """What the store's snapshot at ``t`` depends on, at price ``version``: how many price points have

@@ -258,14 +258,16 @@ def test_a_launched_job_reads_the_ledger_on_the_same_connection(svc: Service, co
 
 
 def test_a_submission_writes_once_and_reads_nothing_back(svc: Service, counter: _Counter) -> None:
-    """POST /v1/jobs with an Idempotency-Key: of the job tables, one transaction inserting the job (the
-    idempotency check: nothing inserted when the key is taken) and its event, no read; a retry inserts
-    nothing and reads the first job."""
+    """POST /v1/jobs with an Idempotency-Key: two connection checkouts (the quote's two small reads, then
+    one transaction inserting the job, which is the idempotency check: nothing inserted when the key is
+    taken, and its event), no read of the job tables; a retry inserts nothing and reads the first job."""
     headers = {**svc.alpha, "Idempotency-Key": "once"}
-    svc.client.get("/v1/jobs", headers=svc.alpha)  # the key cached
+    svc.submit(svc.alpha)  # the key, the offer table and the plan cached
     with counter.counting():
         first = svc.client.post("/v1/jobs", json=BODY, headers=headers)
     assert first.status_code == 201
+    # two checkouts: the quote's reads (the price version, the unavailable offers), the write
+    assert counter.checkouts == 2, counter.statements
     job_sql = [s for s in counter.statements if " jobs" in s or "job_events" in s]
     assert [(s.split()[0], "job_events" in s) for s in job_sql] == [("INSERT", False), ("INSERT", True)], job_sql
     with counter.counting():
@@ -293,3 +295,35 @@ def test_a_retry_answers_the_first_job_even_when_it_cannot_be_planned_now(svc: S
     assert fresh.status_code == 422  # nothing can be planned now
     again = svc.client.post("/v1/jobs", json=BODY, headers=headers)
     assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+
+
+def test_identical_submissions_share_one_plan_until_prices_change(
+    svc: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A quote is a function of the cached table and the job's planning fields: identical submissions (a
+    sweep's) are planned once; another step count, a user-throughput job or a new price plans again."""
+    import costopt.planning.single as single
+
+    calls: list[object] = []
+    plan_job = single.plan_job
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0])
+        return plan_job(*args, **kwargs)
+
+    monkeypatch.setattr(single, "plan_job", counted)
+    quotes = [svc.submit(svc.alpha, command=["python", f"train_{i}.py"])["quote"] for i in range(3)]
+    assert len(calls) == 1
+    assert all(
+        q["offer"] == quotes[0]["offer"] and q["expected_cost_usd"] == quotes[0]["expected_cost_usd"] for q in quotes
+    )
+    assert len({q["as_of"] for q in quotes}) == 3  # each at its own time: the clock moved, the prices did not
+    svc.submit(svc.alpha, steps=10_000)
+    assert len(calls) == 2
+    for _ in range(2):
+        svc.submit(svc.alpha, job_type=None, throughput={"v100": 10.0})
+    assert len(calls) == 4
+    sim_now = svc.app.state.providers["sim"].clock.now()
+    svc.store.write([PricePoint(P3_2X_SPOT, sim_now, 0.01, "t")])
+    cheap = svc.submit(svc.alpha)["quote"]
+    assert len(calls) == 5 and cheap["usd_per_hour"] == pytest.approx(0.01)
