@@ -72,6 +72,10 @@ WEIGHT = {"A3C": 1.0, "Transformer (batch size 256)": 0.9, "ResNet-50 (batch siz
 started largest first (model weight x job length), so the two processes finish together."""
 
 
+SERVICE_LOGGERS = ("costopt.agent", "costopt.jobs", "costopt.migration", "providers")
+"""The job service's loggers, quiet below errors during the study (its warnings are the runs' preemptions)."""
+
+
 MIN_SAVING = 0.05
 """Below this saving without preemptions, the share that survives is noise: not shown."""
 
@@ -167,6 +171,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for name in SERVICE_LOGGERS:  # every simulated preemption is a warning of the service: thousands of lines
+        logging.getLogger(name).setLevel(logging.ERROR)
     regions = args.region or ["us-east-1"]
     inputs, load_s = paper_inputs()
     hazards = build_hazards(Settings())
