@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import os
+import sys
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -20,6 +22,9 @@ from api.cli import report as report_cmd
 from api.cli import throughput as throughput_cmd
 from api.cli.common import Exit, configure_logging, failures, settings_with
 from api.cli.output import OutputFormat, emit_object, note
+
+if TYPE_CHECKING:
+    from costopt.settings import Settings
 
 app = typer.Typer(
     name="costopt",
@@ -55,18 +60,70 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Bind address (default from COSTOPT_API_HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default from COSTOPT_API_PORT).")] = None,
     collect: Annotated[bool, typer.Option(help="Run the price collectors on their schedule.")] = True,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Worker processes (PostgreSQL and real clouds only: each is a replica, every scheduled job "
+            "runs once per tick across them; SQLite and the simulated cloud serve from one process).",
+        ),
+    ] = 1,
 ) -> None:
     """Run the REST service (migrates and seeds the store first)."""
     import uvicorn
 
-    from api.app import create_app
-
     settings = settings_with()
     if not collect:
         settings = settings.model_copy(update={"collectors_enabled": False})
+    if workers == 1:
+        from api.app import create_app
+
+        with failures():
+            application = create_app(settings)
+        uvicorn.run(application, host=host or settings.api_host, port=port or settings.api_port, log_level="info")
+        return
+    if not settings.database_url.startswith("postgresql"):
+        raise typer.BadParameter(
+            "SQLite serves from one process (one writer): set COSTOPT_DATABASE_URL=postgresql+psycopg://... "
+            "for more workers, or drop --workers",
+            param_hint="--workers",
+        )
+    if "sim" in settings.all_providers():
+        raise typer.BadParameter(
+            "the simulated cloud lives inside one process (each worker would run its own): use --workers 1 "
+            "with COSTOPT_PROVIDER=sim",
+            param_hint="--workers",
+        )
     with failures():
-        application = create_app(settings)
-    uvicorn.run(application, host=host or settings.api_host, port=port or settings.api_port, log_level="info")
+        _prepare_replicas(settings)
+    if not collect:  # the workers read their settings from the environment
+        os.environ["COSTOPT_COLLECTORS_ENABLED"] = "false"
+    uvicorn.run(
+        "api.app:create_app",
+        factory=True,
+        workers=workers,
+        host=host or settings.api_host,
+        port=port or settings.api_port,
+        log_level="info",
+    )
+
+
+def _prepare_replicas(settings: Settings) -> None:
+    """Before the workers start: migrate and seed the store and make the first admin key (shown once
+    here), so that no two workers race to do it."""
+    from api.wiring import build_store, seed_if_empty
+    from costopt.jobs.teams import TeamRepository
+
+    store = build_store(settings)
+    try:
+        if settings.seed_on_start:
+            seed_if_empty(store, settings)
+        issued = TeamRepository(store.engine).bootstrap_admin()
+        if issued is not None:
+            sys.stdout.write(f"costopt: admin key (shown once): {issued.secret}\n")
+            sys.stdout.flush()
+    finally:
+        store.engine.dispose()
 
 
 @db_app.command("migrate")
