@@ -234,6 +234,15 @@ _INSERT_JOB = {
     "sqlite": sqlite_insert(jobs).on_conflict_do_nothing().returning(*jobs.c),
 }
 _INSERT_EVENT = insert(job_events)
+_TRANSITION = (
+    update(jobs).where(jobs.c.id == bindparam("b_id"), jobs.c.version == bindparam("b_version")).returning(*jobs.c)
+)
+"""Compare-and-set of a job's row; the columns to set are the parameters besides ``b_*``."""
+_PROGRESS = (
+    update(jobs)
+    .where(jobs.c.id == bindparam("b_id"), jobs.c.steps_done < bindparam("b_steps"))
+    .values(steps_done=bindparam("b_steps"), updated_at=bindparam("b_now"))
+)
 
 
 def _in_states(values: frozenset[str]) -> Any:
@@ -330,12 +339,7 @@ class JobRepository:
                 values.setdefault("finished_at", now)
             if to is JobState.RUNNING and current.started_at is None:
                 values.setdefault("started_at", now)
-            row = conn.execute(
-                update(jobs)
-                .where(jobs.c.id == job_id, jobs.c.version == current.version)
-                .values(**values)
-                .returning(*jobs.c)
-            ).first()
+            row = conn.execute(_TRANSITION, {**values, "b_id": job_id, "b_version": current.version}).first()
             if row is None:
                 raise ConcurrentUpdate(f"job {job_id} changed meanwhile (version {current.version}): re-read it")
             self._event(conn, job_id, "state", current.state, to, reason, at=now, cost_usd=cost_usd, detail=detail)
@@ -357,11 +361,7 @@ class JobRepository:
     def set_progress(self, job_id: str, steps_done: int) -> None:
         """Record the agent's progress; never moves it backwards (a late report of an older copy)."""
         with self.engine.begin() as conn:
-            conn.execute(
-                update(jobs)
-                .where(jobs.c.id == job_id, jobs.c.steps_done < int(steps_done))
-                .values(steps_done=int(steps_done), updated_at=self.now())
-            )
+            conn.execute(_PROGRESS, {"b_id": job_id, "b_steps": int(steps_done), "b_now": self.now()})
 
     def request_cancel(self, job_id: str, team_id: str | None = None) -> JobRecord:
         """Ask the engine to cancel the job (checkpoint, terminate, ``cancelled``); a queued job that never
