@@ -82,6 +82,8 @@ constraints: bounds how late an offer turning stale by the wall clock alone (``s
 in live mode."""
 TABLE_CACHE_SIZE = 64
 PLAN_CACHE_SIZE = 256
+ONE_TABLE_CACHE_SIZE = 1024
+"""One-offer tables kept (running jobs' offers, for their ETA; each a row)."""
 """Quotes kept (per job planning fields and table; each lives as long as its table's entry)."""
 CONSTRAINT_ORDER = ("clouds", "regions", "markets", "accelerators", "max_usd_per_hour")
 _LIST_CONSTRAINTS = {"clouds": "cloud", "regions": "region", "markets": "market"}
@@ -238,6 +240,9 @@ class JobPlanner:
     )
     _tables_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     _epochs: tuple[int, np.ndarray, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
+    _one_tables: dict[tuple[Any, ...], tuple[float, OfferTable]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
     _plans: dict[tuple[Any, ...], tuple[float, Plan, ThroughputCatalog]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -301,17 +306,9 @@ class JobPlanner:
             spec.get("precision") or DEFAULT_PRECISION,
         )
         constraints: Mapping[str, Any] = spec.get("constraints") or {}
-        if only is not None:  # one offer: the store filters it out of the snapshot (no table to cache)
+        if only is not None:  # one offer: the store filters it out of the snapshot
             now = plan_now(self.store, self.settings, at)
-            one = self.store.snapshot_frame(
-                snapshot_time(now),
-                cloud=only.cloud,
-                region=only.region,
-                zone=only.zone,
-                instance_type=only.instance_type,
-                market=only.market,
-            )
-            table = OfferTable.from_frame(one, inputs.hazards)
+            table = self._one_offer_table(only, now, inputs.hazards)
             try:
                 return now, plan_job(job, self._goal(spec, objective), table, catalog, assumptions, top=top)
             except Infeasible as exc:
@@ -349,6 +346,34 @@ class JobPlanner:
                     self._plans.clear()
                 self._plans[memo] = (found.expires, plan, catalog)
         return now, plan
+
+    def _one_offer_table(self, offer: OfferKey, now: Now, hazards: HazardModel) -> OfferTable:
+        """The table of ``offer`` alone in effect at ``now`` (stale: empty), cached like the whole table
+        (price version and :meth:`price_epoch` of the time, :data:`TABLE_TTL_S`): a running job's ETA is
+        priced on its offer at every read of the job."""
+        from costopt.planning.evaluate import OfferTable
+        from pricing.mirror import read_version
+
+        version = read_version(self.store.engine)
+        key = ("one offer", version, self.price_epoch(version, snapshot_time(now)), offer, id(hazards))
+        with self._tables_lock:
+            hit = self._one_tables.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        one = self.store.snapshot_frame(
+            snapshot_time(now),
+            cloud=offer.cloud,
+            region=offer.region,
+            zone=offer.zone,
+            instance_type=offer.instance_type,
+            market=offer.market,
+        )
+        table = OfferTable.from_frame(one, hazards)
+        with self._tables_lock:
+            if len(self._one_tables) >= ONE_TABLE_CACHE_SIZE:
+                self._one_tables.clear()
+            self._one_tables[key] = (time.monotonic() + TABLE_TTL_S, table)
+        return table
 
     @staticmethod
     def _goal(spec: Mapping[str, Any], objective: Objective | None) -> Objective:

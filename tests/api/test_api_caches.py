@@ -327,3 +327,32 @@ def test_identical_submissions_share_one_plan_until_prices_change(
     svc.store.write([PricePoint(P3_2X_SPOT, sim_now, 0.01, "t")])
     cheap = svc.submit(svc.alpha)["quote"]
     assert len(calls) == 5 and cheap["usd_per_hour"] == pytest.approx(0.01)
+
+
+def test_a_running_jobs_eta_is_priced_on_a_cached_one_offer_table(
+    svc: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every read of a running job prices its offer for the ETA: the one-offer table is read from the store
+    once per price epoch, not at every read (p3.2xlarge spot changes price at T0 + 5 h)."""
+    job_id = svc.submit(svc.alpha)["id"]
+    svc.jobs.transition(job_id, JobState.LAUNCHING, "launching (test)")
+    svc.jobs.transition(job_id, JobState.RUNNING, "started (test)", offer=P3_2X_SPOT, usd_per_hour=Decimal("0.95"))
+    reads: list[object] = []
+    snapshot = PriceStore.snapshot_frame
+
+    def counted(self: PriceStore, *args: Any, **kwargs: Any) -> Any:
+        reads.append(kwargs.get("instance_type"))
+        return snapshot(self, *args, **kwargs)
+
+    monkeypatch.setattr(PriceStore, "snapshot_frame", counted)
+    etas = []
+    for _ in range(3):
+        doc = svc.client.get(f"/v1/jobs/{job_id}", headers=svc.alpha).json()
+        assert doc["state"] == "running" and doc["eta"] is not None
+        etas.append(doc["eta"])
+        svc.advance(timedelta(minutes=10))
+    assert reads == [P3_2X_SPOT.instance_type]  # one read of the offer for three reads of the job
+    assert len(set(etas)) == 3  # each ETA counted from its own now
+    svc.app.state.providers["sim"].clock.advance_to(T0 + timedelta(hours=5))
+    assert svc.client.get(f"/v1/jobs/{job_id}", headers=svc.alpha).json()["eta"] is not None
+    assert reads == [P3_2X_SPOT.instance_type] * 2  # a new price in effect: read again
