@@ -44,6 +44,7 @@ log = logging.getLogger("costopt.validate")
 __all__ = [
     "DEFAULT_POLICIES",
     "LiveJob",
+    "LiveService",
     "PolicyValidation",
     "ValidationSetup",
     "build_jobs",
@@ -77,6 +78,7 @@ class ValidationSetup:
     poll_s: float = 0.1
     checkpoints_per_job: int = 8
     timeout_s: float = 1800.0
+    dead_after_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.jobs < 1 or self.per_label < 1 or not self.policies:
@@ -193,7 +195,7 @@ def _settings(folder: Path, port: int, setup: ValidationSetup, base: Settings) -
         fleet_executor_enabled=True,
         fleet_tick=setup.tick_s,
         fleet_worker_poll=setup.poll_s,
-        fleet_dead_after=max(10.0, 25 * setup.poll_s),
+        fleet_dead_after=setup.dead_after_s,
         provider="local",
         providers=[],
         local_provider_dir=folder / "local",
@@ -252,6 +254,111 @@ class _Server:
         self.thread.join(30)
 
 
+class LiveService:
+    """The service running (:class:`_Server`), a REST client holding an admin key, and the run's settings
+    (its database, local provider and checkpoints under ``folder``). Use it as a context manager: every
+    local instance left is terminated when it ends."""
+
+    def __init__(self, folder: Path, setup: ValidationSetup, base: Settings) -> None:
+        import httpx
+
+        folder.mkdir(parents=True, exist_ok=True)
+        port = _free_port()
+        self.folder = folder
+        self.setup = setup
+        self.settings = _settings(folder, port, setup, base)
+        key = _prepare_store(self.settings)
+        self.server = _Server(self.settings, port)
+        self.client = httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=60
+        )
+
+    def __enter__(self) -> LiveService:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+        self.server.close()
+        _kill_leftovers(self.settings)
+
+    def lease(self, policy: str, counts: Mapping[str, int], *, timeout_s: float = 120.0) -> str:
+        """A fleet of ``counts`` one-GPU instances per label under ``policy``; returns once every worker
+        synced (its GPUs count)."""
+        body = {
+            "name": f"validate-{policy}",
+            "policy": policy,
+            "round_s": self.setup.round_s,
+            "resolve_every_rounds": 100_000,
+            "instances": [{"offer": OFFERS[t].to_doc(), "count": n} for t, n in counts.items() if n],
+        }
+        r = self.client.post("/v1/fleets", json=body)
+        r.raise_for_status()
+        fleet_id = str(r.json()["id"])
+        want = {t: n for t, n in counts.items() if n}
+        deadline = time.monotonic() + timeout_s
+        while self.fleet(fleet_id)["gpus"] != want:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the fleet's workers did not all start within {timeout_s:.0f} s")
+            time.sleep(0.2)
+        return fleet_id
+
+    def fleet(self, fleet_id: str) -> dict[str, Any]:
+        r = self.client.get(f"/v1/fleets/{fleet_id}")
+        r.raise_for_status()
+        doc: dict[str, Any] = r.json()
+        return doc
+
+    def submit(self, job: LiveJob, fleet_id: str) -> str:
+        """Submit ``job`` into the fleet: ``examples/train.py --pace``, a checkpoint every
+        ``steps / checkpoints_per_job`` steps."""
+        every = max(1, job.steps // self.setup.checkpoints_per_job)
+        command = [
+            sys.executable,
+            str(TRAIN_SCRIPT),
+            "--steps",
+            str(job.steps),
+            "--pace",
+            "--checkpoint-every",
+            str(every),
+            "--log-level",
+            "WARNING",
+        ]
+        r = self.client.post(
+            "/v1/jobs",
+            json={
+                "name": job.name,
+                "throughput": dict(job.rates),
+                "steps": job.steps,
+                "command": command,
+                "fleet_id": fleet_id,
+            },
+        )
+        r.raise_for_status()
+        return str(r.json()["id"])
+
+    def wait(self, fleet_id: str, n: int, timeout_s: float, progress: Callable[[str], None] = lambda _: None) -> int:
+        """Wait until ``n`` jobs of the fleet finished (or ``timeout_s``); returns how many did."""
+        deadline = time.monotonic() + timeout_s
+        last = -1
+        while True:
+            doc = self.fleet(fleet_id)
+            done = sum(1 for j in doc["jobs"] if j["status"] in ("done", "failed", "cancelled"))
+            if done != last:
+                progress(f"{done}/{n} jobs finished, round {doc['round']['number'] if doc['round'] else 0}")
+                last = done
+            if done >= n or time.monotonic() > deadline:
+                return done
+            time.sleep(0.5)
+
+    def release(self, fleet_id: str, timeout_s: float = 60.0) -> None:
+        self.client.post(f"/v1/fleets/{fleet_id}/release").raise_for_status()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if {i["state"] for i in self.fleet(fleet_id)["instances"]} <= {"released", "lost"}:
+                return
+            time.sleep(0.5)
+
+
 def _run_live(
     policy: str,
     jobs: Sequence[LiveJob],
@@ -260,94 +367,26 @@ def _run_live(
     base: Settings,
     progress: Callable[[str], None],
 ) -> _LiveRun:
-    import httpx
-
     from costopt.agent import control
     from costopt.db.engine import make_engine
     from costopt.fleets.store import FleetRepository
     from costopt.jobs.records import JobRepository
 
     wall0 = time.monotonic()
-    folder.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    settings = _settings(folder, port, setup, base)
-    key = _prepare_store(settings)
-    server = _Server(settings, port)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=60)
-    fleet_id = ""
-    try:
-        body = {
-            "name": f"validate-{policy}",
-            "policy": policy,
-            "round_s": setup.round_s,
-            "resolve_every_rounds": 100_000,
-            "instances": [{"offer": OFFERS[t].to_doc(), "count": setup.per_label} for t in LABELS],
-        }
-        r = client.post("/v1/fleets", json=body)
-        r.raise_for_status()
-        fleet_id = r.json()["id"]
-        want = {t: setup.per_label for t in LABELS}
-        deadline = time.monotonic() + 120
-        while client.get(f"/v1/fleets/{fleet_id}").json()["gpus"] != want:  # every worker syncs
-            if time.monotonic() > deadline:
-                raise RuntimeError("the fleet's workers did not all start within 120 s")
-            time.sleep(0.2)
-        progress(f"{policy}: fleet {fleet_id} up ({sum(want.values())} GPUs); submitting {len(jobs)} jobs")
+    with LiveService(folder, setup, base) as svc:
+        fleet_id = svc.lease(policy, dict.fromkeys(LABELS, setup.per_label))
+        progress(f"{policy}: fleet {fleet_id} up ({setup.per_label * len(LABELS)} GPUs); submitting {len(jobs)} jobs")
         t0 = time.time()
         ids: list[str] = []
         for job in jobs:
             time.sleep(max(0.0, t0 + job.arrival_s - time.time()))
-            every = max(1, job.steps // setup.checkpoints_per_job)
-            r = client.post(
-                "/v1/jobs",
-                json={
-                    "name": job.name,
-                    "throughput": dict(job.rates),
-                    "steps": job.steps,
-                    "command": [
-                        sys.executable,
-                        str(TRAIN_SCRIPT),
-                        "--steps",
-                        str(job.steps),
-                        "--pace",
-                        "--checkpoint-every",
-                        str(every),
-                        "--log-level",
-                        "WARNING",
-                    ],
-                    "fleet_id": fleet_id,
-                },
-            )
-            r.raise_for_status()
-            ids.append(r.json()["id"])
-        deadline = time.monotonic() + setup.timeout_s
-        last = -1
-        while True:
-            doc = client.get(f"/v1/fleets/{fleet_id}").json()
-            done = sum(1 for j in doc["jobs"] if j["status"] in ("done", "failed", "cancelled"))
-            if done != last:
-                progress(
-                    f"{policy}: {done}/{len(jobs)} jobs finished, round {doc['round']['number'] if doc['round'] else 0}"
-                )
-                last = done
-            if done == len(jobs):
-                break
-            if time.monotonic() > deadline:
-                progress(f"{policy}: timed out after {setup.timeout_s:.0f} s with {done}/{len(jobs)} jobs finished")
-                break
-            time.sleep(1.0)
-        client.post(f"/v1/fleets/{fleet_id}/release")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            states = {i["state"] for i in client.get(f"/v1/fleets/{fleet_id}").json()["instances"]}
-            if states <= {"released", "lost"}:
-                break
-            time.sleep(0.5)
-    finally:
-        client.close()
-        server.close()
-        _kill_leftovers(settings)
-    engine = make_engine(settings.database_url)
+            ids.append(svc.submit(job, fleet_id))
+        done = svc.wait(fleet_id, len(jobs), setup.timeout_s, lambda m: progress(f"{policy}: {m}"))
+        if done < len(jobs):
+            progress(f"{policy}: timed out after {setup.timeout_s:.0f} s with {done}/{len(jobs)} jobs finished")
+        svc.release(fleet_id)
+        url = svc.settings.database_url
+    engine = make_engine(url)
     try:
         repo = FleetRepository(engine)
         rounds = repo.rounds(fleet_id)
