@@ -67,8 +67,13 @@ class FleetBilling:
 
     def __call__(self, fleet: FleetRecord, now: datetime) -> int:
         """Record what ended since the last call; returns the number of lines written or confirmed."""
-        rounds = self.repo.rounds(fleet.id)
+        first = self.repo.first_unbilled(fleet.id)
         instances = [i for i in self.repo.instances(fleet.id) if i.launched_at is not None]
+        tails = [i for i in instances if i.ended_at is not None and i.id not in self._tails]
+        if first is None and not tails:
+            return 0
+        # the rounds to bill and the one before them (its end starts the gap); every round for the tails
+        rounds = self.repo.rounds(fleet.id, since=0 if tails or first is None else max(first - 1, 0))
         lines = 0
         for k, rnd in enumerate(rounds):
             if rnd.billed or rnd.ended_at is None:
@@ -85,7 +90,7 @@ class FleetBilling:
                 log.error("fleet %s: round %d cannot be billed yet: %s", fleet.id, rnd.round, exc)
                 return lines
             self.repo.mark_billed(fleet.id, rnd.round)
-        lines += self._tails_of(fleet, instances, rounds)
+        lines += self._tails_of(fleet, tails, rounds)
         return lines
 
     def _tails_of(self, fleet: FleetRecord, instances: Sequence[FleetInstance], rounds: Sequence[RoundRecord]) -> int:

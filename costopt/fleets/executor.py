@@ -369,10 +369,11 @@ class FleetExecutor:
                 start = self._on_ticks(now)
         current = self.repo.round(fleet.id, fleet.round) if fleet.round else None
         open_round = current is not None and current.ended_at is None
+        runnable = {x.job_id for x in jobs}
         jobs = [
             j
             for j in self.repo.jobs(fleet.id, statuses=(FleetJobStatus.WAITING, FleetJobStatus.RUNNING))
-            if j.job_id in {x.job_id for x in jobs} and j.arrived_at <= start
+            if j.job_id in runnable and j.arrived_at <= start
         ]
         live = [i for i in self.repo.instances(fleet.id) if i.state is InstanceState.RUNNING]
         if not jobs or not live:

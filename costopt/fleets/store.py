@@ -377,13 +377,25 @@ class FleetRepository:
             ).first()
         return None if row is None else RoundRecord.of(row)
 
-    def rounds(self, fleet_id: str, *, conn: Connection | None = None) -> list[RoundRecord]:
-        """Every round of the fleet, in order."""
+    def rounds(self, fleet_id: str, *, since: int = 0, conn: Connection | None = None) -> list[RoundRecord]:
+        """The fleet's rounds numbered ``since`` or more (default: every one), in order."""
         with self._reads(conn) as c:
             rows = c.execute(
-                select(fleet_rounds).where(fleet_rounds.c.fleet_id == fleet_id).order_by(fleet_rounds.c.round)
+                select(fleet_rounds)
+                .where(fleet_rounds.c.fleet_id == fleet_id, fleet_rounds.c.round >= since)
+                .order_by(fleet_rounds.c.round)
             ).all()
         return [RoundRecord.of(r) for r in rows]
+
+    def first_unbilled(self, fleet_id: str, *, conn: Connection | None = None) -> int | None:
+        """The number of the fleet's first round not billed yet (None: every round is)."""
+        with self._reads(conn) as c:
+            found = c.execute(
+                select(func.min(fleet_rounds.c.round)).where(
+                    fleet_rounds.c.fleet_id == fleet_id, fleet_rounds.c.billed.is_(False)
+                )
+            ).scalar_one()
+        return None if found is None else int(found)
 
     # -- the round executor's writes ---------------------------------------------------------------------
 
