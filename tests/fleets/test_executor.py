@@ -7,6 +7,7 @@ from __future__ import annotations
 import builtins
 import itertools
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -460,3 +461,32 @@ def test_split_micro_is_whole_and_exact() -> None:
             assert sum(parts) == total and all(p >= 0 for p in parts)
     with pytest.raises(ValueError):
         split_micro(5, [0, 0])
+
+
+def test_two_replicas_ticking_at_once_launch_once_and_start_each_round_once(rig: Rig) -> None:
+    """Replicas share the database: launches and rounds are compare-and-sets, so racing passes do each
+    thing once (the service also runs the pass under the ``fleets`` lease, once per tick)."""
+    other = FleetExecutor(
+        FleetRepository(rig.repo.engine, now=rig.clock),
+        JobRepository(rig.repo.engine, now=rig.clock),
+        {"local": rig.provider},
+        worker_command=lambda p: ["python", "-m", "costopt.agent.worker"],
+        service_url="http://svc:8000",
+        full_every_s=0.0,
+    )
+
+    def both() -> list[Any]:
+        with ThreadPoolExecutor(2) as pool:
+            return [f.result() for f in [pool.submit(rig.executor.tick), pool.submit(other.tick)]]
+
+    reports = both()
+    assert sum(len(r.launched) for r in reports) == 2 and len(rig.provider.launched) == 2
+    for w in rig.workers():
+        rig.worker_sync(w)
+    rig.submit("a")
+    rig.submit("b")
+    for k in range(1, 4):
+        reports = both()
+        assert sum(len(r.rounds) for r in reports) == 1 and rig.repo.get(rig.fleet_id).round == k
+        rig.live_for(60, {w: [] for w in rig.workers()})
+    assert [r.round for r in rig.repo.rounds(rig.fleet_id)] == [1, 2, 3]
