@@ -786,26 +786,36 @@ class SimCloud:
         else:
             ids = set(watch)
         reported: list[SimEvent] = []
+        best: tuple[int, int, str, SimEventKind] | None = None
+        stale = True  # the watched instances' next event must be looked for again
         while True:
             now = self.clock.micros()
-            best: tuple[int, int, str, SimEventKind] | None = None
-            for iid in ids:
-                inst = self._instances.get(iid)
-                if inst is None:
-                    raise NotFoundError(f"no simulated instance {iid!r}")
-                for t, order, kind in self._events(inst, now, target):
-                    cand = (t, order, iid, kind)
-                    if best is None or cand < best:
-                        best = cand
+            if stale:
+                best, stale = None, False
+                for iid in ids:
+                    inst = self._instances.get(iid)
+                    if inst is None:
+                        raise NotFoundError(f"no simulated instance {iid!r}")
+                    for t, order, kind in self._events(inst, now, target):
+                        cand = (t, order, iid, kind)
+                        if best is None or cand < best:
+                            best = cand
             agent_t = self._next_agent_event()
             if agent_t is not None and agent_t <= target and (best is None or agent_t < best[0]):
                 self.clock.advance_to_micros(max(agent_t, now))
+                # An agent event before the next watched event leaves that event the next one, unless the
+                # agent's exit ended its (watched) instance: only then is it looked for again.
+                agent_iid = self._agenda[0][2]
+                agent_inst = self._instances[agent_iid]
+                ended = (agent_inst.terminated, agent_inst.exited, agent_inst.exit_code)
                 self._run_agent_event()
+                stale = agent_iid in ids and ended != (agent_inst.terminated, agent_inst.exited, agent_inst.exit_code)
                 continue
             if best is None:
                 self.clock.advance_to_micros(target)
                 return reported
             t, _, iid, kind = best
+            stale = True
             self.clock.advance_to_micros(t)
             inst = self._instances[iid]
             inst.reported.add((kind.value, t))

@@ -31,6 +31,7 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, TypeVar
 
 from costopt.agent.errors import AgentError, CheckpointError
@@ -102,7 +103,9 @@ def progress_name(epoch: int) -> str:
     return f"{PROGRESS_DIR}/e{epoch:010d}.jsonl"
 
 
+@lru_cache(maxsize=4096)
 def parse_checkpoint_name(name: str) -> CheckpointRef | None:
+    """The checkpoint a file name names (None: not a checkpoint's name); parsed once per name."""
     m = _NAME_RE.match(name.rsplit("/", 1)[-1])
     if m is None:
         return None
