@@ -18,7 +18,7 @@ import logging
 import multiprocessing
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import matplotlib
@@ -182,6 +182,10 @@ def main() -> None:
     largest_first = sorted(tasks, key=lambda t: -WEIGHT.get(t[0], 1.0) * t[1])
     with ProcessPoolExecutor(max_workers=args.workers, mp_context=multiprocessing.get_context("fork")) as pool:
         futures = {t: pool.submit(_one, t[0], t[1], regions, args.seeds, args.start_days) for t in largest_first}
+        for done in as_completed(futures.values()):  # progress, as tasks finish
+            (model, n) = next(t for t, fu in futures.items() if fu is done)
+            at = time.perf_counter() - t0
+            print(f"{short(model)} {n:g} V100-days: {done.result().attrs['runs']} runs done at {at:.0f} s", flush=True)
         frames = [futures[t].result() for t in tasks]  # the tables' order: model, then length
     seconds = time.perf_counter() - t0
     runs = sum(int(fr.attrs["runs"]) for fr in frames)
