@@ -49,6 +49,7 @@ from costopt.fleets.model import (
 from costopt.fleets.rounds import plan_round
 from costopt.fleets.store import FleetRepository, NewFleetJob
 from costopt.fleets.sync import hash_token, new_token
+from costopt.gavel.policies import Policy
 from costopt.jobs.model import JobState
 from costopt.jobs.records import ConcurrentUpdate, IllegalTransition, JobNotFound, JobRecord, JobRepository
 
@@ -111,6 +112,7 @@ class FleetExecutor:
         self._retry_at: dict[str, datetime] = {}
         self._lock = threading.Lock()
         self.full_every_s = full_every_s
+        self._policies: dict[str, Policy] = {}
         self._last_full = datetime.min.replace(tzinfo=UTC)
 
     def tick(self) -> ExecutorReport:
@@ -389,7 +391,7 @@ class FleetExecutor:
                     got[lease.wtype] = got.get(lease.wtype, 0.0) + held
         previous = current.assignment if open_round and current is not None else ()
         solve = self._must_solve(fleet, jobs, live)
-        decision = plan_round(fleet, live, jobs, previous, received, start, solve=solve)
+        decision = plan_round(fleet, live, jobs, previous, received, start, solve=solve, policy=self._policy(fleet))
         if decision.unplaced:
             log.info(
                 "fleet %s: round %d: no single instance could hold %s",
@@ -421,6 +423,16 @@ class FleetExecutor:
                 dict(decision.capacity),
                 " (policy solved)" if allocation is not None else "",
             )
+
+    def _policy(self, fleet: FleetRecord) -> Policy:
+        """The fleet's policy object, kept between boundaries in this process (a policy keeps its LP models
+        between solves, as in the simulator; another replica starts with a new one)."""
+        from costopt.gavel.policies import get_policy
+
+        kept = self._policies.get(fleet.id)
+        if kept is None or kept.name != fleet.policy:
+            kept = self._policies[fleet.id] = get_policy(fleet.policy)
+        return kept
 
     def _on_ticks(self, now: datetime) -> datetime:
         """``now`` down to the executor's own tick grid (``grid_s``): a round anchored there ends when a

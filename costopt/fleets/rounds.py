@@ -19,12 +19,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from costopt.fleets.model import Assigned, FleetInstance, FleetJob, FleetRecord, InstanceState
 from costopt.fleets.placement import Slot, Unit, place
+
+if TYPE_CHECKING:
+    from costopt.gavel.policies import Policy
 
 __all__ = ["RoundDecision", "plan_round"]
 
@@ -54,13 +57,16 @@ def plan_round(
     now: datetime,
     *,
     solve: bool,
+    policy: Policy | None = None,
 ) -> RoundDecision:
     """The leases of the round starting at ``now`` (see the module docstring).
 
     ``instances``: the fleet's instances (those ``running`` count); ``jobs``: the jobs to share the fleet
     among (unfinished, not being cancelled); ``previous``: the last round's leases; ``received``: seconds of
     leases each job received on each worker type up to ``now``; ``solve``: call the policy (else keep the
-    allocation in force, ``fleet.allocation``, for the jobs and types it names)."""
+    allocation in force, ``fleet.allocation``, for the jobs and types it names); ``policy``: the fleet's
+    policy object when the caller keeps one between rounds (as the simulator does: a policy that keeps its
+    LP models picks among optimal allocations by its history), else a new one."""
     from costopt.gavel.mechanism import RoundMechanism, fastest_first
     from costopt.gavel.policies import get_policy
     from costopt.gavel.state import ClusterState
@@ -103,7 +109,8 @@ def plan_round(
         current_type=np.array([last_type.get(j.job_id, -1) for j in jobs]),
         now_s=_seconds(now, origin),
     )
-    policy = get_policy(fleet.policy)
+    if policy is None:
+        policy = get_policy(fleet.policy)
     doc: dict[str, Any] | None = None
     if solve:
         alloc = policy.allocate(state)
