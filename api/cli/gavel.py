@@ -92,12 +92,12 @@ def simulate(
     policy: PolicyOpt,
     cluster: Annotated[str, typer.Option(help="GPUs per type, V100:P100:K80.")] = "36:36:36",
     rate: Annotated[
-        float | None, typer.Option(min=0.0, help="Poisson arrivals in jobs/hour; 0 = a static trace. [default: 5]")
+        float | None, typer.Option(min=0.0, help="Poisson arrivals in jobs/hour; 0 = a static trace (default 5).")
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Trace seed (same seed, same trace). [default: 0]")] = None,
+    seed: Annotated[int | None, typer.Option(help="Trace seed (same seed, same trace; default 0).")] = None,
     window: Annotated[
         str | None,
-        typer.Option(help="Job ids measured, FIRST:END (END exclusive). [default: 4000:5000; every job of --trace]"),
+        typer.Option(help="Job ids measured, FIRST:END (END exclusive; default 4000:5000, or every job of --trace)."),
     ] = None,
     multi_gpu: Annotated[bool, typer.Option("--multi-gpu", help="The paper's 1/2/4/8-GPU job mix.")] = False,
     space_sharing: Annotated[bool, typer.Option("--space-sharing", help="Co-locate job pairs.")] = False,
