@@ -5,6 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
+import sqlite3
+from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -28,6 +32,36 @@ def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 def _invoke(*args: str) -> tuple[int, str, str]:
     result = runner.invoke(app, list(args))
     return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture(scope="session")
+def seeded_template(tmp_path_factory: pytest.TempPathFactory, shared_data: Path) -> Path:
+    """A SQLite store seeded from the real data folder by ``costopt prices seed``, once per test process
+    (seeding imports every price file: seconds); tests read copies of it (:func:`seeded_db`).
+    ``test_latest_at_a_2020_time_lists_real_v100_prices_as_json`` seeds an empty store itself."""
+    path = tmp_path_factory.mktemp("seeded") / "seeded.db"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COSTOPT_DATABASE_URL", f"sqlite:///{path}")
+        get_settings.cache_clear()
+        code, _, err = _invoke("prices", "seed", "--data-dir", str(shared_data))
+        get_settings.cache_clear()
+    assert code == 0, err
+    with closing(sqlite3.connect(path)) as conn:  # WAL: fold the log into the file the tests copy
+        busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    assert busy == 0
+    return path
+
+
+@pytest.fixture
+def seeded_db(seeded_template: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A copy of :func:`seeded_template` as the CLI's database."""
+    target = tmp_path / "cli.db"
+    shutil.copyfile(seeded_template, target)
+    url = f"sqlite:///{target}"
+    monkeypatch.setenv("COSTOPT_DATABASE_URL", url)
+    get_settings.cache_clear()
+    yield url
+    get_settings.cache_clear()
 
 
 def test_latest_at_a_2020_time_lists_real_v100_prices_as_json(db: str, shared_data: Path) -> None:
@@ -68,7 +102,7 @@ def test_latest_at_a_2020_time_lists_real_v100_prices_as_json(db: str, shared_da
     assert p3 and 0.9 < p3[0]["usd_per_hour"] < 1.3
 
 
-def test_latest_as_csv_has_a_header_row(db: str, shared_data: Path) -> None:
+def test_latest_as_csv_has_a_header_row(seeded_db: str, shared_data: Path) -> None:
     code, out, _ = _invoke(
         "prices",
         "latest",
@@ -88,7 +122,7 @@ def test_latest_as_csv_has_a_header_row(db: str, shared_data: Path) -> None:
     assert len(rows) == 3 and rows[0]["cloud"] == "azure"
 
 
-def test_latest_with_no_match_exits_4(db: str, shared_data: Path) -> None:
+def test_latest_with_no_match_exits_4(seeded_db: str, shared_data: Path) -> None:
     code, _, _ = _invoke("prices", "latest", "--gpu", "h100", "--at", "2020-03-01", "--data-dir", str(shared_data))
     assert code == 4
 
@@ -142,7 +176,7 @@ def test_catalog_lists_instance_types_with_units(db: str) -> None:
     assert all(r["cloud"] == "aws" for r in rows)
 
 
-def test_history_lists_the_price_changes_of_an_offer(db: str, shared_data: Path) -> None:
+def test_history_lists_the_price_changes_of_an_offer(seeded_db: str, shared_data: Path) -> None:
     code, out, _ = _invoke(
         "prices",
         "history",
@@ -189,7 +223,7 @@ def test_backtest_paper_prints_the_papers_rows_as_json(db: str, shared_data: Pat
     assert sum(dyn.values()) >= sum(static.values())  # re-choosing daily with free moves helps on average
 
 
-def test_plan_batch_plans_a_sweep_within_quotas(db: str, shared_data: Path) -> None:
+def test_plan_batch_plans_a_sweep_within_quotas(seeded_db: str, shared_data: Path) -> None:
     from costopt.settings import PROJECT_ROOT
 
     code, out, _ = _invoke(
@@ -213,7 +247,7 @@ def test_plan_batch_names_a_bad_field(db: str, tmp_path: Path) -> None:
     assert "jobs.0.steps" in err
 
 
-def test_plan_batch_reports_the_binding_constraint(db: str, shared_data: Path, tmp_path: Path) -> None:
+def test_plan_batch_reports_the_binding_constraint(seeded_db: str, shared_data: Path, tmp_path: Path) -> None:
     f = tmp_path / "tight.yaml"
     f.write_text(
         "objective: {kind: sweep-min-cost, deadline: 1h}\nat: 2020-03-01T00:00:00Z\n"
