@@ -1,23 +1,30 @@
 """Load benchmark of the job service's REST API (issue 10), over loopback only.
 
-Starts the real service (uvicorn, :func:`api.app.create_app`; collectors off, the scheduler's job-side
-work off unless ``--job-work``) on a free 127.0.0.1 port against SQLite (a temp file) and PostgreSQL
-(127.0.0.1:5432, database ``test``, a schema of its own dropped afterwards), creates a team key, then
-drives it with httpx (async, ``--concurrency`` requests in flight, ``--requests`` per phase, a
-``--max-seconds`` cap per phase):
+Starts the real service (uvicorn on uvloop/httptools, ``--workers`` processes, :func:`api.app.create_app`;
+collectors off, the scheduler's job-side work off unless ``--job-work``) on a free 127.0.0.1 port against
+SQLite (a temp file) and PostgreSQL (127.0.0.1:5432, database ``test``, a schema of its own dropped
+afterwards), creates a team key, then drives it with a lean asyncio client (one keep-alive HTTP/1.1
+connection per request in flight, pre-built request bytes: it shares the 2 cores with the server and
+PostgreSQL), ``--concurrency`` requests in flight, each phase bounded by its request count and
+``--max-seconds``:
 
 - ``submit``: ``POST /v1/jobs``, each with its own ``Idempotency-Key``;
 - ``retry``: ``--retry-fraction`` of those keys sent again, each twice at once (the answers must be the
   first job, 200);
-- ``get``: ``GET /v1/jobs/{id}`` of random submitted jobs;
+- ``get``: ``GET /v1/jobs/{id}`` of random submitted jobs (every answer must be 200);
+- ``livez``: ``GET /livez`` (``--floor`` requests): the stack's floor, an empty route with no key and
+  no database, through the same server and client;
 - ``list``: ``GET /v1/jobs?limit=50`` (a page).
 
 Then checks the database: exactly one job per key sent, none missing, none extra ("no request lost or
 duplicated"). Prints a table (``--json``: one JSON document) with requests, errors, req/s and
-p50/p95/p99 latency per endpoint and backend, the server's worker count and its CPU (user+system
-seconds of every server process over the run, and that as a share of the wall time; 2 cores = 200%).
+p50/p95/p99 latency per endpoint and backend, and the CPU each request cost: the server's processes,
+the PostgreSQL backends serving its connections (found by their application_name), the load generator,
+their total and the rate 2 idle cores could serve at that cost (the "2-core ceiling"), with the load
+average before and after (the machine is shared: req/s and latencies swing with it, CPU per request
+much less).
 
-    .venv/bin/python bench/api_load.py                     # both backends, 2 workers
+    .venv/bin/python bench/api_load.py --workers 2 --requests 1500 --reads 4000 --pages 200 --max-seconds 30
     .venv/bin/python bench/api_load.py --backend postgres --workers 1 --requests 3000 --json
 
 Targets on a 2-core machine (PostgreSQL): >= 300 submissions/s, >= 1,000 reads/s, p99 <= 100 ms.
@@ -105,6 +112,35 @@ def prepare(url: str) -> str:
         return teams.create_key(team.id, Role.MEMBER, "bench").secret
     finally:
         store.engine.dispose()
+
+
+def commit_latency_ms(url: str, n: int = 100) -> dict[str, float] | None:
+    """PostgreSQL's latency of one small committed write, alone (``n`` in a row, before the load): the WAL
+    flush every submission waits for, a floor under its latency on this machine's disk. None on SQLite
+    (WAL with synchronous=NORMAL: a commit does not wait for the disk)."""
+    if not url.startswith("postgresql"):
+        return None
+    from sqlalchemy import text
+
+    from costopt.db.engine import make_engine
+
+    engine = make_engine(url)
+    took: list[float] = []
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("CREATE TABLE bench_commit_probe (n integer)"))
+            conn.commit()
+            for i in range(n):
+                t0 = time.perf_counter()
+                conn.execute(text("INSERT INTO bench_commit_probe VALUES (:n)"), {"n": i})
+                conn.commit()
+                took.append((time.perf_counter() - t0) * 1000)
+            conn.execute(text("DROP TABLE bench_commit_probe"))
+            conn.commit()
+    finally:
+        engine.dispose()
+    took.sort()
+    return {"p50": round(took[len(took) // 2], 2), "p99": round(took[min(len(took) - 1, int(0.99 * len(took)))], 2)}
 
 
 def count_jobs(url: str, keys: list[str]) -> dict[str, int]:
@@ -547,6 +583,7 @@ def bench_backend(backend: str, args: argparse.Namespace, log_dir: Path) -> dict
         t0 = time.perf_counter()
         secret = prepare(url)
         prep_s = time.perf_counter() - t0
+        commit_ms = commit_latency_ms(url)
         with server(url, workers=args.workers, job_work=args.job_work, log_dir=log_dir) as srv:
             load_before = os.getloadavg()[0]
             phases, sent, job_of = run_async(run_load(srv, secret, args))
@@ -559,6 +596,7 @@ def bench_backend(backend: str, args: argparse.Namespace, log_dir: Path) -> dict
         "job_work": args.job_work,
         "concurrency": args.concurrency,
         "prepare_s": round(prep_s, 2),
+        "commit_latency_ms": commit_ms,
         "phases": {p.name: p.row() for p in phases},
         "integrity": verdict,
     }
@@ -606,6 +644,12 @@ def render(results: list[dict[str, Any]]) -> None:
             f"{r['backend']}: {v['keys_sent']} keys sent, {v['jobs_found']} jobs, missing {v['missing']}, "
             f"duplicated {v['duplicated']}, unexpected {v['unexpected']}: {'OK' if v['ok'] else 'FAILED'}; "
             f"load average (1 min) {r['load_avg_1m'][0]} before, {r['load_avg_1m'][1]} after"
+            + (
+                f"; a commit alone (WAL flush) p50 {r['commit_latency_ms']['p50']} ms, "
+                f"p99 {r['commit_latency_ms']['p99']} ms"
+                if r["commit_latency_ms"]
+                else ""
+            )
         )
     console.print(
         f"targets (PostgreSQL): submit >= {TARGETS['submit']:.0f}/s, get >= {TARGETS['get']:.0f}/s, "
