@@ -1,4 +1,4 @@
-"""Gavel policy and simulator benchmarks (issue 4). Run: .venv/bin/python bench/gavel_bench.py [--sim]
+"""Gavel policy and simulator benchmarks (issue 4). Run: .venv/bin/python bench/gavel_bench.py [--sim | --sim-only]
 
 Each solver case runs in its own process so that its peak memory is its own. Targets (2-core box):
 max-min fairness (aware, Gavel's setting) 2048 jobs <= 50 ms, 100,000 jobs <= 5 s; with space sharing
@@ -115,6 +115,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--one", nargs=3, metavar=("POLICY", "JOBS", "SPACE_SHARING"), help=argparse.SUPPRESS)
     ap.add_argument("--sim", action="store_true", help="also run the 1000-job window per policy (slow)")
+    ap.add_argument("--sim-only", action="store_true", help="only the 1000-job window per policy (no solver cases)")
     ap.add_argument("--merge-sizes", default="16,64,128,256", help="sizes for the merged vs per-job check")
     ap.add_argument("--out", type=Path, help="write all results as JSON here")
     args = ap.parse_args()
@@ -124,34 +125,35 @@ def main() -> None:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     results: dict[str, object] = {}
     rows = []
-    print(f"{'policy':50s} {'jobs':>7s} {'ss':>3s} {'solve_s':>9s} {'target':>7s} {'peak_MB':>8s}  objective")
-    for policy, jobs, ss, target in SOLVER_CASES:
-        out = subprocess.run(
-            [sys.executable, __file__, "--one", policy, str(jobs), "1" if ss else "0"],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=True,
-        )
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        r["target_s"] = target
-        rows.append(r)
-        ok = "ok" if r["solve_s"] <= target else "SLOW"
-        print(
-            f"{policy:50s} {jobs:7d} {('yes' if ss else 'no'):>3s} {r['solve_s']:9.4f} {target:7.2f} "
-            f"{r['peak_mem_mb']:8.0f}  {r['objective']:.6g}  {ok}"
-        )
-    results["solver"] = rows
-    sizes = [int(s) for s in args.merge_sizes.split(",") if s]
-    print("\nmerged (job classes) vs per-job max-min LP with space sharing:")
-    merge_rows = merged_vs_per_job(sizes)
-    for m in merge_rows:
-        print(
-            f"  {m['jobs']:4d} jobs: merged {m['merged']:.9f} ({m['merged_s']:.3f} s)  per-job {m['per_job']:.9f} "
-            f"({m['per_job_s']:.2f} s, {m['per_job_columns']:.0f} columns)  |diff| {m['abs_diff']:.1e}"
-        )
-    results["merge"] = merge_rows
-    if args.sim:
+    if not args.sim_only:
+        print(f"{'policy':50s} {'jobs':>7s} {'ss':>3s} {'solve_s':>9s} {'target':>7s} {'peak_MB':>8s}  objective")
+        for policy, jobs, ss, target in SOLVER_CASES:
+            out = subprocess.run(
+                [sys.executable, __file__, "--one", policy, str(jobs), "1" if ss else "0"],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=True,
+            )
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            r["target_s"] = target
+            rows.append(r)
+            ok = "ok" if r["solve_s"] <= target else "SLOW"
+            print(
+                f"{policy:50s} {jobs:7d} {('yes' if ss else 'no'):>3s} {r['solve_s']:9.4f} {target:7.2f} "
+                f"{r['peak_mem_mb']:8.0f}  {r['objective']:.6g}  {ok}"
+            )
+        results["solver"] = rows
+        sizes = [int(s) for s in args.merge_sizes.split(",") if s]
+        print("\nmerged (job classes) vs per-job max-min LP with space sharing:")
+        merge_rows = merged_vs_per_job(sizes)
+        for m in merge_rows:
+            print(
+                f"  {m['jobs']:4d} jobs: merged {m['merged']:.9f} ({m['merged_s']:.3f} s)  per-job {m['per_job']:.9f} "
+                f"({m['per_job_s']:.2f} s, {m['per_job_columns']:.0f} columns)  |diff| {m['abs_diff']:.1e}"
+            )
+        results["merge"] = merge_rows
+    if args.sim or args.sim_only:
         print("\n1000-job window (jobs 4000-4999), 5 jobs/h, 36:36:36, seed 0:")
         sims = []
         for policy in SIM_POLICIES:
