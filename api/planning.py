@@ -30,6 +30,7 @@ from costopt.throughput.catalog import ThroughputCatalog
 from costopt.throughput.model import DEFAULT_PRECISION, Precision
 
 if TYPE_CHECKING:
+    from costopt.throughput.registry import Measurement
     from costopt.throughput.uncertainty import WinnerSensitivity
 from pricing.store import Now, PriceStore
 
@@ -71,6 +72,36 @@ def catalog_at(settings: Settings, store: PriceStore, precision: Precision = DEF
     with _lock:
         _cache[key] = catalog
     return catalog
+
+
+def learn(m: Measurement) -> None:
+    """Fold a running job's (or a user's) new measurement into the cached catalogs of its precision, so the
+    next plan, placement and rebalance read it at once. A cell that already had a value (measured or
+    estimated) is updated in place (:meth:`ThroughputCatalog.with_measurement`; the estimates of other
+    cells stay until the next rebuild); a job type measured nowhere before drops that catalog, which is
+    rebuilt (and the job type estimated on the other GPUs) at its next use."""
+    from costopt.throughput.registry import source_precision
+
+    precision = source_precision(m.source)
+    key = "inputs" if precision == DEFAULT_PRECISION else f"catalog:{precision}"
+    with _lock:
+        cached = _cache.get(key)
+        catalog = cached.catalog if isinstance(cached, PlannerInputs) else cached
+        if not isinstance(catalog, ThroughputCatalog):
+            return
+        if m.job_type not in catalog.job_types():
+            _cache.pop(key, None)
+            return
+        updated = catalog.with_measurement(
+            m.job_type,
+            m.accelerator,
+            m.gpu_count,
+            m.steps_per_s,
+            placement=m.placement,
+            n_measurements=m.n_measurements,
+            provenance=m.provenance,
+        )
+        _cache[key] = replace(cached, catalog=updated) if isinstance(cached, PlannerInputs) else updated
 
 
 def reset() -> None:

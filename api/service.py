@@ -155,14 +155,14 @@ def build_job_service(
 
 def _throughput_learner(store: PriceStore) -> Callable[[Any, Any, Any], None]:
     """The engine's progress observer: each running copy's progress becomes a throughput measurement of
-    its job type on its accelerator (:mod:`costopt.throughput.learning`), and the planner's cached
-    catalogs are dropped at each one, so placements and the rebalancer read it at once."""
-    from api.planning import reset
+    its job type on its accelerator (:mod:`costopt.throughput.learning`), folded into the planner's cached
+    catalogs at once (:func:`api.planning.learn`), so placements and the rebalancer read it."""
+    from api.planning import learn
     from costopt.ledger.prices import StorePriceView
     from costopt.throughput.learning import ThroughputLearner, engine_observer
     from costopt.throughput.registry import MeasurementRegistry
 
-    learner = ThroughputLearner(MeasurementRegistry(store.engine), on_measurement=lambda _m: reset())
+    learner = ThroughputLearner(MeasurementRegistry(store.engine), on_measurement=learn)
     return engine_observer(learner, StorePriceView(store).shape)
 
 

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine
 
 from api.job_planning import JobPlanner
-from api.planning import catalog_at, reset
+from api.planning import catalog_at, learn, reset
 from costopt.domain import Cloud, InstanceType, Market, OfferKey, PricePoint
 from costopt.jobs.engine import JobEngine
 from costopt.jobs.model import JobState
@@ -156,7 +156,7 @@ def test_a_job_slower_than_its_estimate_is_measured_and_moved(
 
     def on_measurement(m: Measurement) -> None:
         learnt.append(m)
-        reset()  # as the service does: the next plan, placement or rebalance reads the measurement
+        learn(m)  # as the service does: the next plan, placement or rebalance reads the measurement
 
     learner = ThroughputLearner(MeasurementRegistry(engine), window_s=1800, on_measurement=on_measurement)
     repo = JobRepository(engine, now=cloud.now)
