@@ -213,3 +213,35 @@ def test_a_model_measured_on_one_gpu_only_is_extended_to_the_others(specs: dict[
     assert a100 is not None and h100 is not None
     assert 3.0 < a100.steps_per_s < h100.steps_per_s  # faster than the L4 in every feature
     assert out.get(mynet, "t4") is None  # 16 GB, less than the 24 GB it was measured on: it might not fit
+
+
+def test_learn_folds_into_the_cached_catalog_or_drops_it_for_a_new_job_type(
+    engine: Engine, shared_data: Path, fresh_planner: None
+) -> None:
+    settings = Settings(
+        database_url=engine.url.render_as_string(hide_password=False),
+        data_dir=shared_data,
+        seed_on_start=False,
+        collectors_enabled=False,
+    )
+    store = PriceStore(engine)
+    registry = MeasurementRegistry(engine)
+    before = catalog_at(settings, store)
+    known = Measurement(JT, "a100", 1, 5.0, source="job:j1:fp32")
+    registry.add(known)
+    learn(known)
+    after = catalog_at(settings, store)
+    cell = after.get(JT, "a100")
+    assert cell is not None and cell.provenance == "user" and cell.steps_per_s == 5.0
+    assert after.get("CycleGAN", "a100") == before.get("CycleGAN", "a100")  # folded in, nothing refitted
+    amp = Measurement(JT, "a100", 1, 9.0, source="job:j2:amp")
+    learn(amp)  # no amp catalog is cached: nothing to do, nothing built
+    assert catalog_at(settings, store).get(JT, "a100") == cell
+    new = Measurement(JobType("MyNet", 32), "l4", 1, 3.0, source="job:j3:fp32")
+    registry.add(new)
+    learn(new)  # a job type the catalog does not know: rebuilt with estimates for it at the next use
+    rebuilt = catalog_at(settings, store)
+    assert rebuilt is not after
+    l4, a100 = rebuilt.get("MyNet (batch size 32)", "l4"), rebuilt.get("MyNet (batch size 32)", "a100")
+    assert l4 is not None and l4.provenance == "user"
+    assert a100 is not None and a100.is_estimate
