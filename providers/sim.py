@@ -607,6 +607,12 @@ class SimCloud:
         return Interruption(instance_id, self._dt(inst.notice), self._dt(inst.preempt), "notice")
 
     @_locked
+    def launch_spec(self, instance_id: str) -> LaunchSpec:
+        """What the instance was launched with (offer, command, environment, tags, image), as a cloud's
+        console shows it. :class:`~costopt.cloud.NotFoundError` for an unknown id."""
+        return self._get(instance_id).spec
+
+    @_locked
     def output(self, instance_id: str, *, tail: int | None = None) -> str:
         """The simulated agent's console: one human-readable line per progress record (boot, start, steps,
         checkpoints, notice, fencing, exit), the last ``tail`` lines (None: all); "" for an instance that

@@ -38,6 +38,7 @@ migration_jobs = Table(
     Column("status", String(16), nullable=False),
     Column("reason", Text, nullable=False, server_default=""),
     Column("updated_at", UtcDateTime(), nullable=False),
+    Column("image", Text, nullable=True),  # the image its copies launch (None: the provider's default)
 )
 
 migrations = Table(

@@ -461,7 +461,7 @@ class JobEngine:
         except ValueError as exc:  # bad input: fail it with the reason, never launch it
             self._fail(job, migrator, f"the job cannot be launched: {exc}")
             return
-        migrator.register_job(job.id, command, uri, env=env)
+        migrator.register_job(job.id, command, uri, env=env, image=job.spec.get("image") or None)
         self._ranked[job.id] = {p.offer: p for p in ranked}
         offers = [p.offer for p in ranked]
         if job.state is JobState.QUEUED:

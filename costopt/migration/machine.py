@@ -204,9 +204,16 @@ class Migrator:
     # -- jobs ------------------------------------------------------------------------------------------
 
     def register_job(
-        self, job_id: str, command: Sequence[str], checkpoint_uri: str, *, env: Mapping[str, str] | None = None
+        self,
+        job_id: str,
+        command: Sequence[str],
+        checkpoint_uri: str,
+        *,
+        env: Mapping[str, str] | None = None,
+        image: str | None = None,
     ) -> JobRecord:
-        """Register a job (idempotent: an existing job is returned unchanged)."""
+        """Register a job (idempotent: an existing job is returned unchanged). ``image``: what every copy
+        launches (None: the migrator's ``image``, else the provider's default)."""
         with self.engine.begin() as conn:
             row = conn.execute(_JOB, {"b_job_id": job_id}).first()
             if row is None:
@@ -221,6 +228,7 @@ class Migrator:
                         status=JobStatus.PENDING.value,
                         reason="registered",
                         updated_at=self.now(),
+                        image=image,
                     )
                 )
         return self.job(job_id)
@@ -584,7 +592,11 @@ class Migrator:
     def _spec(self, job: JobRecord, mig: MigrationRecord, offer: OfferKey) -> LaunchSpec:
         env = {**job.env, **contract_env(job.job_id, job.checkpoint_uri, mig.to_epoch)}
         return LaunchSpec(
-            offer=offer, command=job.command, env=env, tags=job_tags(job.job_id, mig.to_epoch), image=self.image
+            offer=offer,
+            command=job.command,
+            env=env,
+            tags=job_tags(job.job_id, mig.to_epoch),
+            image=job.image or self.image,
         )
 
     def _terminate_leftovers(self, job: JobRecord, epochs: range, reason: EndReason) -> list[CopyEnd]:

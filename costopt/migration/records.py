@@ -117,6 +117,8 @@ class JobRecord:
     offer: OfferKey | None
     status: JobStatus
     reason: str
+    image: str | None = None
+    """The image its copies launch (the job's own; None: the provider's default)."""
 
     @classmethod
     def of(cls, row: Any) -> JobRecord:
@@ -131,6 +133,7 @@ class JobRecord:
             offer=offer_of(row.offer) if row.offer else None,
             status=JobStatus(row.status),
             reason=row.reason or "",
+            image=row.image,
         )
 
 

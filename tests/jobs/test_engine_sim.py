@@ -90,8 +90,8 @@ class Sim:
             self.repo, {"sim": self.migrator}, self.placements, self.cloud.now, tmp / "ckpt", workers=0, retry_base=0
         )
 
-    def submit(self, steps: int) -> JobRecord:
-        spec = {"command": ["python", "train.py"], "throughput": {"v100": RATE}, "checkpoint_gb": 10}
+    def submit(self, steps: int, **extra: object) -> JobRecord:
+        spec = {"command": ["python", "train.py"], "throughput": {"v100": RATE}, "checkpoint_gb": 10, **extra}
         job, _ = self.repo.create(NewJob(team_id="t", spec=spec, steps_total=steps, provider="sim"))
         return job
 
@@ -218,6 +218,25 @@ def test_a_move_on_the_simulated_cloud_records_its_egress_overlap_and_restart(en
     assert control.audit_job(sim.engine.checkpoint_uri(done), 20_000).ok
     # the egress is money on top of the instance-hours
     assert job_cost(sim.engine, job.id, sim.cloud.now()) == sim.bill(job.id) + Decimal("0.2")
+
+
+def test_every_copy_launches_the_jobs_own_image(engine, tmp_path) -> None:
+    sim = Sim(engine, tmp_path, [OD_A, OD_B])
+    sim.migrator.image = "provider-default:1"  # what a job without an image gets
+    job = sim.submit(20_000, image="ghcr.io/team/train:2.1")
+    plain = sim.submit(20_000)
+    sim.run(job.id, lambda j: j.state is JobState.RUNNING and j.steps_done >= 2_000)
+    first = sim.migrator.job(job.id).instance_id or ""
+    assert sim.cloud.launch_spec(first).image == "ghcr.io/team/train:2.1"
+    moved = sim.engine.move(
+        job.id, [sim.placements._one(OD_B, 10_000)], reason="cheaper", expected_saving_usd=Decimal(1)
+    )
+    assert moved.state is JobState.RUNNING and moved.offer == OD_B
+    second = sim.migrator.job(job.id).instance_id or ""
+    assert second != first and sim.cloud.launch_spec(second).image == "ghcr.io/team/train:2.1"
+    assert sim.migrator.job(job.id).image == "ghcr.io/team/train:2.1"
+    other = sim.migrator.job(plain.id).instance_id or ""
+    assert sim.cloud.launch_spec(other).image == "provider-default:1"
 
 
 @pytest.mark.parametrize("steps", [0, -1])
