@@ -107,3 +107,10 @@ def migrated_engine(backend: str, folder: Path) -> Iterator[Engine]:
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     """A migrated, empty database on each backend (SQLite file; PostgreSQL schema of its own)."""
     yield from migrated_engine(request.param, tmp_path)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` run first (otherwise in collection order): with ``pytest -n 2`` and the small
+    scheduling chunks of ``addopts`` (``--maxschedchunk``), the workers share the long tests at the start
+    instead of one worker finishing a minute-long test alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

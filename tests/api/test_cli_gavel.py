@@ -7,6 +7,7 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from api.cli.main import app
@@ -46,6 +47,7 @@ def test_simulate_json_has_the_issue_keys_and_matches_the_library(shared_data: P
     assert got["avg_jct_s"] > 0 and 0 < got["utilization"] <= 1
 
 
+@pytest.mark.slow
 def test_simulate_options_reach_the_simulation(shared_data: Path) -> None:
     base = ["--policy", "max_min_fairness_perf", *SMALL, "--data", str(shared_data), "-f", "json"]
     _, plain, _ = _invoke("simulate", *base)

@@ -90,6 +90,7 @@ def _advance(service: JobService, until: datetime) -> None:
     sim.run_to(until)
 
 
+@pytest.mark.slow
 def test_two_teams_jobs_run_move_recover_and_finish_through_http(
     app_client: tuple[TestClient, JobService],
 ) -> None:

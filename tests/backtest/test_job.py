@@ -283,6 +283,7 @@ def test_the_ledger_in_the_database_holds_the_same_figures(week, catalog, hazard
 # --- the preemption study's pieces ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_preemption_study_reproduces_the_engine_without_preemptions_and_pays_for_preemptions(
     paper_inputs, hazards
 ) -> None:

@@ -316,6 +316,7 @@ def test_the_reconciler_terminates_an_orphan_of_a_stale_epoch_and_one_of_no_job(
     assert_one_copy(mig, local)
 
 
+@pytest.mark.slow
 def test_a_crash_at_every_state_resumes_to_exactly_one_copy_with_no_orphans_or_second_launch(
     engine: Engine, local: LocalProvider, tmp_path: Path
 ) -> None:

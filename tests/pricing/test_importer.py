@@ -196,6 +196,7 @@ def test_price_at_a_time_is_the_csv_price_in_effect_then(store: PriceStore, shar
     assert store.price_at(key, times.min() - pd.Timedelta(seconds=1)) is None
 
 
+@pytest.mark.slow
 def test_raw_aws_pages_after_the_csv_insert_nothing(store: PriceStore, shared_data: Path) -> None:
     import_file(store, shared_data / AWS_CSV_NAME)
     before = store.count_points()
@@ -207,6 +208,7 @@ def test_raw_aws_pages_after_the_csv_insert_nothing(store: PriceStore, shared_da
     assert store.count_points() == before
 
 
+@pytest.mark.slow
 def test_raw_aws_pages_give_the_csv_points_and_the_csv_after_them_inserts_nothing(
     store: PriceStore, shared_data: Path
 ) -> None:

@@ -251,6 +251,7 @@ def test_the_sql_reference_snapshot_equals_the_mirrored_one(
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @OUT_OF_ORDER
 @example(writes=[[(0, 0, 3.0, None), (0, 8, 3.0, None)], [(0, 1, 1.0, None)]])
 @example(writes=[[(0, 0, 3.0, None), (0, 5, 3.0, None), (0, 8, 3.0, None)], [(0, 6, 1.0, None)], [(0, 3, 2.0, 1)]])
@@ -266,6 +267,7 @@ def test_writes_in_any_order_follow_the_naive_model(engine: Engine, writes: list
         assert steps(store, k) == model.change_points(k), k
 
 
+@pytest.mark.slow
 @OUT_OF_ORDER
 @example(writes=[[(0, 0, 1.0, None), (0, 4, 1.0, None), (0, 8, 2.0, None)], [(0, 4, 3.0, None)], [(0, 4, 1.0, None)]])
 @given(writes=st.lists(rows_with_any_price, min_size=1, max_size=4))
@@ -280,6 +282,7 @@ def test_with_corrections_in_any_order_the_step_function_is_that_of_the_last_wri
         assert steps(store, k) == model.change_points(k), k
 
 
+@pytest.mark.slow
 @OUT_OF_ORDER
 @example(batch=[(0, 0, 3.0, None), (0, 8, 3.0, None), (0, 1, 1.0, None)], cut=2, swap=False)
 @example(batch=[(0, 0, 3.0, None), (0, 5, 3.0, None), (0, 8, 3.0, None), (0, 6, 1.0, None)], cut=3, swap=False)
