@@ -95,12 +95,15 @@ def register(
     spread: Annotated[bool, typer.Option(help="Measured across servers, not on one.")] = False,
     windows: Annotated[int, typer.Option(min=1, help="How many measurement windows this averages.")] = 1,
     source: Annotated[str, typer.Option(help="Who measured it.")] = "user",
+    precision: Annotated[
+        PrecisionChoice, typer.Option(help="The precision it ran at: fp32 (PyTorch's default), tf32 or amp.")
+    ] = PrecisionChoice.fp32,
 ) -> None:
     """Register a measurement (a new job type, or one more measurement of a known cell)."""
     from api.planning import reset
     from api.wiring import build_store
     from costopt.throughput.model import JobType
-    from costopt.throughput.registry import Measurement, MeasurementRegistry
+    from costopt.throughput.registry import Measurement, MeasurementRegistry, with_precision
 
     settings = settings_with()
     with failures():
@@ -114,11 +117,11 @@ def register(
                 "spread" if spread else "consolidated",
                 windows,
                 "user",
-                source,
+                with_precision(source, precision.value),
             )
         )
         reset()
-    note(f"registered {job_type} on {gpus} x {gpu}: {steps_per_s:g} steps/s")
+    note(f"registered {job_type} on {gpus} x {gpu} at {precision.value}: {steps_per_s:g} steps/s")
 
 
 @app.command("report")

@@ -2,9 +2,9 @@
 
 The catalog a planner uses is the measurement file's catalog with these folded in, in the order
 they were recorded (:meth:`ThroughputCatalog.with_measurement`: a count-weighted mean per cell).
-A job's measurements (:mod:`costopt.throughput.learning`) name their precision in their source
-(``job:<id>:<precision>``) and are folded only into a catalog of that precision; every other
-measurement is taken to be at ``fp32``.
+A measurement names its precision at the end of its source (``job:<id>:<precision>`` for a running
+job's, :mod:`costopt.throughput.learning`; ``<who>:<precision>`` for a registration) and is folded only
+into a catalog of that precision; a source naming none is taken to be at ``fp32``.
 """
 
 from __future__ import annotations
@@ -37,15 +37,21 @@ def job_source(job_id: str, precision: Precision) -> str:
     return f"{JOB_SOURCE_PREFIX}{job_id}:{precision}"
 
 
+def with_precision(source: str, precision: Precision) -> str:
+    """``source`` naming the precision a measurement was taken at (unchanged for ``fp32``)."""
+    return source if precision == DEFAULT_PRECISION else f"{source}:{precision}"
+
+
 def source_precision(source: str) -> Precision:
-    """The precision a measurement was taken at: a job's, from its source; ``fp32`` for any other
-    source (users' registrations and profiling files are taken to be at PyTorch's default)."""
-    if source.startswith(JOB_SOURCE_PREFIX):
-        try:
-            return check_precision(source.rsplit(":", 1)[-1])
-        except InvalidThroughput:
-            return DEFAULT_PRECISION
-    return DEFAULT_PRECISION
+    """The precision a measurement was taken at, from its source's last ``:``-separated part
+    (``job:<id>:amp``, ``user:tf32``); ``fp32`` when it names none (users' registrations and profiling
+    files are taken to be at PyTorch's default)."""
+    if ":" not in source:
+        return DEFAULT_PRECISION
+    try:
+        return check_precision(source.rsplit(":", 1)[-1])
+    except InvalidThroughput:
+        return DEFAULT_PRECISION
 
 
 @dataclass(frozen=True, slots=True)

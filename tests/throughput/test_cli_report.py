@@ -13,7 +13,7 @@ from api.cli.main import app
 from api.wiring import build_store
 from costopt.settings import get_settings
 from costopt.throughput.model import JobType
-from costopt.throughput.registry import Measurement, MeasurementRegistry, job_source
+from costopt.throughput.registry import Measurement, MeasurementRegistry, job_source, source_precision
 
 runner = CliRunner()
 JT = JobType("Transformer", 64)
@@ -51,3 +51,13 @@ def test_report_holdout_prints_the_older_markdown_report(env: MeasurementRegistr
     result = runner.invoke(app, ["throughput", "report", "--holdout"])
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("# Throughput estimator error")
+
+
+def test_a_registration_names_its_precision(env: MeasurementRegistry) -> None:
+    args = ["throughput", "register", "--job-type", JT.name, "--gpu", "a100", "--steps-per-s", "20"]
+    assert runner.invoke(app, [*args, "--precision", "amp", "--source", "lab"]).exit_code == 0
+    (m,) = env.all()
+    assert m.source == "lab:amp"
+    assert source_precision("lab:amp") == "amp" and source_precision("lab") == "fp32"
+    assert source_precision("lab:x") == "fp32"  # not a precision: PyTorch's default
+    assert runner.invoke(app, [*args, "--precision", "fp8"]).exit_code == 2
