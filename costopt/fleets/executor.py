@@ -292,8 +292,11 @@ class FleetExecutor:
             if self._retry_at.get(inst.id, now) > now:
                 continue
             provider = self.providers.get(inst.provider)
-            if provider is None:
-                out.errors.append(f"{inst.id}: provider {inst.provider!r} is not configured in this service")
+            if provider is None:  # said once (on the instance and in the log), not at every pass
+                why = f"provider {inst.provider!r} cannot run a fleet worker in this service: the instance waits"
+                if inst.end_reason != why:
+                    self.repo.update_instance(inst.id, expect=(InstanceState.PENDING,), end_reason=why)
+                    out.errors.append(f"{inst.id}: {why}")
                 continue
             token, launch_token = new_token(), f"{inst.id}-{secrets.token_hex(4)}"
             if not self.repo.update_instance(

@@ -490,3 +490,12 @@ def test_two_replicas_ticking_at_once_launch_once_and_start_each_round_once(rig:
         assert sum(len(r.rounds) for r in reports) == 1 and rig.repo.get(rig.fleet_id).round == k
         rig.live_for(60, {w: [] for w in rig.workers()})
     assert [r.round for r in rig.repo.rounds(rig.fleet_id)] == [1, 2, 3]
+
+
+def test_an_instance_no_provider_here_can_run_waits_and_says_why_once(rig: Rig) -> None:
+    rig.executor.providers.clear()  # e.g. instances on the simulated cloud, which runs no worker
+    first = rig.executor.tick()
+    assert len(first.errors) == 2 and all("cannot run a fleet worker" in e for e in first.errors)
+    assert rig.executor.tick().errors == []
+    assert {i.state for i in rig.repo.instances(rig.fleet_id)} == {InstanceState.PENDING}
+    assert all("cannot run a fleet worker" in (i.end_reason or "") for i in rig.repo.instances(rig.fleet_id))
