@@ -47,6 +47,7 @@ def test_the_trace_keeps_the_catalogs_speed_ratios_and_lasts_tens_of_seconds(sha
     assert min(seconds) >= 12.0 - 0.05 and max(seconds) <= 60.0 + 0.05 and len({j.job_type for j in jobs}) > 5
 
 
+@pytest.mark.slow
 def test_a_live_fleet_matches_the_simulator_and_loses_no_step(shared_data: Path, tmp_path: Path) -> None:
     (result,) = validate(SMALL, workdir=tmp_path)
     assert result.jobs_done == result.jobs == 4

@@ -9,6 +9,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from api.fleet_validate import LiveJob, LiveService, ValidationSetup
 from costopt.agent import control
 from costopt.db.engine import make_engine
@@ -21,6 +23,7 @@ RATES = {"k80": 20.0, "p100": 20.0, "v100": 20.0}
 SETUP = ValidationSetup(jobs=2, round_s=4.0, per_label=1, checkpoints_per_job=10, dead_after_s=3.0, timeout_s=90)
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_round_loses_only_steps_since_the_last_checkpoint(tmp_path: Path) -> None:
     jobs = [LiveJob(f"j{i}", "x", 0.0, 240, RATES) for i in range(2)]  # 12 s each, a checkpoint every 24 steps
     with LiveService(tmp_path, SETUP, Settings()) as svc:
