@@ -35,13 +35,13 @@ import numpy as np
 import numpy.typing as npt
 
 from costopt.throughput.errors import InvalidThroughput
-from costopt.throughput.estimate import AcceleratorSpec
 from costopt.throughput.model import (
     CONV_DOMINATED_FAMILIES,
     PRECISIONS,
     ModelFamily,
     Precision,
 )
+from costopt.throughput.specs import AcceleratorSpec
 
 FloatArray = npt.NDArray[np.float64]
 

@@ -8,21 +8,28 @@ speed moves from GPU to GPU per model family and precision, never as steps/s of 
 The loader is strict: a row with an unknown unit, precision or family, a throughput that is not a
 positive number, a GPU without specs in ``data/accelerators.csv``, or a missing source is refused with
 :class:`MalformedCalibrationFile` naming the file, the line, the GPU and model, and the reason.
+
+:func:`cells_from` turns the rows (and a catalog's measured cells) into the single-GPU log-throughput
+cells the calibrated estimator fits on and the cross-validation scores.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from costopt.domain import normalize_accelerator
 from costopt.settings import PROJECT_ROOT
+from costopt.throughput.catalog import ThroughputCatalog
 from costopt.throughput.errors import MalformedCalibrationFile
-from costopt.throughput.estimate import AcceleratorSpec, load_accelerator_specs
-from costopt.throughput.model import MODEL_FAMILIES, PRECISIONS, ModelFamily, Precision
+from costopt.throughput.model import MODEL_FAMILIES, PRECISIONS, ModelFamily, Precision, family_of
+from costopt.throughput.specs import AcceleratorSpec, load_accelerator_specs
 
 DEFAULT_CALIBRATION_FILE = PROJECT_ROOT / "data" / "calibration" / "throughputs.csv"
 """The calibration set shipped with the project (sources in ``data/calibration/README.md``)."""
@@ -39,6 +46,9 @@ CALIBRATION_COLUMNS = (
     "source",
     "notes",
 )
+
+GAVEL_SOURCE = "gavel"
+"""The ``source`` of Gavel's measured cells among the cross-validation cells."""
 
 UNITS = frozenset({"images/s", "sequences/s", "tokens/s", "samples/s", "frames/s"})
 """Units the loader knows: samples of the model's own kind per second, summed over all GPUs of the row."""
@@ -152,3 +162,45 @@ def _positive_int(text: str) -> int | None:
     except ValueError:
         return None
     return value if value >= 1 else None
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One series' mean log throughput on one GPU at one precision (``source``: where it comes from)."""
+
+    source: str
+    model: str
+    family: ModelFamily | None
+    precision: Precision
+    gpu: str
+    log_throughput: float
+
+    @property
+    def series(self) -> str:
+        return f"{self.source}|{self.model}"
+
+    @property
+    def table(self) -> str:
+        """The baseline's series: one source's table of one model (float32 tables and AMP tables apart)."""
+        return f"{self.series}|{'amp' if self.precision == 'amp' else 'float32'}"
+
+
+def cells_from(
+    calibration: Iterable[CalibrationRow],
+    gavel: ThroughputCatalog | None,
+    specs: Mapping[str, AcceleratorSpec],
+) -> tuple[Cell, ...]:
+    """Single-GPU cells of the calibration rows and of the catalog's measured 1-GPU cells (precision
+    ``fp32``: Gavel's jobs ran in FP32), on GPUs with specs; duplicates averaged in log space."""
+    sums: dict[tuple[str, str, ModelFamily | None, Precision, str], list[float]] = defaultdict(list)
+    for r in calibration:
+        if r.gpu_count == 1 and r.gpu in specs:
+            sums[(r.source, r.model, r.family, r.precision, r.gpu)].append(math.log(r.throughput))
+    if gavel is not None:
+        for key, cell in gavel.measured_only().cells.items():
+            if key.gpu_count == 1 and key.accelerator in specs and cell.can_run:
+                jt = key.job_type
+                sums[(GAVEL_SOURCE, jt.name, family_of(jt), "fp32", key.accelerator)].append(math.log(cell.steps_per_s))
+    return tuple(
+        Cell(src, model, fam, prec, gpu, float(np.mean(v))) for (src, model, fam, prec, gpu), v in sums.items()
+    )

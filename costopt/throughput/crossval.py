@@ -28,8 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from costopt.throughput.calibrated import ESTIMATOR_CALIBRATED, CalibratedConfig, Observation, fit_calibrated
-from costopt.throughput.calibration import CalibrationRow
-from costopt.throughput.catalog import ThroughputCatalog, accelerator_order
+from costopt.throughput.calibration import GAVEL_SOURCE as GAVEL_SOURCE
+from costopt.throughput.calibration import Cell as Cell
+from costopt.throughput.calibration import cells_from as cells_from
+from costopt.throughput.catalog import accelerator_order
 from costopt.throughput.errors import InvalidThroughput
 from costopt.throughput.estimate import (
     ESTIMATOR_HARDWARE,
@@ -38,33 +40,10 @@ from costopt.throughput.estimate import (
     fit_slopes,
     predict_from_anchor,
 )
-from costopt.throughput.model import ModelFamily, Precision, family_of
 
 ESTIMATORS = (ESTIMATOR_CALIBRATED, ESTIMATOR_HARDWARE)
 TARGET_MEDIAN = 1.3
 TARGET_MAX = 2.0
-GAVEL_SOURCE = "gavel"
-
-
-@dataclass(frozen=True, slots=True)
-class Cell:
-    """One series' mean log throughput on one GPU at one precision (``source``: where it comes from)."""
-
-    source: str
-    model: str
-    family: ModelFamily | None
-    precision: Precision
-    gpu: str
-    log_throughput: float
-
-    @property
-    def series(self) -> str:
-        return f"{self.source}|{self.model}"
-
-    @property
-    def table(self) -> str:
-        """The baseline's series: one source's table of one model (float32 tables and AMP tables apart)."""
-        return f"{self.series}|{'amp' if self.precision == 'amp' else 'float32'}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,27 +87,6 @@ class CrossValidation:
         """Median <= 1.3 and max <= 2 for every family with calibration cells (calibrated estimator)."""
         rows = self.summary(by_gpu=False)
         return bool(rows) and all(r.meets_target() for r in rows if r.family in self.calibrated_families)
-
-
-def cells_from(
-    calibration: Iterable[CalibrationRow],
-    gavel: ThroughputCatalog | None,
-    specs: Mapping[str, AcceleratorSpec],
-) -> tuple[Cell, ...]:
-    """Single-GPU cells of the calibration rows and of the catalog's measured 1-GPU cells (precision
-    ``fp32``: Gavel's jobs ran in FP32), on GPUs with specs; duplicates averaged in log space."""
-    sums: dict[tuple[str, str, ModelFamily | None, Precision, str], list[float]] = defaultdict(list)
-    for r in calibration:
-        if r.gpu_count == 1 and r.gpu in specs:
-            sums[(r.source, r.model, r.family, r.precision, r.gpu)].append(math.log(r.throughput))
-    if gavel is not None:
-        for key, cell in gavel.measured_only().cells.items():
-            if key.gpu_count == 1 and key.accelerator in specs and cell.can_run:
-                jt = key.job_type
-                sums[(GAVEL_SOURCE, jt.name, family_of(jt), "fp32", key.accelerator)].append(math.log(cell.steps_per_s))
-    return tuple(
-        Cell(src, model, fam, prec, gpu, float(np.mean(v))) for (src, model, fam, prec, gpu), v in sums.items()
-    )
 
 
 def _observations(cells: Iterable[Cell]) -> list[Observation]:

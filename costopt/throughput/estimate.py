@@ -51,21 +51,17 @@ Errors of estimators 1 and 2 are measured by :mod:`costopt.throughput.report`.
 
 from __future__ import annotations
 
-import csv
 import logging
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from costopt.domain import normalize_accelerator
-from costopt.settings import PROJECT_ROOT
 from costopt.throughput.catalog import ThroughputCatalog, accelerator_order
-from costopt.throughput.errors import InvalidThroughput, MalformedAcceleratorSpecs
+from costopt.throughput.errors import InvalidThroughput
 from costopt.throughput.model import (
     DEFAULT_PRECISION,
     JobType,
@@ -75,6 +71,10 @@ from costopt.throughput.model import (
     ThroughputKey,
     family_of,
 )
+from costopt.throughput.specs import DEFAULT_ACCELERATOR_SPECS as DEFAULT_ACCELERATOR_SPECS
+from costopt.throughput.specs import SPEC_COLUMNS as SPEC_COLUMNS
+from costopt.throughput.specs import AcceleratorSpec as AcceleratorSpec
+from costopt.throughput.specs import load_accelerator_specs as load_accelerator_specs
 
 if TYPE_CHECKING:
     from costopt.throughput.calibration import CalibrationRow
@@ -83,120 +83,11 @@ log = logging.getLogger(__name__)
 
 FloatArray = npt.NDArray[np.float64]
 
-DEFAULT_ACCELERATOR_SPECS = PROJECT_ROOT / "data" / "accelerators.csv"
-"""The curated side information shipped with the project."""
-
 ESTIMATOR_LOWRANK = "lowrank-completion"
 ESTIMATOR_HARDWARE = "hardware-loglinear"
 ESTIMATOR_SCALING = "v100-scaling"
 ESTIMATOR_CALIBRATED = "family-calibrated"
 HARDWARE_ESTIMATORS = (ESTIMATOR_CALIBRATED, ESTIMATOR_HARDWARE)
-
-SPEC_COLUMNS = (
-    "accelerator",
-    "variant",
-    "fp32_tflops",
-    "tf32_tensor_tflops",
-    "fp16_tensor_tflops",
-    "memory_bandwidth_gbps",
-    "memory_gb",
-    "source",
-    "note",
-)
-
-
-@dataclass(frozen=True, slots=True)
-class AcceleratorSpec:
-    """Published peak figures of one accelerator (per GPU as a cloud exposes it).
-
-    ``tf32_tensor_tflops`` is the dense TF32 tensor rate, 0 on GPUs without TF32 (before Ampere), where
-    ``tf32`` computes as ``fp32``; ``fp16_tensor_tflops`` is the dense FP16/BF16 tensor rate with FP32
-    accumulation, what mixed precision uses (the FP16 or FP32 vector rate on GPUs without tensor
-    cores); ``source`` names the vendor datasheet.
-    """
-
-    accelerator: str
-    variant: str
-    fp32_tflops: float
-    tf32_tensor_tflops: float
-    fp16_tensor_tflops: float
-    memory_bandwidth_gbps: float
-    memory_gb: float
-    source: str
-    note: str = ""
-
-    def features(self) -> tuple[float, float]:
-        """``(log memory bandwidth, log FP32 TFLOPS)``: the estimator's regressors."""
-        return math.log(self.memory_bandwidth_gbps), math.log(self.fp32_tflops)
-
-    @property
-    def has_tf32(self) -> bool:
-        """True when the GPU has TF32 tensor cores (Ampere and newer)."""
-        return self.tf32_tensor_tflops > 0
-
-    def rate_tflops(self, compute: Precision) -> float:
-        """Peak dense TFLOPS of the arithmetic ``compute`` runs on (see :func:`compute_class`)."""
-        if compute == "amp":
-            return self.fp16_tensor_tflops
-        if compute == "tf32" and self.has_tf32:
-            return self.tf32_tensor_tflops
-        return self.fp32_tflops
-
-
-def load_accelerator_specs(path: Path | None = None) -> dict[str, AcceleratorSpec]:
-    """Read the side-information CSV (default :data:`DEFAULT_ACCELERATOR_SPECS`), strictly.
-
-    Raises :class:`MalformedAcceleratorSpecs` on a wrong header, a non-canonical or repeated
-    accelerator name, a non-positive or non-numeric figure, or an empty source.
-    """
-    path = DEFAULT_ACCELERATOR_SPECS if path is None else Path(path)
-    specs: dict[str, AcceleratorSpec] = {}
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.reader(fh)
-        header = next(reader, None)
-        if header is None or tuple(header) != SPEC_COLUMNS:
-            raise MalformedAcceleratorSpecs(path, "header", f"expected columns {','.join(SPEC_COLUMNS)}, got {header}")
-        for line, row in enumerate(reader, start=2):
-            entry = f"line {line}"
-            if not row:
-                continue
-            if len(row) != len(SPEC_COLUMNS):
-                raise MalformedAcceleratorSpecs(path, entry, f"expected {len(SPEC_COLUMNS)} fields, got {len(row)}")
-            rec = dict(zip(SPEC_COLUMNS, row, strict=True))
-            acc = rec["accelerator"]
-            if not acc or normalize_accelerator(acc) != acc:
-                raise MalformedAcceleratorSpecs(path, entry, f"accelerator {acc!r} is not a canonical name")
-            if acc in specs:
-                raise MalformedAcceleratorSpecs(path, entry, f"accelerator {acc!r} is listed twice")
-            if not rec["source"].strip():
-                raise MalformedAcceleratorSpecs(path, entry, "every row must name its source")
-            nums: dict[str, float] = {}
-            for col in SPEC_COLUMNS[2:7]:
-                try:
-                    value = float(rec[col])
-                except ValueError:
-                    value = math.nan
-                if col == "tf32_tensor_tflops" and value == 0:
-                    nums[col] = 0.0  # no TF32 on this GPU
-                    continue
-                if not math.isfinite(value) or value <= 0:
-                    what = "a positive number (0 = no TF32)" if col == "tf32_tensor_tflops" else "a positive number"
-                    raise MalformedAcceleratorSpecs(path, entry, f"{col} must be {what}, got {rec[col]!r}")
-                nums[col] = value
-            specs[acc] = AcceleratorSpec(
-                accelerator=acc,
-                variant=rec["variant"],
-                fp32_tflops=nums["fp32_tflops"],
-                tf32_tensor_tflops=nums["tf32_tensor_tflops"],
-                fp16_tensor_tflops=nums["fp16_tensor_tflops"],
-                memory_bandwidth_gbps=nums["memory_bandwidth_gbps"],
-                memory_gb=nums["memory_gb"],
-                source=rec["source"],
-                note=rec["note"],
-            )
-    if not specs:
-        raise MalformedAcceleratorSpecs(path, "<file>", "no accelerator rows")
-    return specs
 
 
 @dataclass(frozen=True, slots=True)
@@ -608,8 +499,7 @@ def _calibrated_predictor(
     """The family-calibrated model fitted on the catalog's measured 1-GPU cells (at the catalog's
     precision, ``fp32``) and the calibration set; predicts every job type at ``precision``."""
     from costopt.throughput.calibrated import Observation, fit_calibrated
-    from costopt.throughput.calibration import load_calibration
-    from costopt.throughput.crossval import cells_from
+    from costopt.throughput.calibration import cells_from, load_calibration
 
     rows = load_calibration(specs=specs) if calibration is None else calibration
     obs = [Observation(c.series, c.family, c.precision, c.gpu, c.log_throughput) for c in cells_from(rows, None, specs)]
