@@ -183,6 +183,11 @@ class Settings(BaseSettings):
     seed_on_start: bool = Field(
         default=True, description="Seed an empty store from data_dir and the curated catalog at startup."
     )
+    demo_on_empty: bool = Field(
+        default=False,
+        description="`costopt serve` (and `make run`) first fills a database without jobs with the demo month "
+        "(`costopt demo`'s defaults: 3 teams, 30 days of 2020 on the simulated cloud; docs/jobs.md).",
+    )
     # Migration jobs of the service (the reconciler and the interruption watcher; docs/migration.md).
     migration_jobs_enabled: bool = Field(
         default=True,

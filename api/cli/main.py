@@ -11,6 +11,7 @@ import typer
 from api.cli import admin as admin_cmd
 from api.cli import backtest as backtest_cmd
 from api.cli import catalog as catalog_cmd
+from api.cli import demo as demo_cmd
 from api.cli import drill as drill_cmd
 from api.cli import gavel as gavel_cmd
 from api.cli import jobs as jobs_cmd
@@ -44,6 +45,7 @@ app.command("plan")(plan_cmd.plan)
 app.command("plan-batch")(plan_batch_cmd.plan_batch)
 app.command("drill")(drill_cmd.drill)
 app.command("rebalance")(rebalance_cmd.rebalance)
+app.command("demo")(demo_cmd.demo)
 db_app = typer.Typer(help="The database: migrations and status.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 
@@ -53,6 +55,20 @@ def main(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log debug details to stderr.")] = False,
 ) -> None:
     configure_logging(verbose)
+
+
+def _demo_if_empty(settings: Settings) -> None:
+    """COSTOPT_DEMO_ON_EMPTY: fill a database without jobs with the demo month before serving."""
+    from api.demo import DatabaseNotEmpty, fill_demo
+
+    note("COSTOPT_DEMO_ON_EMPTY: filling an empty database with the demo month (costopt demo; about 2 minutes)")
+    try:
+        with failures():
+            result = fill_demo(settings)
+    except DatabaseNotEmpty:
+        note("COSTOPT_DEMO_ON_EMPTY: the database has jobs already; no demo")
+        return
+    note(f"demo: {result.submitted} jobs of {len(result.teams)} teams in {result.wall_seconds:.0f} s")
 
 
 @app.command("serve")
@@ -75,6 +91,8 @@ def serve(
     settings = settings_with()
     if not collect:
         settings = settings.model_copy(update={"collectors_enabled": False})
+    if settings.demo_on_empty:
+        _demo_if_empty(settings)
     if workers == 1:
         from api.app import create_app
 
