@@ -2,9 +2,11 @@
 
 Run: ``.venv/bin/python bench/offline_jobs_bench.py [--model A3C] [--days 1] [--seeds 1] [--profile]``.
 Runs the study (:func:`costopt.backtest.preemption.preemption_study`) for one model, its three lengths,
-the first ``--days`` start days and ``--seeds`` seeds in this process, and prints the seconds per run and
-the full study's estimate (11,340 runs on 2 processes; target: 10 minutes). ``--profile`` prints the
-top of a cProfile (cumulative) of the same runs.
+the first ``--days`` start days and ``--seeds`` seeds in this process, and prints the wall and CPU seconds
+(process time: a loaded machine stretches the wall time far more than the CPU time) and the full study's
+estimate at this CPU rate (11,340 runs on 2 processes; target: 10 minutes; the study's runs are 5 of 6
+with preemptions, the bench's with ``--seeds 1`` half, so its estimate is low). ``--profile`` prints the
+top of a cProfile (cumulative) of the same runs, ``--dump PATH`` writes its stats.
 """
 
 from __future__ import annotations
