@@ -106,7 +106,8 @@ def build_catalog(
 ) -> ThroughputCatalog:
     """The throughput catalog: the measurement file, users' and jobs' measurements from the
     database (when ``engine`` is given), and estimates for unmeasured GPUs (marked estimated), for
-    jobs at ``precision`` (measurements are taken to be at fp32; see docs/throughput.md)."""
+    jobs at ``precision`` (the file is at fp32; that precision's measurements are folded in, and the
+    estimator keeps the file's cells only where they hold at it; see docs/throughput.md)."""
     from costopt.throughput.catalog import ThroughputCatalog
     from costopt.throughput.estimate import estimate_catalog, load_accelerator_specs
     from costopt.throughput.loaders import load_throughput_file

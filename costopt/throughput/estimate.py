@@ -346,17 +346,17 @@ def estimate_catalog(
     estimates in ``catalog`` are discarded and refitted. Only accelerators with a row in ``specs`` get
     hardware estimates; without specs for the measured accelerators, no hardware model is fitted.
 
-    ``precision``: the jobs' precision. The catalog's measurements are taken to be at the default
-    ``fp32`` (Gavel's jobs ran in FP32); for another precision a measured cell is kept only where the
-    job computes the same way at both (``tf32`` on a GPU without TF32; see
-    :func:`costopt.throughput.calibrated.compute_class`) and the others are estimated, which only the
+    ``precision``: the jobs' precision. The file's ``measured`` cells are taken to be at the default
+    ``fp32`` (Gavel's jobs ran in FP32), ``user`` cells at ``precision`` (:func:`valid_at_precision`); a
+    file cell is kept only where the job computes the same way at both (``tf32`` on a GPU without TF32;
+    see :func:`costopt.throughput.calibrated.compute_class`) and the others are estimated, which only the
     ``family-calibrated`` estimator does with precision (the baseline estimates every precision as
     ``fp32``). Multi-GPU cells scale by the reference's measured ratio at the measured precision.
     ``calibration``: the published rows the calibrated estimator fits on (default: the shipped set).
     """
     cfg = config or EstimatorConfig()
     measured = catalog.measured_only()
-    base = _valid_at(measured, specs, precision)
+    base = valid_at_precision(measured, specs, precision)
     jobs = base.job_types()
     if not jobs:
         return base
@@ -395,7 +395,10 @@ def estimate_catalog(
             [mem[np.isfinite(y[j])].min() if np.isfinite(y[j]).any() else np.inf for j in range(len(jobs))]
         )
         if cfg.hardware_estimator == ESTIMATOR_CALIBRATED:
-            predict = _calibrated_predictor(jobs, fit_accs, y, specs, precision, calibration)
+            user = np.array(
+                [[_provenance(measured, jt, acc) == "user" for acc in fit_accs] for jt in jobs], dtype=bool
+            ).reshape(len(jobs), len(fit_accs))
+            predict = _calibrated_predictor(jobs, fit_accs, y, user, specs, precision, calibration)
         else:
             predict = _loglinear_predictor(y, fit_accs, specs, cfg)
         from costopt.throughput.uncertainty import error_factor, load_error_factors, with_interval
@@ -454,11 +457,19 @@ def estimate_catalog(
     return base.with_estimates(estimates)
 
 
-def _valid_at(
+def _provenance(catalog: ThroughputCatalog, job_type: JobType, accelerator: str) -> str | None:
+    cell = catalog.cells.get(ThroughputKey(job_type, accelerator))
+    return None if cell is None else cell.provenance
+
+
+def valid_at_precision(
     measured: ThroughputCatalog, specs: Mapping[str, AcceleratorSpec], precision: Precision
 ) -> ThroughputCatalog:
-    """The measured cells (taken at ``fp32``) that hold at ``precision`` too: the job computes the same
-    way on that GPU (a cell on a GPU without specs is kept for ``tf32`` only)."""
+    """The cells that hold at ``precision``: every ``user`` cell (users' and jobs' measurements, folded in
+    at the catalog's precision) and the file's ``measured`` cells (taken at ``fp32``) where the job
+    computes the same way at both (a cell on a GPU without specs is kept for ``tf32`` only). The
+    registry never averages a measurement of another precision with an ``fp32`` file value
+    (:meth:`~costopt.throughput.registry.MeasurementRegistry.apply`)."""
     if precision == DEFAULT_PRECISION:
         return measured
     from costopt.throughput.calibrated import compute_class
@@ -470,7 +481,7 @@ def _valid_at(
         fam = family_of(key.job_type)
         return compute_class(precision, fam, spec) == compute_class(DEFAULT_PRECISION, fam, spec)
 
-    cells = {k: v for k, v in measured.cells.items() if same(k)}
+    cells = {k: v for k, v in measured.cells.items() if v.provenance == "user" or same(k)}
     return ThroughputCatalog(cells, measured.pairs, measured.job_type_order)
 
 
@@ -492,12 +503,13 @@ def _calibrated_predictor(
     jobs: Sequence[JobType],
     fit_accs: list[str],
     y: FloatArray,
+    user: npt.NDArray[np.bool_],
     specs: Mapping[str, AcceleratorSpec],
     precision: Precision,
     calibration: Iterable[CalibrationRow] | None,
 ) -> Callable[[str], FloatArray]:
-    """The family-calibrated model fitted on the catalog's measured 1-GPU cells (at the catalog's
-    precision, ``fp32``) and the calibration set; predicts every job type at ``precision``."""
+    """The family-calibrated model fitted on the catalog's measured 1-GPU cells (the file's at ``fp32``,
+    the ``user`` ones at ``precision``) and the calibration set; predicts every job type at ``precision``."""
     from costopt.throughput.calibrated import Observation, fit_calibrated
     from costopt.throughput.calibration import cells_from, load_calibration
 
@@ -507,7 +519,8 @@ def _calibrated_predictor(
     for j, jt in enumerate(jobs):
         for col, acc in enumerate(fit_accs):
             if np.isfinite(y[j, col]):
-                obs.append(Observation(f"catalog|{jt.name}", fams[j], DEFAULT_PRECISION, acc, float(y[j, col])))
+                at = precision if user[j, col] else DEFAULT_PRECISION
+                obs.append(Observation(f"catalog|{jt.name}", fams[j], at, acc, float(y[j, col])))
     model = fit_calibrated(obs, specs)
 
     def predict(target: str) -> FloatArray:

@@ -24,6 +24,7 @@ from costopt.throughput.model import (
     Placement,
     Precision,
     Provenance,
+    ThroughputKey,
     as_job_type,
     check_precision,
     check_steps_per_s,
@@ -114,10 +115,18 @@ class MeasurementRegistry:
         ]
 
     def apply(self, catalog: ThroughputCatalog, precision: Precision = DEFAULT_PRECISION) -> ThroughputCatalog:
-        """``catalog`` with every recorded measurement taken at ``precision`` folded in, oldest first."""
+        """``catalog`` with every recorded measurement taken at ``precision`` folded in, oldest first. At a
+        precision other than ``fp32`` a measurement replaces a file (``measured``, fp32) cell instead of
+        being averaged with it."""
         for m in self.all():
             if source_precision(m.source) != precision:
                 continue
+            if precision != DEFAULT_PRECISION:
+                key = ThroughputKey(m.job_type, normalize_accelerator(m.accelerator), m.gpu_count, m.placement)
+                old = catalog.cells.get(key)
+                if old is not None and old.provenance == "measured":
+                    cells = {k: v for k, v in catalog.cells.items() if k != key}
+                    catalog = ThroughputCatalog(cells, catalog.pairs, catalog.job_type_order)
             catalog = catalog.with_measurement(
                 m.job_type,
                 m.accelerator,

@@ -245,3 +245,22 @@ def test_learn_folds_into_the_cached_catalog_or_drops_it_for_a_new_job_type(
     l4, a100 = rebuilt.get("MyNet (batch size 32)", "l4"), rebuilt.get("MyNet (batch size 32)", "a100")
     assert l4 is not None and l4.provenance == "user"
     assert a100 is not None and a100.is_estimate
+
+
+def test_an_amp_measurement_is_kept_at_amp_never_averaged_with_the_fp32_file(
+    engine: Engine, shared_data: Path, fresh_planner: None
+) -> None:
+    settings = Settings(
+        database_url=engine.url.render_as_string(hide_password=False),
+        data_dir=shared_data,
+        seed_on_start=False,
+        collectors_enabled=False,
+    )
+    store = PriceStore(engine)
+    MeasurementRegistry(engine).add(Measurement(JT, "v100", 1, 20.0, source="job:j1:amp"))
+    amp = catalog_at(settings, store, "amp").get(JT, "v100")
+    assert amp is not None and amp.provenance == "user" and amp.steps_per_s == 20.0 and amp.n_measurements == 1
+    fp32 = catalog_at(settings, store).get(JT, "v100")
+    assert fp32 is not None and fp32.provenance == "measured" and fp32.steps_per_s == pytest.approx(8.618, rel=1e-3)
+    h100 = catalog_at(settings, store, "amp").get(JT, "h100")  # the job's own amp level carries to the H100
+    assert h100 is not None and h100.is_estimate and h100.steps_per_s > 20.0
