@@ -159,6 +159,7 @@ def simulate(
     with failures():
         if trace_file is not None:
             trace = _read_trace_file(trace_file, workload)
+            _check_runnable(trace, workload, capacity, str(trace_file))
         else:
             lo_hi = lo_hi or (4000, 5000)
             trace = generated_trace(workload, rate_h if rate_h > 0 else None, seed_n, lo_hi, multi_gpu, slos=slos)
@@ -201,6 +202,27 @@ def _read_trace_file(path: Path, workload: Workload) -> Trace:
         raise TraceFileError(str(path), 0, f"cannot read it ({exc.strerror or exc})") from None
     except UnicodeDecodeError:
         raise TraceFileError(str(path), 0, "not UTF-8 text (a trace is JSON lines)") from None
+
+
+def _check_runnable(trace: Trace, workload: Workload, capacity: tuple[int, ...], source: str) -> None:
+    """Refuse a recorded job that no worker type of the cluster can run (it would never finish)."""
+    import numpy as np
+
+    from costopt.gavel.errors import TraceFileError
+
+    cap = np.array(capacity)
+    can = (workload.consolidated[trace.entry] > 0) & (cap[None, :] >= trace.scale_factor[:, None])
+    stuck = np.nonzero(~can.any(axis=1))[0]
+    if stuck.size:
+        i = int(stuck[0])
+        raise TraceFileError(
+            source,
+            0,
+            f"job_id {int(trace.job_id[i])} ({workload.job_type_name(int(trace.entry[i]))}, "
+            f"{int(trace.scale_factor[i])} GPUs) can run on no worker type of cluster "
+            f"{':'.join(map(str, capacity))} ({stuck.size} such job(s)): "
+            "give the cluster at least that many GPUs of a type",
+        )
 
 
 def _dump(trace: Trace, workload: Workload, path: Path) -> None:

@@ -173,6 +173,18 @@ def test_a_bad_trace_file_exits_1_naming_the_line(shared_data: Path, tmp_path: P
     assert code == 1 and "no job of the trace has an id in the window [50, 60)" in _flat(err)
 
 
+def test_a_recorded_job_the_cluster_cannot_run_is_refused(shared_data: Path, tmp_path: Path) -> None:
+    big = tmp_path / "big.jsonl"
+    big.write_text(_line() + "\n" + _line(job_id=7, arrival_s=1.0, scale_factor=8) + "\n")
+    d = ["-p", "max_min_fairness_perf", "--trace", str(big), "--data", str(shared_data)]
+    code, _, err = _cli(*d, "--cluster", "4:4:4")
+    assert code == 1
+    assert "job_id 7 (ResNet-18 (batch size 16), 8 GPUs) can run on no worker type of cluster 4:4:4" in _flat(err)
+    code, out, err = _cli(*d, "--cluster", "0:8:0", "-f", "json")
+    assert code == 0, err
+    assert json.loads(out)["jobs_completed"] == 2
+
+
 def test_generator_options_are_refused_with_a_trace(shared_data: Path, tmp_path: Path) -> None:
     good = tmp_path / "good.jsonl"
     good.write_text(_line() + "\n")
