@@ -122,6 +122,11 @@ def close_matches(name: str, names: Sequence[str], n: int = 5) -> list[str]:
     return [by_lower[k] for k in [*hits, *same_model][:n]]
 
 
+PREFER_MEASURED = "prefer_measured_margin"
+"""The job objective's option read by the planner itself (:func:`costopt.throughput.uncertainty.prefer_measured`),
+not by the objectives registry."""
+
+
 def objective_of(doc: Mapping[str, Any], *, elapsed_hours: float = 0.0, spent_usd: Decimal = Decimal(0)) -> Objective:
     """The planner objective of a job's ``objective`` document (``ObjectiveIn`` as JSON), through the
     objectives registry (:func:`costopt.planning.objectives.build_objective`). A deadline counts
@@ -129,7 +134,7 @@ def objective_of(doc: Mapping[str, Any], *, elapsed_hours: float = 0.0, spent_us
     spent: the cheapest). Raises :class:`~costopt.planning.model.InvalidJob` naming a bad parameter."""
     from costopt.planning.objectives import build_objective
 
-    params = {k: v for k, v in doc.items() if k != "name" and v is not None}
+    params = {k: v for k, v in doc.items() if k not in ("name", PREFER_MEASURED) and v is not None}
     if "deadline_hours" in params and elapsed_hours > 0:
         left = float(params["deadline_hours"]) - elapsed_hours
         if left <= 0:
@@ -340,6 +345,11 @@ class JobPlanner:
             if exc.binding not in ("offers", "throughput"):
                 raise JobInfeasible(str(exc), binding=exc.binding) from exc
             raise self._binding_constraint(exc, offers, constraints, run, goal, job) from exc
+        margin = (spec.get("objective") or {}).get(PREFER_MEASURED)
+        if margin is not None:
+            from costopt.throughput.uncertainty import prefer_measured
+
+            plan = prefer_measured(plan, float(margin))
         if memo is not None:
             with self._tables_lock:
                 if len(self._plans) >= PLAN_CACHE_SIZE:

@@ -42,6 +42,11 @@ class ObjectiveIn(_In):
     budget_usd: Usd | None = None
     confidence: Annotated[float, Field(ge=0.5, lt=1)] = 0.95
     cost_weight: Annotated[float, Field(ge=0, le=1)] = 0.5
+    prefer_measured_margin: Annotated[float | None, Field(ge=0, le=10)] = Field(
+        default=None,
+        description="Prefer a placement whose throughput is measured unless an estimated one wins by more than "
+        "this fraction on the objective's figure (0.1 = 10%); quotes, placements and the rebalancer follow it.",
+    )
 
     @model_validator(mode="after")
     def _needs(self) -> ObjectiveIn:

@@ -142,3 +142,21 @@ def test_a_plan_says_its_winner_rests_on_an_estimate_and_changes_within_the_inte
     preferred = client.post("/v1/plans", json={**body, "prefer_measured_margin": 0.2}).json()
     assert preferred["winner"]["accelerator"] == "v100" and "measured" in preferred["reason"]
     assert client.post("/v1/plans", json={**body, "prefer_measured_margin": -1}).status_code == 422
+
+
+def test_a_jobs_objective_can_prefer_measured_throughput(client: TestClient, engine: Engine, shared_data: Path) -> None:
+    from api.job_planning import JobPlanner
+
+    settings = Settings(
+        database_url=engine.url.render_as_string(hide_password=False),
+        data_dir=shared_data,
+        seed_on_start=False,
+        collectors_enabled=False,
+    )
+    planner = JobPlanner(PriceStore(engine), settings)
+    spec = {"job_type": TRANSFORMER.name, "steps": 100000, "command": ["python", "train.py"]}
+    at = datetime(2020, 3, 1, 6, tzinfo=UTC)
+    _, plan = planner.plan(spec, at=at)
+    assert plan.winner.accelerator == "a100" and plan.winner.throughput_estimated
+    _, preferred = planner.plan({**spec, "objective": {"name": "min-cost", "prefer_measured_margin": 0.2}}, at=at)
+    assert preferred.winner.accelerator == "v100" and "measured" in preferred.reason
