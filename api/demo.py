@@ -156,7 +156,11 @@ def fill_demo(
 ) -> DemoResult:
     """Fill ``settings``' database with the demo (module docstring). Refuses a database that has jobs
     already (:class:`DemoError`). ``progress(now, ended, submitted)`` is called after each pass."""
-    from fastapi.testclient import TestClient
+    import warnings
+
+    with warnings.catch_warnings():  # starlette's note about httpx, for test suites: not the demo's user's
+        warnings.filterwarnings("ignore", message="Using `httpx` with `starlette.testclient`")
+        from fastapi.testclient import TestClient
     from sqlalchemy import func, select
 
     from api.app import create_app

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 from api.job_planning import JobInfeasible, JobPlanner, UnknownJobType
 from costopt.domain import Cloud, Market, OfferKey
@@ -23,10 +24,12 @@ from costopt.planning.model import InvalidJob, MinCost
 from costopt.reports.baselines import BaselineChoice, static_spot_from_quote
 from costopt.reports.model import BaselineKind, NoBaseline
 from costopt.reports.references import ReferenceRules
+from costopt.reports.standing import earliest_on_demand
 
 __all__ = ["PlannerBaselines"]
 
 _CACHE_SIZE = 100_000
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 class PlannerBaselines:
@@ -38,6 +41,7 @@ class PlannerBaselines:
         self.rules = rules
         self.team_names = dict(team_names)
         self._cache: dict[str, BaselineChoice | NoBaseline] = {}
+        self._firsts: dict[tuple[Cloud, str, str | None], datetime | None] = {}
         self._lock = threading.Lock()
 
     def static_spot(self, job: JobRecord) -> BaselineChoice | NoBaseline:
@@ -55,12 +59,30 @@ class PlannerBaselines:
             self._cache[job.id] = choice
         return choice
 
+    def _first_on_demand(self, cloud: Cloud, region: str, instance_type: str | None) -> datetime | None:
+        """When the store's on-demand prices of ``cloud`` ``region`` (that instance type, or any) start."""
+        memo = (cloud, region, instance_type)
+        with self._lock:
+            if memo in self._firsts:
+                return self._firsts[memo]
+        first = earliest_on_demand(self.planner.store, cloud, region, _EPOCH, instance_type)
+        with self._lock:
+            self._firsts[memo] = first
+        return first
+
     def _choose(self, job: JobRecord) -> BaselineChoice | NoBaseline:
         kind = BaselineKind.ON_DEMAND
         gpus = int(job.spec.get("gpus", 1))
         ref = self.rules.reference(job.team_id, self.team_names.get(job.team_id), gpus)
         steps = float(max(job.steps_total, 1))
-        at = job.created_at
+        at, standing = job.created_at, ""
+        first = self._first_on_demand(ref.cloud, ref.region, ref.instance_type)
+        if first is not None and at < first:  # an on-demand list price is standing (costopt/reports/standing.py)
+            at = first
+            standing = (
+                f"; the job's submission ({job.created_at.isoformat()}) precedes the store's first on-demand "
+                "price there, whose list price is taken as standing"
+            )
         try:
             if ref.instance_type is not None:
                 offer = ref.offer()
@@ -71,7 +93,7 @@ class PlannerBaselines:
                         f"rule {ref.rule}: {offer_label(offer)} had no price at the job's "
                         f"submission ({at.isoformat()}) or cannot run it",
                     )
-                return BaselineChoice(offer, placed.steps_per_s, f"rule {ref.rule}: {offer_label(offer)}")
+                return BaselineChoice(offer, placed.steps_per_s, f"rule {ref.rule}: {offer_label(offer)}{standing}")
             spec = {
                 **job.spec,
                 "constraints": {"clouds": [ref.cloud.value], "regions": [ref.region], "markets": ["on_demand"]},
@@ -85,6 +107,6 @@ class PlannerBaselines:
         offer = OfferKey(Cloud(w.cloud), w.region, w.zone, w.instance_type, Market(w.market))
         rule = (
             f"rule {ref.rule}: the planner's cheapest on-demand instance for {gpus} GPU(s) there at submission "
-            f"({at.isoformat()}): {offer_label(offer)} at {w.usd_per_hour:g} USD/h, {w.steps_per_s:g} steps/s"
+            f"({at.isoformat()}): {offer_label(offer)} at {w.usd_per_hour:g} USD/h, {w.steps_per_s:g} steps/s{standing}"
         )
         return BaselineChoice(offer, w.steps_per_s, rule)

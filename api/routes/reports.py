@@ -123,7 +123,11 @@ def build_savings(
         raise ApiError(422, "invalid_request", str(exc)) from exc
     baselines = _baselines(request, planner, settings, teams)
     data = load_report_data(ledger.engine, ledger, team=scope)
-    report = build_report(data, query, prices=cast(PriceView, ledger.prices), baselines=baselines, now=now)
+    from costopt.reports.standing import StandingOnDemand
+
+    # the on-demand baseline reads an on-demand list price as standing back in time (docs/ledger.md)
+    prices = StandingOnDemand(cast(PriceView, ledger.prices))
+    report = build_report(data, query, prices=prices, baselines=baselines, now=now)
     names = {t: data.team_names.get(t, t) for t in {j.team for j in report.jobs}}
     return report, names
 
