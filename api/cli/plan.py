@@ -240,14 +240,15 @@ def plan(
         )
         note(f"[bold]why:[/bold] {result.reason}")
         if sensitivity is not None and sensitivity.rests_on_estimate:
-            low, high = sensitivity.interval or (float("nan"), float("nan"))
+            iv = sensitivity.interval
+            span = "no interval" if iv is None else f"{iv[0]:.3g}-{iv[1]:.3g} steps/s"
             verdict = (
                 f"[yellow]the winner changes[/yellow] (low ends: {sensitivity.winner_at_low}; high ends: "
                 f"{sensitivity.winner_at_high}; adverse: {sensitivity.winner_adverse})"
                 if sensitivity.changes
                 else "the winner holds at both ends and adversarially"
             )
-            note(f"[bold]estimate:[/bold] the winner's speed is estimated ({low:.3g}-{high:.3g} steps/s): {verdict}")
+            note(f"[bold]estimate:[/bold] the winner's speed is estimated ({span}): {verdict}")
         kept_out = unavailable.active(at=when)
         if kept_out:
             note(
