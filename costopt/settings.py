@@ -234,7 +234,10 @@ class Settings(BaseSettings):
     )
     rebalance_margin_min_usd: float = Field(default=1.0, ge=0, description="The smallest such margin (USD).")
     rebalance_dwell: timedelta = Field(
-        default=timedelta(hours=24), description="No move within this long of a job's previous move or recovery."
+        default=timedelta(hours=1),
+        description="No move within this long of a job's previous move or recovery (1 h: the rebalancer's "
+        "period and how long a preempted offer stays unavailable, so a job recovered on a dearer offer can go "
+        "back; the margin is the hysteresis. 24 h never moved a job under `make run`: docs/migration.md).",
     )
     # Regions polled per cloud (None = the collector's built-in default list).
     aws_regions: Annotated[list[str], NoDecode] = Field(

@@ -122,7 +122,7 @@ def test_the_service_schedules_every_job_under_its_lease_and_the_engine_and_reba
         for job in jobs.values():
             assert isinstance(job.func, LeasedRun) and job.func.leases is not None
         rebalancer = jobs[REBALANCE_JOB_ID].func.args[0]
-        assert rebalancer.rule.dwell_hours == 24.0 and rebalancer.engine_move == app.state.job_service.engine.move
+        assert rebalancer.rule.dwell_hours == 1.0 and rebalancer.engine_move == app.state.job_service.engine.move
 
 
 # -- leased runs ------------------------------------------------------------------------------------
