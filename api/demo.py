@@ -149,7 +149,7 @@ def fill_demo(
     seed: int = 0,
     start: datetime = DEMO_START,
     jobs_per_day: float = 1.0,
-    step: timedelta = timedelta(minutes=30),
+    step: timedelta = timedelta(hours=2),
     rebalance_every: timedelta = timedelta(hours=6),
     grace: timedelta = timedelta(days=5),
     progress: Callable[[datetime, int, int], None] | None = None,

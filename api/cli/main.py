@@ -61,13 +61,13 @@ def _demo_if_empty(settings: Settings) -> None:
     """COSTOPT_DEMO_ON_EMPTY: fill a database without jobs with the demo month before serving."""
     from api.demo import DatabaseNotEmpty, fill_demo
 
-    note("COSTOPT_DEMO_ON_EMPTY: filling an empty database with the demo month (costopt demo; about 2 minutes)")
-    try:
-        with failures():
+    note("COSTOPT_DEMO_ON_EMPTY: a database without jobs is filled with the demo month first (about 2 minutes)")
+    with failures():
+        try:
             result = fill_demo(settings)
-    except DatabaseNotEmpty:
-        note("COSTOPT_DEMO_ON_EMPTY: the database has jobs already; no demo")
-        return
+        except DatabaseNotEmpty:
+            note("COSTOPT_DEMO_ON_EMPTY: the database has jobs already; no demo")
+            return
     note(f"demo: {result.submitted} jobs of {len(result.teams)} teams in {result.wall_seconds:.0f} s")
 
 
