@@ -123,3 +123,15 @@ def test_the_demo_refuses_a_period_past_the_data_and_bad_counts(tmp_path: Path) 
     with pytest.raises(DemoError, match="--teams"):
         demo_jobs(0, 3, 0)
     assert not (tmp_path / "x.db").exists()  # refused before the service started
+
+
+def test_the_cli_says_what_to_fix_on_a_period_past_the_data(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from api.cli.main import app
+
+    url = f"sqlite:///{tmp_path / 'y.db'}"
+    out = CliRunner().invoke(app, ["demo", "--start", "2020-03-10", "--days", "10", "--database-url", url])
+    assert out.exit_code == 2, out.output
+    assert "after the seeded AWS spot history" in out.output
+    assert not (tmp_path / "y.db").exists()
