@@ -429,7 +429,8 @@ class JobPlanner:
         now = plan_now(self.store, self.settings, at)
         unavailable = self.unavailable if respect_unavailable else None
         with self.store.engine.connect() as conn:  # both small reads on one checkout, no transaction
-            conn.execution_options(isolation_level="AUTOCOMMIT")
+            if conn.dialect.name != "sqlite":  # SQLite opens none for a read (as JobRepository.reading)
+                conn.execution_options(isolation_level="AUTOCOMMIT")
             version = read_version(conn)
             gone = frozenset() if unavailable is None else unavailable.unavailable_set(at=at, conn=conn)
         key = (
