@@ -19,31 +19,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import pandas as pd
 
 from costopt.domain import Cloud, Market, OfferKey
-from costopt.ledger.prices import PriceStep, PriceView
+from costopt.ledger.prices import PriceHistorySource, PriceStep, PriceView
 
 __all__ = ["LOOKAHEAD", "StandingOnDemand", "earliest_on_demand"]
 
 LOOKAHEAD = timedelta(days=366 * 100)
 """How far after a time the earliest on-demand point is looked for (a century: any price in the store)."""
-
-
-class _History(Protocol):
-    def history(
-        self,
-        start: datetime,
-        end: datetime,
-        *,
-        cloud: Cloud | None = None,
-        region: str | None = None,
-        zone: str | None = None,
-        instance_type: str | None = None,
-        market: Market | None = None,
-    ) -> pd.DataFrame: ...
 
 
 class StandingOnDemand:
@@ -86,7 +72,7 @@ class StandingOnDemand:
 
 
 def earliest_on_demand(
-    store: _History, cloud: Cloud, region: str, after: datetime, instance_type: str | None = None
+    store: PriceHistorySource, cloud: Cloud, region: str, after: datetime, instance_type: str | None = None
 ) -> datetime | None:
     """The earliest on-demand price point of ``cloud`` ``region`` (one ``instance_type``, or any) after
     ``after``, None when there is none within :data:`LOOKAHEAD`."""
