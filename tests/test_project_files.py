@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,9 +132,14 @@ def compose_database() -> Iterator[str]:
     try:
         yield name
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        # DROP DATABASE waits for a checkpoint of the whole server (10-30 s while other tests write): it runs
+        # in a thread the test process waits for at exit, not in this test's teardown.
+        def drop() -> None:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            admin.dispose()
+
+        threading.Thread(target=drop, name=f"drop {name}").start()  # not a daemon: joined at exit
 
 
 @pytest.mark.postgres
