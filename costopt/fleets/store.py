@@ -26,6 +26,7 @@ from sqlalchemy import Engine, and_, case, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
+from costopt.db.cursors import make_cursor, parse_cursor
 from costopt.db.fleets_schema import fleet_instances, fleet_jobs, fleet_rounds, fleets
 from costopt.fleets.model import (
     FleetInstance,
@@ -74,21 +75,6 @@ class FleetPage:
     items: tuple[FleetRecord, ...]
     next_cursor: str | None
     total: int
-
-
-def _cursor(f: FleetRecord) -> str:
-    return f"{f.created_at.isoformat()}|{f.id}"
-
-
-def _parse_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        at, _, fleet_id = cursor.partition("|")
-        when = datetime.fromisoformat(at)
-    except ValueError as exc:
-        raise ValueError(f"invalid cursor {cursor!r}: pass the next_cursor of the previous page") from exc
-    if when.tzinfo is None or not fleet_id:
-        raise ValueError(f"invalid cursor {cursor!r}: pass the next_cursor of the previous page")
-    return when.astimezone(UTC), fleet_id
 
 
 def _instance_rows(fleet_id: str, new: Sequence[NewInstance], now: datetime) -> list[dict[str, Any]]:
@@ -203,7 +189,7 @@ class FleetRepository:
         conds: list[Any] = [] if team_id is None else [fleets.c.team_id == team_id]
         page_conds = list(conds)
         if cursor is not None:
-            at, last = _parse_cursor(cursor)
+            at, last = parse_cursor(cursor)
             page_conds.append(or_(fleets.c.created_at > at, and_(fleets.c.created_at == at, fleets.c.id > last)))
         with self._reads(conn) as c:
             rows = c.execute(
@@ -211,7 +197,9 @@ class FleetRepository:
             ).all()
             total = int(c.execute(select(func.count()).select_from(fleets).where(*conds)).scalar_one())
         items = tuple(FleetRecord.of(r) for r in rows[:limit])
-        return FleetPage(items, _cursor(items[-1]) if len(rows) > limit and items else None, total)
+        return FleetPage(
+            items, make_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit and items else None, total
+        )
 
     def active(self, *, conn: Connection | None = None) -> list[FleetRecord]:
         """Every active fleet, oldest first (the executor's work list)."""

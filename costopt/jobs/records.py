@@ -41,6 +41,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
+from costopt.db.cursors import make_cursor, parse_cursor
 from costopt.db.jobs_schema import job_events, jobs
 from costopt.domain import OfferKey
 from costopt.errors import CostoptError
@@ -195,21 +196,6 @@ class JobPage:
     items: tuple[JobRecord, ...]
     next_cursor: str | None
     total: int
-
-
-def _cursor(job: JobRecord) -> str:
-    return f"{job.created_at.isoformat()}|{job.id}"
-
-
-def _parse_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        at, _, job_id = cursor.partition("|")
-        when = datetime.fromisoformat(at)
-    except ValueError as exc:
-        raise ValueError(f"invalid cursor {cursor!r}: pass the next_cursor of the previous page") from exc
-    if when.tzinfo is None or not job_id:
-        raise ValueError(f"invalid cursor {cursor!r}: pass the next_cursor of the previous page")
-    return when.astimezone(UTC), job_id
 
 
 _GET = select(jobs).where(jobs.c.id == bindparam("b_id"))
@@ -461,14 +447,14 @@ class JobRepository:
             conds.append(jobs.c.batch_id == batch_id)
         page_conds = list(conds)
         if cursor is not None:
-            at, last_id = _parse_cursor(cursor)
+            at, last_id = parse_cursor(cursor)
             page_conds.append(or_(jobs.c.created_at > at, and_(jobs.c.created_at == at, jobs.c.id > last_id)))
         query = select(jobs).where(*page_conds).order_by(jobs.c.created_at, jobs.c.id).limit(limit + 1)
         with self._reads(conn) as c:
             rows = c.execute(query).all()
             total = int(c.execute(select(func.count()).select_from(jobs).where(*conds)).scalar_one())
         items = tuple(JobRecord.of(r) for r in rows[:limit])
-        next_cursor = _cursor(items[-1]) if len(rows) > limit and items else None
+        next_cursor = make_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit and items else None
         return JobPage(items, next_cursor, total)
 
     def in_states(self, states: Iterable[JobState], *, conn: Connection | None = None) -> list[JobRecord]:
