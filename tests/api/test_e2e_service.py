@@ -45,7 +45,7 @@ from providers.sim import SimCloud
 START = datetime(2020, 2, 29, tzinfo=UTC)
 AWS_SPOT_FILE = "aws_spot_price_history_2019-12_2020-03_p2_p3.csv"
 JOB_TYPE = "ResNet-50 (batch size 128)"
-STEP = timedelta(minutes=10)  # simulated time between two engine ticks and watcher passes
+STEP = timedelta(minutes=20)  # simulated time between two engine ticks and watcher passes
 REBALANCE_EVERY = timedelta(hours=6)  # a rebalancer pass (and a reconciler pass) every six simulated hours
 
 
@@ -178,7 +178,7 @@ def test_two_teams_jobs_run_move_recover_and_finish_through_http(
     a1 = [m["kind"] for m in moves["a1"]]
     assert "move" in a1 and a1.count("recovery") == a1.count("preemption") >= 1, moves["a1"]
     assert forced is not None and forced.deadline is not None
-    # the forced one: the first preemption after the first move (forced at the next look, 10 minutes on)
+    # the forced one: the first preemption after the first move (forced at the next look, one STEP on)
     first_move = a1.index("move")
     i = a1.index("preemption", first_move)
     assert moves["a1"][i]["from"] == moves["a1"][first_move]["to"], moves["a1"]  # the copy the move launched
