@@ -199,6 +199,29 @@ def test_fifo_within_a_team_gives_its_share_to_its_oldest_job() -> None:
 
 
 def test_state_dependent_policies_handle_2048_jobs(workload: Workload) -> None:
+    # 2048 single-GPU jobs on 3 x 512 GPUs: more jobs than GPUs, so a policy that leaves GPUs idle or a
+    # job without progress is visible (an empty allocation would pass ``check`` alone)
     st = benchmark_state(workload, 2048, seed=1)
-    for name in ("finish_time_fairness_perf", "fifo_perf"):
-        get_policy(name).allocate(st).check(st.capacity)
+    assert st.n_jobs == 2048 and st.capacity.tolist() == [512.0] * 3
+
+    ftf = get_policy("finish_time_fairness_perf").allocate(st)
+    ftf.check(st.capacity)
+    e, r, n = st.elapsed_s, st.steps_remaining, st.equal_share_throughput()
+    tau = ftf.effective_throughput(st)
+    assert (tau > 0).all()  # every job progresses
+    rho = (e + r / tau) / (e + r / n)
+    assert rho.max() == pytest.approx(ftf.objective, rel=1e-3)
+    assert ftf.objective <= 1 + 1e-6  # the equal share is feasible (rho = 1), so the optimum is no worse
+    assert ftf.gpus_used() == pytest.approx(st.capacity, rel=1e-6)  # no GPU left idle
+
+    fifo = get_policy("fifo_perf").allocate(st)
+    fifo.check(st.capacity)
+    assert fifo.objective == 1536  # jobs running = GPUs
+    assert fifo.gpus_used().tolist() == [512.0] * 3
+    whole = fifo.x.max(axis=1)
+    assert sorted(set(whole.tolist())) == [0.0, 1.0] and ((fifo.x > 0).sum(axis=1) <= 1).all()
+    running = np.flatnonzero(whole == 1.0)
+    earliest = np.argsort(st.arrival_s, kind="stable")[:1536]
+    assert set(running.tolist()) == set(earliest.tolist())  # first come, first served
+    first = int(earliest[0])  # the first job finds every GPU free and takes its fastest type
+    assert int(fifo.x[first].argmax()) == int(st.throughput[first].argmax())
