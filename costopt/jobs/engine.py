@@ -151,23 +151,27 @@ class _Pass:
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
     """The migrators' rows read once per tick (one query each, not a few per job): jobs, active
-    migrations, and each job's newest migration id."""
+    migrations, and each job's newest migration id. ``working``: the jobs a worker was driving when the
+    reads began; their rows may be from before, between or after the worker's transitions, so a tick
+    leaves them alone even if the worker has finished by the time it reaches them."""
 
     jobs: Mapping[str, MigratorJob]
     active: Mapping[str, MigrationRecord]
     last_migration: Mapping[str, int]
+    working: frozenset[str] = frozenset()
 
 
 _LAST_MIGRATIONS = select(migrations.c.job_id, func.max(migrations.c.id)).group_by(migrations.c.job_id)
 """Each job's newest migration id (built once: SQLAlchemy reuses its cache key)."""
 
 
-def _snapshot(migrator: Migrator) -> _Snapshot:
+def _snapshot(migrator: Migrator, working: frozenset[str] = frozenset()) -> _Snapshot:
+    """``working``: the jobs with a worker in flight, taken before the reads (see :class:`_Snapshot`)."""
     mjobs = {j.job_id: j for j in migrator.jobs()}
     active = {m.job_id: m for m in migrator.active_migrations()}
     with migrator.engine.connect() as conn:
         last = {job_id: int(mid) for job_id, mid in conn.execute(_LAST_MIGRATIONS).all()}
-    return _Snapshot(mjobs, active, last)
+    return _Snapshot(mjobs, active, last, working)
 
 
 @dataclass(slots=True)
@@ -296,6 +300,11 @@ class JobEngine:
             )
         return migrator
 
+    def _working(self) -> frozenset[str]:
+        """The jobs whose worker has not finished yet."""
+        with self._work_lock:
+            return frozenset(job_id for job_id, fut in self._work.items() if not fut.done())
+
     def busy(self, job_id: str) -> bool:
         """True while a worker of this engine runs a migration (or a move) of the job."""
         with self._work_lock:
@@ -320,7 +329,7 @@ class JobEngine:
                     migrator = self.migrator_of(job)
                     snap = snaps.get(id(migrator.engine))
                     if snap is None:
-                        snap = snaps[id(migrator.engine)] = _snapshot(migrator)
+                        snap = snaps[id(migrator.engine)] = _snapshot(migrator, self._working())
                     self._step(job, migrator, snap, out, first=first)
                 except (CostoptError, CloudError, OSError, ValueError) as exc:
                     msg = f"{job.id}: {type(exc).__name__}: {exc}"
@@ -416,7 +425,7 @@ class JobEngine:
                     log.error("engine: the worker of job %s failed: %s: %s", job.id, type(exc).__name__, exc)
                     self.repo.add_event(job.id, "engine_error", f"{type(exc).__name__}: {exc}"[:2000], at=self.now())
         before = job.state
-        if self.busy(job.id):
+        if self.busy(job.id) or job.id in snap.working:
             self._follow_progress(job, migrator)
             out.busy.append(job.id)
             return

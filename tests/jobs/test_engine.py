@@ -73,6 +73,55 @@ def test_a_job_runs_from_queued_to_succeeded_with_exactly_its_steps_and_its_ledg
     assert view.cost_so_far_usd == cost and view.eta is None and view.moves == () and view.steps_done == 60
 
 
+def test_a_tick_whose_reads_straddle_a_finishing_start_leaves_the_job_alone(
+    engine, local: LocalProvider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race behind a second copy of a healthy job: a tick reads the migrator's jobs while the start is in
+    flight (status recovering), the start finishes (migration done) before the tick reads the active
+    migrations and reaches the job. The tick must not take the stale row for a rolled-back start."""
+    import threading
+
+    at_gate, may_finish = threading.Event(), threading.Event()
+
+    def hook(point: str) -> None:
+        if point == "enter:terminating_old":  # the copy progressed; the start is one transition from done
+            at_gate.set()
+            assert may_finish.wait(30), "the test never let the start finish"
+
+    h = Harness(engine, local, tmp_path, hook=hook, workers=1)
+    try:
+        job = h.submit(train_command(100, step_seconds=0.01), 100)
+        h.engine.tick()  # queued -> launching; the start runs in the worker
+        assert at_gate.wait(30), "the start never reached terminating_old"
+        reads = Migrator.jobs
+        armed = [True]
+
+        def straddling_reads(self: Migrator) -> list:
+            rows = reads(self)
+            if not armed[0]:
+                return rows
+            armed[0] = False  # the job as the start left it so far: recovering, its migration active
+            assert {r.job_id: r.status for r in rows}[job.id] is JobStatus.RECOVERING
+            may_finish.set()
+            end = time.monotonic() + 30
+            while h.engine.busy(job.id) and time.monotonic() < end:
+                time.sleep(0.01)
+            assert not h.engine.busy(job.id)
+            return rows
+
+        monkeypatch.setattr(Migrator, "jobs", straddling_reads)
+        report = h.engine.tick()
+        assert not armed[0]
+        done = h.run_until(job.id, _terminal)
+        assert done.state is JobState.SUCCEEDED, done.reason
+        assert len(h.migrator.copies(job.id)) == 1, [c.instance_id for c in h.migrator.copies(job.id)]
+        assert len(h.migrator.history(job.id)) == 1
+        assert job.id in report.busy  # left for the next tick's fresh reads
+    finally:
+        may_finish.set()
+        h.close()
+
+
 def test_a_preemption_is_recovered_through_the_watcher_and_the_job_follows(h: Harness) -> None:
     watcher = InterruptionWatcher(
         h.migrator, lambda j: [LOCAL_B, LOCAL_A], unavailable=h.unavailable, watermark=MemoryWatermark()
