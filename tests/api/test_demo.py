@@ -1,10 +1,13 @@
 """``costopt demo`` (api/demo.py) on both backends, a few teams over a few days: every team's jobs are
 submitted over REST and run to the end by the service's engine on the simulated cloud over the real 2020
-AWS spot prices, and the savings report's totals equal a direct SQL sum of the ledger, whole and per team.
+AWS spot prices, and the savings report's totals equal a direct SQL sum of the ledger, whole and per team, in
+JSON, both FOCUS exports (CSV, Parquet: to the micro-dollar) and the HTML report (to the cent).
 A database with jobs already is refused, and a period past the data is refused before anything runs."""
 
 from __future__ import annotations
 
+import csv
+import io
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -18,6 +21,7 @@ from api.demo import DatabaseNotEmpty, DemoError, demo_jobs, fill_demo
 from api.planning import reset
 from api.wiring import seed_catalog
 from costopt.jobs.teams import Role
+from costopt.reports.charts import report_html
 from costopt.settings import Settings
 from pricing.importer import import_paths
 from pricing.store import PriceStore
@@ -49,6 +53,20 @@ def _settings(engine: Engine, shared_data: Path, tmp_path: Path) -> Settings:
         collectors_enabled=False,
         checkpoint_root=f"file://{tmp_path / 'checkpoints'}",
     )
+
+
+def _billed_csv(data: bytes) -> Decimal:
+    rows = list(csv.DictReader(io.StringIO(data.decode("utf-8"))))
+    assert rows and all(r["BillingCurrency"] == "USD" for r in rows)
+    return sum((Decimal(r["BilledCost"]) for r in rows), Decimal(0))
+
+
+def _billed_parquet(data: bytes) -> Decimal:
+    import pyarrow.parquet as pq
+
+    column = pq.read_table(io.BytesIO(data), columns=["BilledCost"]).column("BilledCost").to_pylist()
+    assert column and all(isinstance(v, Decimal) for v in column)  # decimal128, never float
+    return sum(column, Decimal(0))
 
 
 def _micro_sum(engine: Engine, team: str | None = None) -> Decimal:
@@ -105,7 +123,17 @@ def test_the_demo_fills_each_teams_finished_jobs_and_the_report_sums_the_ledger(
             r = client.get("/v1/reports/savings", params=params, headers=admin)
             assert r.status_code == 200, r.text
             doc = r.json()
-        assert Decimal(doc["totals"]["actual_cost"]) == _micro_sum(engine)
+            exports = {}
+            for fmt in ("csv", "parquet"):
+                got = client.get("/v1/reports/savings", params={**params, "format": fmt}, headers=admin)
+                assert got.status_code == 200, got.text
+                exports[fmt] = got.content
+        spent = _micro_sum(engine)
+        assert Decimal(doc["totals"]["actual_cost"]) == spent
+        # the same total, to the micro-dollar, in each FOCUS export, and to the cent on the HTML page for mail
+        assert _billed_csv(exports["csv"]) == spent
+        assert _billed_parquet(exports["parquet"]) == spent
+        assert f"Spent <b>${spent:,.2f}</b>" in report_html(doc)
         # 2020 jobs get an on-demand baseline: the 2020-05-06 list prices taken as standing (docs/ledger.md)
         assert Decimal(doc["totals"]["baseline_on_demand_cost"]) > 0
         assert Decimal(doc["totals"]["actual_cost_without_baseline"]) == 0
