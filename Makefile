@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup run test lint typecheck unit bench clean browser
+.PHONY: setup run test lint typecheck unit bench clean browser fuzz
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ unit: setup browser
 	$(BIN)/pytest -n 2 -q
 
 test: lint typecheck unit
+
+# The API fuzzed from its own OpenAPI document (schemathesis, in-process, valid and invalid keys): 250
+# generated requests per operation (over 5,000), exit 1 on any 5xx or answer the document does not declare.
+# `make test` runs a short version (tests/api/test_fuzz.py). Figures: docs/reliability.md.
+fuzz: setup
+	$(BIN)/python -m tests.api.fuzzing --examples 250 --min-requests 5000
 
 # Headless Chromium for the web page's browser test (tests/api/test_savings_page.py; Playwright comes
 # with the dev dependencies and drives Debian's chromium, never a browser build of its own).

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
-from api.errors import BodyLimit, install_error_handlers
+from api.errors import BodyLimit, install_error_docs, install_error_handlers
 from api.routes import (
     admin,
     batches,
@@ -115,6 +115,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.store = None
     app.state.sim_clock = None
     install_error_handlers(app)
+    install_error_docs(app)  # the OpenAPI document declares the error answers in their one shape
     app.add_middleware(BodyLimit, max_bytes=settings.api_max_body_bytes)
     app.include_router(health.router)
     app.include_router(prices.router)

@@ -6,12 +6,16 @@ unknown name, the binding constraint). That holds for the routes' own errors (:c
 ``HTTPException`` whose ``detail`` is a string or a ``{"code", "message", "details"}`` mapping), for
 FastAPI's validation errors (malformed JSON, wrong types, missing or unknown fields: 422
 ``invalid_request`` with one detail per field, its path and what to fix), for unknown routes (404) and
-methods (405), for bodies over the size limit (413, :class:`BodyLimit`) and for unexpected exceptions
-(500 ``internal_error``, logged here with the request's method and path, never echoed to the caller).
+methods (405), for bodies over the size limit (413, :class:`BodyLimit`), for a database that cannot
+serve right now (503 ``unavailable`` with ``Retry-After``: the server is down or restarting, a connection
+was cut, the pool is exhausted; :func:`costopt.db.engine.db_unavailable`; one warning line per failure, no
+traceback) and for unexpected exceptions (500 ``internal_error``, logged here with the request's method and
+path, never echoed to the caller).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
@@ -25,7 +29,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("costopt.api")
 
-__all__ = ["ApiError", "BodyLimit", "error_body", "install_error_handlers", "validation_details"]
+__all__ = [
+    "ERROR_SCHEMA",
+    "ApiError",
+    "BodyLimit",
+    "document_errors",
+    "error_body",
+    "install_error_docs",
+    "install_error_handlers",
+    "validation_details",
+]
 
 _CODES = {
     400: "bad_request",
@@ -179,6 +192,29 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return _response(422, "invalid_request", message, details)
 
 
+DB_RETRY_AFTER_S = 5
+"""The ``Retry-After`` (seconds) of a 503 answered while the database cannot serve."""
+
+
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    """A database error: 503 when it is worth retrying (:func:`costopt.db.engine.db_unavailable`); any
+    other goes on to the 500 of an unexpected error (re-raised, as if this handler were not there)."""
+    from costopt.db.engine import db_unavailable
+
+    if not db_unavailable(exc):
+        raise exc
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, first)
+    return _response(
+        503,
+        "unavailable",
+        f"the database is unavailable right now; retry in {DB_RETRY_AFTER_S} s (GET /readyz answers 200 when it is "
+        "back; a submission retried with the same Idempotency-Key creates its job once)",
+        None,
+        {"Retry-After": str(DB_RETRY_AFTER_S)},
+    )
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
     return _response(500, "internal_error", "the service failed unexpectedly; the error is logged, retry later")
@@ -189,7 +225,22 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    for kind in _database_errors():
+        app.add_exception_handler(kind, _database_error)
     app.add_exception_handler(Exception, _unexpected)
+
+
+def _database_errors() -> list[type[Exception]]:
+    """The exception classes :func:`_database_error` looks at: SQLAlchemy's, the drivers' own (a raw
+    connection's, e.g. COPY) and the store's :class:`~costopt.errors.StoreError` (raised from them)."""
+    import sqlite3
+
+    import psycopg
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from costopt.errors import StoreError
+
+    return [SQLAlchemyError, psycopg.Error, sqlite3.Error, StoreError]
 
 
 class BodyLimit:
@@ -269,3 +320,96 @@ class _TooLarge(StarletteHTTPException):
 
     def __init__(self, max_bytes: int) -> None:
         super().__init__(413, _too_large_detail(max_bytes))  # type: ignore[arg-type]
+
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "title": "Error",
+    "type": "object",
+    "description": "The one error shape of the API (see api/errors.py).",
+    "required": ["error"],
+    "additionalProperties": False,
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "additionalProperties": False,
+            "properties": {
+                "code": {"type": "string", "pattern": "^[a-z0-9_]+$", "description": "snake_case, stable"},
+                "message": {"type": "string", "minLength": 1, "description": "what went wrong and what to fix"},
+                "details": {"type": "array", "items": {}, "description": "fields, close matches, constraints"},
+            },
+        }
+    },
+}
+
+_WHY = {
+    400: "the request cannot be read (a malformed body or header)",
+    401: "no API key, or not a valid one (`Authorization: Bearer co_...`)",
+    403: "the key's role may not do this (an admin route, another team's filter)",
+    404: "no such resource, or it belongs to another team",
+    409: "the request conflicts with the resource's state or a name in use",
+    413: "the request body is over the size limit",
+    422: "a field is missing, of the wrong type or out of range: the details name each",
+    429: "this key sent too many requests: retry after `Retry-After` seconds",
+    503: "the service is starting or its database is unreachable: retry shortly",
+}
+_RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
+
+
+def _error_statuses(path: str, op: Mapping[str, Any]) -> list[int]:
+    """The error answers an operation can give (its declared ones are kept)."""
+    if not path.startswith("/v1/"):
+        return [422] if op.get("parameters") else []
+    out = [422, 503]
+    if op.get("security"):
+        out += [401, 403, 404, 429]
+    if any(p.get("in") == "path" for p in op.get("parameters", ())):
+        out.append(404)
+    if "requestBody" in op:
+        out += [400, 409, 413]
+    return sorted(set(out))
+
+
+def document_errors(doc: dict[str, Any]) -> dict[str, Any]:
+    """Declare the one error shape on every operation of the OpenAPI document ``doc`` (in place): the
+    statuses of :func:`_error_statuses` answer ``ERROR_SCHEMA`` (FastAPI's own 422 schema, which the API
+    never sends, is replaced); 401 says ``WWW-Authenticate``, 429 and 503 ``Retry-After``."""
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    if "Error" in schemas:
+        return doc
+    schemas["Error"] = ERROR_SCHEMA
+    schemas.pop("HTTPValidationError", None)
+    schemas.pop("ValidationError", None)
+    ref = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    for path, ops in doc.get("paths", {}).items():
+        for op in ops.values():
+            responses = op.setdefault("responses", {})
+            for status in _error_statuses(path, op):
+                have = responses.get(str(status))
+                if have is not None and "content" in have and status != 422:
+                    continue  # the route declares its own body (e.g. /readyz's 503)
+                entry: dict[str, Any] = {"description": (have or {}).get("description") or _WHY[status]}
+                if status == 422:
+                    entry["description"] = _WHY[422]
+                entry["content"] = ref
+                if status == 401:
+                    entry["headers"] = {"WWW-Authenticate": {"description": "`Bearer`", "schema": {"type": "string"}}}
+                elif status == 429:
+                    entry["headers"] = {**_RETRY_AFTER}
+                responses[str(status)] = entry
+    return doc
+
+
+def install_error_docs(app: FastAPI) -> None:
+    """Make ``app.openapi()`` declare the error answers (:func:`document_errors`)."""
+
+    cache: dict[int, dict[str, Any]] = {}
+
+    def openapi() -> dict[str, Any]:
+        base = FastAPI.openapi(app)  # FastAPI's own document, cached by FastAPI until the routes change
+        if id(base) not in cache:
+            cache.clear()
+            cache[id(base)] = document_errors(copy.deepcopy(base))
+        return cache[id(base)]
+
+    app.openapi = openapi  # type: ignore[method-assign]

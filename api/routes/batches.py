@@ -180,7 +180,12 @@ def _alternatives(planner: JobPlanner, spec: dict[str, Any], planned: dict[str, 
     ][:4]
 
 
-@router.post("", status_code=201, response_model=BatchPublic)
+@router.post(
+    "",
+    status_code=201,
+    response_model=BatchPublic,
+    responses={200: {"model": BatchPublic, "description": "the Idempotency-Key was used before: the first batch"}},
+)
 def submit_batch(
     body: BatchCreate,
     request: Request,

@@ -132,7 +132,20 @@ def build_savings(
     return report, names
 
 
-@router.get("/savings", summary="Savings against on-demand and static-spot baselines")
+@router.get(
+    "/savings",
+    summary="Savings against on-demand and static-spot baselines",
+    responses={
+        200: {
+            "description": "the report (format=json), or its FOCUS export (csv, parquet)",
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "text/csv": {"schema": {"type": "string"}},
+                "application/vnd.apache.parquet": {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    },
+)
 def savings(
     request: Request,
     caller: CallerDep,
