@@ -14,6 +14,9 @@ engine's tick and the rebalancer, each run once per tick across service replicas
 Every job has ``max_instances=1`` (a slow run never overlaps itself) and ``coalesce=True`` (missed
 runs collapse into one). A failing provider is logged and skipped, the other providers still run, and
 an exception never stops the scheduler (APScheduler logs it and runs the job again at its next time).
+A database that cannot serve (down, restarting, connections cut) is not a provider's failure: the pass
+stops, its leased run reports the outage once (:data:`api.ticks.OUTAGE`) and the next tick retries
+(over the service clock, the tick is not counted as run: the next poll retries it).
 The two migration jobs take one lock, so a reconciler pass never sees a recovery half done in this
 process (across replicas, the reconciler leaves in-flight migrations alone: docs/architecture.md).
 - **Job-service jobs** (:func:`add_job_service_jobs`): ``engine`` every ``COSTOPT_ENGINE_INTERVAL``
@@ -54,6 +57,7 @@ from sqlalchemy import Engine, select
 from api.ticks import DEFAULT_LEASE_TTL, Every, Schedule, TickExecutor, add_leased_job
 from costopt.clock import ServiceClock
 from costopt.cloud import CloudProvider, Instance, InstanceState, Interruption, LaunchSpec
+from costopt.db.engine import db_unavailable
 from costopt.db.migration_schema import migration_jobs
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.jobs.leases import LeaseStore
@@ -258,7 +262,7 @@ class MigrationJobs:
         """One reconciler pass over every provider (a failing provider is logged and skipped)."""
         out: dict[str, ReconcileReport] = {}
         with self.lock:
-            first, self._started = not self._started, True
+            first = not self._started
             for name, migrator in self.migrators.items():
                 try:
                     if first and self.resume_on_start:
@@ -272,7 +276,9 @@ class MigrationJobs:
                         egress=migrator.egress,
                         now=self.clock or _provider_clock(migrator.provider) or _wall_now,
                     )
-                except Exception:
+                except Exception as exc:
+                    if db_unavailable(exc):  # not the provider's fault: the pass is retried at the next tick
+                        raise
                     log.exception("reconciler: provider %s failed; the other providers go on", name)
                     continue
                 if report.orphans_terminated or report.marked_for_recovery or report.finished:
@@ -284,6 +290,7 @@ class MigrationJobs:
                         list(report.finished),
                     )
                 out[name] = report
+            self._started = True  # the resume at start is done (a database outage retries it next pass)
         return out
 
     def watch(self) -> dict[str, WatchReport]:
@@ -293,7 +300,9 @@ class MigrationJobs:
             for name, watcher in self.watchers.items():
                 try:
                     out[name] = watcher.poll()
-                except Exception:
+                except Exception as exc:
+                    if db_unavailable(exc):  # not the provider's fault: the pass is retried at the next tick
+                        raise
                     log.exception("interruption watcher: provider %s failed; the other providers go on", name)
         return out
 
@@ -303,18 +312,22 @@ def _wall_now() -> datetime:
 
 
 def reconcile_job(jobs: MigrationJobs) -> None:
-    """The ``migration:reconcile`` job (never raises: errors are logged)."""
+    """The ``migration:reconcile`` job (errors logged; a database outage raised, for the leased run)."""
     try:
         jobs.reconcile()
-    except Exception:
+    except Exception as exc:
+        if db_unavailable(exc):
+            raise  # the leased run reports the outage once and the next tick retries
         log.exception("reconciler pass failed")
 
 
 def watch_job(jobs: MigrationJobs) -> None:
-    """The ``migration:watch`` job (never raises: errors are logged)."""
+    """The ``migration:watch`` job (errors logged; a database outage raised, for the leased run)."""
     try:
         jobs.watch()
-    except Exception:
+    except Exception as exc:
+        if db_unavailable(exc):
+            raise  # the leased run reports the outage once and the next tick retries
         log.exception("interruption watcher pass failed")
 
 
@@ -331,8 +344,9 @@ class ServiceTime:
 class OnServiceClock:
     """``work(*args)`` once per tick of ``schedule`` counted on the service clock ``now``: each call runs
     it when the schedule's latest tick at ``now()`` is newer than the last one run (ticks skipped between
-    two calls coalesce into one run). ``first_run_now`` False: the tick current at creation is skipped (the
-    first run is at the next tick). Returns True when it ran."""
+    two calls coalesce into one run; a run that raised does not count, so the next call retries it).
+    ``first_run_now`` False: the tick current at creation is skipped (the first run is at the next tick).
+    Returns True when it ran."""
 
     def __init__(
         self,
@@ -354,8 +368,8 @@ class OnServiceClock:
         tick = self.schedule.tick_at(self.now())
         if self.last is not None and tick <= self.last:
             return False
+        self.work(*self.args)  # a run that raises (a database outage) leaves its tick to the next call
         self.last = tick
-        self.work(*self.args)
         return True
 
 
@@ -448,18 +462,23 @@ class JobServiceJobs:
 
 
 def engine_job(tick: Callable[[], object]) -> None:
-    """The ``engine`` job: one engine pass (never raises: errors are logged)."""
+    """The ``engine`` job: one engine pass (errors logged; a database outage raised, for the leased run)."""
     try:
         tick()
-    except Exception:
+    except Exception as exc:
+        if db_unavailable(exc):
+            raise  # the leased run reports the outage once and the next tick retries
         log.exception("job engine tick failed")
 
 
 def rebalance_job(rebalancer: _Rebalances) -> None:
-    """The ``rebalance`` job: one rebalancer pass that moves (never raises: errors are logged)."""
+    """The ``rebalance`` job: one rebalancer pass that moves (errors logged; a database outage raised, for
+    the leased run)."""
     try:
         rebalancer.run_once(dry_run=False)
-    except Exception:
+    except Exception as exc:
+        if db_unavailable(exc):
+            raise  # the leased run reports the outage once and the next tick retries
         log.exception("rebalancer pass failed")
 
 

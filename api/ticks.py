@@ -21,11 +21,19 @@ to ``min(lease_ttl, period)`` before giving the tick up, so a slow run delays th
 losing it (a run longer than that skips the ticks it overlaps, as ``max_instances=1`` does).
 The first run right after start-up
 (``first_run_now``) is for the latest tick already due: it runs unless a replica ran it.
+
+**Database loss**: a run that fails because the database cannot serve (down, restarting, connections cut:
+:func:`costopt.db.engine.db_unavailable`) is retried at the job's next tick like any failed run, and is
+reported through :data:`OUTAGE` (:class:`DatabaseOutage`): one warning line when the first run fails (no
+traceback), the following failures at DEBUG, one warning with the outage's length and failed runs when a
+run succeeds again.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -39,6 +47,7 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from costopt.db.engine import db_unavailable
 from costopt.jobs.leases import LeaseStore
 
 if TYPE_CHECKING:
@@ -47,8 +56,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ANCHOR",
     "DEFAULT_LEASE_TTL",
+    "OUTAGE",
     "AlignedInterval",
     "Cron",
+    "DatabaseOutage",
     "Every",
     "InvalidCron",
     "LeasedRun",
@@ -232,9 +243,59 @@ class Cron:
         raise InvalidCron(cron_help(self.expr, f"it never fired in the 800 days before {now.isoformat()}"))
 
 
+class DatabaseOutage:
+    """The scheduled jobs' view of a database outage (see the module doc): :meth:`failed` for a run that
+    failed because the database could not serve, :meth:`succeeded` for one that did its work (started at
+    ``started``, on ``clock``) without failing. An outage ends at the first run that succeeded and started
+    after the outage's latest failure (a run that began before it proves nothing). Thread-safe; ``clock``
+    in seconds (monotonic)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._lock = threading.Lock()
+        self.since: float | None = None  # when the current outage's first run failed (None: no outage)
+        self.last_failure = 0.0  # when its latest run failed
+        self.failed_runs = 0  # failed runs of the current outage
+        self.outages = 0  # outages seen since start
+
+    def failed(self, name: str, exc: BaseException) -> None:
+        with self._lock:
+            now = self.clock()
+            first = self.since is None
+            if first:
+                self.since, self.failed_runs = now, 0
+                self.outages += 1
+            self.failed_runs += 1
+            self.last_failure = now
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        if first:
+            log.warning("%s: database unavailable (%s); every scheduled job retries at its next tick", name, reason)
+        else:
+            log.debug("%s: database still unavailable (%s)", name, reason)
+
+    def succeeded(self, name: str, started: float) -> None:
+        if self.since is None:  # the common case, without the lock
+            return
+        with self._lock:
+            if self.since is None or started <= self.last_failure:
+                return
+            since, runs, self.since, self.failed_runs = self.since, self.failed_runs, None, 0
+        log.warning(
+            "%s: database reachable again after %.1f s (%d scheduled runs failed meanwhile and were retried)",
+            name,
+            self.clock() - since,
+            runs,
+        )
+
+
+OUTAGE = DatabaseOutage()
+"""The process's one :class:`DatabaseOutage` (every :class:`LeasedRun` reports to it)."""
+
+
 class LeasedRun:
     """The callable APScheduler runs for a leased job (see the module doc). ``leases`` None: run every
-    time (one process, no database lease). Never raises: a failed run is logged."""
+    time (one process, no database lease). Never raises: a failed run is logged (a database outage through
+    :data:`OUTAGE`) and the job runs again at its next tick."""
 
     def __init__(
         self,
@@ -259,22 +320,29 @@ class LeasedRun:
     def __call__(self) -> bool:
         """Run the tick this run was scheduled for if this replica wins it; True when it ran."""
         tick = self.schedule.tick_at(_SCHEDULED.get() or self.wall())
+        started = OUTAGE.clock()
         token = _TICK.set(tick)
         try:
             if self.leases is None:
-                self.work(*self.args)
+                if self.work(*self.args) is not False:  # False: the work had nothing to do (OnServiceClock)
+                    OUTAGE.succeeded(self.name, started)
                 return True
             with self.leases.hold(self.name, self.ttl, tick=tick, wait=self.wait) as won:
                 if not won:
+                    OUTAGE.succeeded(self.name, started)  # the lease's table answered
                     if log.isEnabledFor(logging.DEBUG):
                         log.debug(
                             "%s: tick %s not run here: %s", self.name, tick.isoformat(), self.leases.get(self.name)
                         )
                     return False
                 self.work(*self.args)
-                return True
-        except Exception:
-            log.exception("%s: the run of tick %s failed", self.name, tick.isoformat())
+            OUTAGE.succeeded(self.name, started)
+            return True
+        except Exception as exc:
+            if db_unavailable(exc):  # retried at the next tick; one line per outage (module doc)
+                OUTAGE.failed(self.name, exc)
+            else:
+                log.exception("%s: the run of tick %s failed", self.name, tick.isoformat())
             return False
         finally:
             _TICK.reset(token)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from sqlalchemy import Engine, create_engine, event
 from costopt.errors import StoreError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+CONNECT_TIMEOUT_S = 5
+"""Seconds a new PostgreSQL connection may take before it fails (libpq's ``connect_timeout``)."""
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
@@ -36,7 +39,49 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, **kwargs)
+    # pool_pre_ping: a pooled connection the server dropped (a restart, pg_terminate_backend) is replaced on
+    # checkout instead of failing the request that drew it; connect_timeout: an unreachable server fails a
+    # connection attempt within CONNECT_TIMEOUT_S instead of the TCP default (minutes). A URL's own
+    # ``?connect_timeout=`` wins.
+    connect_args = dict(kwargs.pop("connect_args", None) or {})
+    if "connect_timeout=" not in url:
+        connect_args.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
+    return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
+
+
+def db_unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` (or an exception it was raised from) says the database cannot serve right now:
+    the server is down or restarting, the connection was cut or timed out, the pool is exhausted, a lock
+    or serialization conflict (SQLAlchemy's ``OperationalError``, ``InterfaceError``, a DBAPI error that
+    invalidated its connection, ``DisconnectionError``, the pool's ``TimeoutError``, and the drivers' own
+    operational and interface errors). Such a failure is worth retrying; an integrity or programming
+    error is not."""
+    from sqlalchemy import exc as sa_exc
+
+    kinds: list[type[BaseException]] = [
+        sa_exc.OperationalError,
+        sa_exc.InterfaceError,
+        sa_exc.DisconnectionError,
+        sa_exc.TimeoutError,
+        sqlite3.OperationalError,
+        sqlite3.InterfaceError,
+    ]
+    try:
+        import psycopg
+
+        kinds += [psycopg.OperationalError, psycopg.InterfaceError]
+    except ImportError:  # pragma: no cover - psycopg is a dependency
+        pass
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, tuple(kinds)):
+            return True
+        if isinstance(cur, sa_exc.DBAPIError) and cur.connection_invalidated:
+            return True
+        cur = cur.__cause__ or cur.__context__
+    return False
 
 
 def _alembic_config() -> Config:
