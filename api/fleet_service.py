@@ -2,22 +2,25 @@
 job service (one set of providers, one clock, one ledger), and the scheduled ``fleets`` job.
 
 The executor runs once per tick across replicas under the ``fleets`` lease (:func:`api.ticks.
-add_leased_job`), every ``COSTOPT_FLEET_TICK`` seconds. Fleet instances are launched on the providers
-that can run a worker process: ``local`` and the clouds (their boot script runs the worker); the simulated
-cloud runs none, so a fleet's instances on ``sim`` stay pending (planned in docs/fleets.md).
+add_leased_job`), every ``COSTOPT_FLEET_TICK`` seconds. Fleet instances are launched on every provider of
+the service: ``local`` runs the worker as a process, a cloud's boot script runs it, and the simulated cloud
+runs a simulated worker (:mod:`providers.sim_worker`) when the service runs on its clock
+(``COSTOPT_PROVIDER=sim``): its syncs go to the service's :class:`~costopt.fleets.sync.WorkerSync` in
+process (:func:`in_process_transport`), through the sync route's own request and answer models.
 """
 
 from __future__ import annotations
 
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from costopt.agent.worker import Transport, WorkerConfig, WorkerError
 from costopt.fleets.executor import FleetExecutor
 from costopt.fleets.store import FleetRepository
-from costopt.fleets.sync import WorkerSync
+from costopt.fleets.sync import WorkerRefused, WorkerSync
 from costopt.settings import Settings
 
 if TYPE_CHECKING:
@@ -25,12 +28,21 @@ if TYPE_CHECKING:
 
     from api.service import JobService
     from costopt.jobs.leases import LeaseStore
+    from providers.sim import SimCloud
 
-__all__ = ["FLEETS_JOB_ID", "add_fleet_job", "build_fleet_executor", "build_worker_sync", "fleet_executor_enabled"]
+__all__ = [
+    "FLEETS_JOB_ID",
+    "add_fleet_job",
+    "build_fleet_executor",
+    "build_worker_sync",
+    "fleet_executor_enabled",
+    "in_process_transport",
+]
 
 FLEETS_JOB_ID = "fleets"
-NO_WORKER_PROVIDERS = frozenset({"sim"})
-"""Providers whose instances run no worker process."""
+SIM_DEAD_AFTER_POLLS = 3
+"""On the simulated clock, a fleet instance is lost after at least this many of its worker's heartbeats
+(``SimConfig.worker_poll``) without a sync."""
 
 
 def fleet_executor_enabled(settings: Settings) -> bool:
@@ -56,7 +68,14 @@ def build_fleet_executor(settings: Settings, service: JobService) -> FleetExecut
     repo = FleetRepository(service.repo.engine, now=service.clock)
     prices = getattr(service.ledger, "prices", None)
     billing = None if prices is None else FleetBilling(repo, service.ledger, prices)
-    providers = {name: p for name, p in service.providers.items() if name not in NO_WORKER_PROVIDERS}
+    providers = dict(service.providers)
+    dead_after = settings.fleet_dead_after
+    sim = _service_sim(settings, providers)
+    if sim is None:
+        providers.pop("sim", None)  # its time is not the service's: its instances wait, saying why
+    else:
+        sim.attach_fleet(in_process_transport(build_worker_sync(settings, service)))
+        dead_after = max(dead_after, SIM_DEAD_AFTER_POLLS * sim.config.worker_poll.total_seconds())
     return FleetExecutor(
         repo,
         service.repo,
@@ -64,7 +83,7 @@ def build_fleet_executor(settings: Settings, service: JobService) -> FleetExecut
         worker_command=lambda provider: worker_command(settings, provider),
         service_url=settings.service_url,
         worker_env={"COSTOPT_WORKER_POLL": repr(float(settings.fleet_worker_poll))},
-        dead_after_s=settings.fleet_dead_after,
+        dead_after_s=dead_after,
         boot_timeout_s=settings.fleet_boot_timeout,
         billing=billing,
         grid_s=settings.fleet_tick,
@@ -75,6 +94,43 @@ def build_worker_sync(settings: Settings, service: JobService) -> WorkerSync:
     return WorkerSync(
         FleetRepository(service.repo.engine, now=service.clock), service.repo, poll_s=settings.fleet_worker_poll
     )
+
+
+def _service_sim(settings: Settings, providers: Mapping[str, Any]) -> SimCloud | None:
+    """The simulated cloud when the service runs on its clock (``COSTOPT_PROVIDER=sim``), else None."""
+    from providers.sim import SimCloud
+
+    sim = providers.get("sim")
+    return sim if settings.provider == "sim" and isinstance(sim, SimCloud) else None
+
+
+def in_process_transport(sync: WorkerSync) -> Callable[[WorkerConfig], Transport]:
+    """The transport of workers that live in the service's process (the simulated cloud's): each sync is
+    what ``POST /v1/fleet-workers/{id}/sync`` does, without a socket: the request validated by the route's
+    model, :meth:`WorkerSync.sync` with the worker's own token, the answer through the route's model. A
+    refused token is :class:`~costopt.agent.worker.WorkerError` (the route's 401); any other failure an
+    ``OSError`` (its 500: the worker retries at its next sync)."""
+    from api.routes.fleet_workers import SyncIn, SyncOut
+
+    def for_worker(config: WorkerConfig) -> Transport:
+        route = f"/v1/fleet-workers/{config.worker_id}/sync"
+
+        def post(path: str, doc: Mapping[str, Any]) -> Mapping[str, Any]:
+            if path != route:
+                raise OSError(f"no route {path} for worker {config.worker_id}")
+            try:
+                body = SyncIn.model_validate(doc)
+                answer = sync.sync(config.worker_id, config.token, body.model_dump())
+                out: Mapping[str, Any] = SyncOut.model_validate(answer).model_dump(mode="json")
+            except WorkerRefused as exc:
+                raise WorkerError(f"the service refused this worker (401): {exc}") from exc
+            except Exception as exc:
+                raise OSError(f"the service failed the sync: {type(exc).__name__}: {exc}") from exc
+            return out
+
+        return post
+
+    return for_worker
 
 
 def fleets_job(executor: FleetExecutor) -> None:

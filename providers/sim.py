@@ -43,16 +43,19 @@ import functools
 import hashlib
 import heapq
 import math
+import tempfile
 import threading
 from bisect import bisect_right
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from types import MappingProxyType
 from typing import Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
+from costopt.agent.worker import WORKER_VARIABLES, WorkerConfig, WorkerError
 from costopt.cloud import (
     ENDED_RETENTION,
     CapacityError,
@@ -71,7 +74,8 @@ from costopt.risk.availability import LaunchStats
 from costopt.risk.hazard import HazardModel
 from costopt.settings import Settings
 from costopt.simulated import SimEvent, SimEventKind, WorkloadProgress, WorkloadTiming
-from providers.sim_agent import AgentEnv, SimAgent, ThroughputFn
+from providers.sim_agent import AgentEnv, AgentEnvError, SimAgent, ThroughputFn
+from providers.sim_worker import FleetTransport, SimWorker
 
 __all__ = [
     "DEFAULT_NOTICE_LEAD",
@@ -157,7 +161,9 @@ class SimConfig:
     ``max_instances``: instances alive at once (beyond: :class:`~costopt.cloud.QuotaError`; None: no
     quota). ``checkpoint_on_notice``: the workload writes a checkpoint on a notice when it fits.
     ``report_every``: the longest stretch of simulated time between two progress records of a simulated
-    agent (:mod:`providers.sim_agent`; records are also written at every checkpoint).
+    agent (:mod:`providers.sim_agent`; records are also written at every checkpoint). ``worker_poll``: the
+    simulated fleet workers' heartbeat (:mod:`providers.sim_worker`: a sync at least this often, besides
+    those at round ends and exits; under the fleet executor's dead-after).
     """
 
     timing: WorkloadTiming = field(default_factory=WorkloadTiming)
@@ -167,10 +173,13 @@ class SimConfig:
     max_instances: int | None = None
     checkpoint_on_notice: bool = False
     report_every: timedelta = timedelta(minutes=10)
+    worker_poll: timedelta = timedelta(seconds=10)
 
     def __post_init__(self) -> None:
         if self.report_every <= timedelta(0):
             raise SimError(f"report_every must be > 0, got {self.report_every}")
+        if self.worker_poll <= timedelta(0):
+            raise SimError(f"worker_poll must be > 0, got {self.worker_poll}")
         for p in (*self.launch_failure.values(), self.default_launch_failure):
             if not 0.0 <= p <= 1.0:
                 raise SimError(f"a launch-failure probability must be in [0, 1], got {p}")
@@ -317,7 +326,7 @@ class _Inst:
     workload: _Workload | None = None
     notice_checkpointed: bool = False
     reported: set[tuple[str, int]] = field(default_factory=set)
-    agent: SimAgent | None = None
+    agent: SimAgent | SimWorker | None = None
     exit_code: int | None = None
     exited: int | None = None
 
@@ -386,6 +395,13 @@ class SimCloud:
         self._scheduled: dict[str, int] = {}  # instance id -> the time its agent is scheduled at
         self._agents: set[str] = set()  # instances whose agent still runs
         self._seq = 0
+        self.fleet_transport: FleetTransport | None = None
+
+    def attach_fleet(self, transport: FleetTransport | None) -> None:
+        """Let this cloud's instances run fleet workers (:mod:`providers.sim_worker`), each syncing through
+        ``transport`` (the service's: ``api.fleet_service``); None: launching a fleet worker is refused."""
+        with self._lock:
+            self.fleet_transport = transport
 
     @classmethod
     def from_settings(
@@ -455,6 +471,7 @@ class SimCloud:
             return self._describe(self._instances[known])
         key = spec.offer
         job = AgentEnv.parse(spec.env)
+        worker = None if job is not None else self._worker_config(spec.env)
         now_dt = self.clock.now()
         now = self.clock.micros()
         steps = self.prices.steps(key, now_dt, now_dt + _US)
@@ -509,7 +526,64 @@ class SimCloud:
             )
             self._agents.add(iid)
             self._schedule(inst)
+        elif worker is not None:
+            assert self.fleet_transport is not None
+            inst.agent = SimWorker(
+                worker,
+                transport=self.fleet_transport(worker),
+                launched=now,
+                ready=inst.ready,
+                notice=notice,
+                deadline=preempt,
+                poll_us=self.config.worker_poll // _US,
+                make_agent=self._copy_agent(inst),
+                to_seconds=self._unix_seconds,
+                to_datetime=self._dt,
+            )
+            self._agents.add(iid)
+            self._schedule(inst)
         return self._describe(inst)
+
+    def _worker_config(self, env: Mapping[str, str]) -> WorkerConfig | None:
+        """The fleet worker a spec's env describes (None: it carries no worker variable). Raises
+        :class:`SimError` when this cloud cannot run it (no fleet service attached, a bad variable)."""
+        if not any(env.get(v) for v in WORKER_VARIABLES):
+            return None
+        if self.fleet_transport is None:
+            raise SimError(
+                "this simulated cloud has no fleet service attached: its instances cannot run a fleet worker "
+                "(the service attaches one when it runs on the simulated clock: COSTOPT_PROVIDER=sim)"
+            )
+        try:
+            config = WorkerConfig.from_env(env)
+        except WorkerError as exc:
+            raise AgentEnvError(str(exc)) from exc
+        return replace(config, workdir=Path(tempfile.gettempdir()))  # no process, no output files
+
+    def _copy_agent(self, inst: _Inst) -> Callable[[AgentEnv, int, int], SimAgent]:
+        """How the instance's worker starts a copy: a simulated agent at ``t`` on ``gpus`` GPUs, at the job's
+        throughput (its env's, else this cloud's rate for its type there), ready at once (no boot)."""
+
+        def make(job: AgentEnv, gpus: int, t: int) -> SimAgent:
+            timing = self.timing
+            return SimAgent(
+                job,
+                instance_id=inst.instance_id,
+                steps_per_s=job.resolve_rate(self.rate, gpus, inst.spec.offer),
+                launched=t,
+                ready=t,
+                notice=None,
+                deadline=None,
+                restore_us=timing.restore // _US,
+                checkpoint_us=timing.checkpoint // _US,
+                interval_us=timing.checkpoint_interval // _US,
+                report_every_us=self.config.report_every // _US,
+                to_seconds=self._unix_seconds,
+                to_datetime=self._dt,
+                notice_source=inst.spec.offer.cloud.value,
+            )
+
+        return make
 
     def _instance_id(self, token: str) -> str:
         """``sim-`` and 12 hex digits of the token's hash: deterministic, and distinct across simulated
@@ -919,6 +993,9 @@ class SimCloud:
         unless a preemption notice is running: the cloud then takes the instance at its deadline)."""
         agent = inst.agent
         assert agent is not None
+        if isinstance(agent, SimWorker) and agent.handed_over:
+            agent.handed_over = False
+            self._poke_fleet(agent, t)
         if not agent.running:
             self._agents.discard(inst.instance_id)
             if agent.exit_code is not None and inst.exited is None:
@@ -929,6 +1006,17 @@ class SimCloud:
                     inst.terminated = t
                     self._live.discard(inst.instance_id)
         self._schedule(inst)
+
+    def _poke_fleet(self, worker: SimWorker, t: int) -> None:
+        """A worker had a copy's exit acknowledged at ``t``: the other workers of its fleet that wait for a
+        copy elsewhere to stop sync now (one of them may take the job over)."""
+        for iid in sorted(self._agents):
+            other = self._instances[iid]
+            peer = other.agent
+            if peer is worker or not isinstance(peer, SimWorker) or peer.fleet_id != worker.fleet_id:
+                continue
+            if peer.poke(t):
+                self._schedule(other)
 
     def _kill_agent(self, inst: _Inst, t: int) -> None:
         if inst.agent is not None and inst.agent.running:

@@ -451,6 +451,37 @@ class SimAgent:
         self._source.notice_s = self._to_s(notice)
         self._source.deadline_s = self._deadline_s = self._to_s(deadline)
 
+    def request_stop(self, t: int) -> None:
+        """What SIGTERM is to a real job under a fleet worker (its lease ended): checkpoint now and exit
+        (75) after it (a checkpoint being written serves, the final one finishes the job); still booting or
+        restoring: exit (75) at once, nothing trained since the checkpoint it restores. The cloud
+        reschedules the agent."""
+        self._now_us = t
+        if self.phase in (Phase.BOOTING, Phase.RESTORING):
+            self._exit(t, EXIT_STOPPED, "stopped before training (asked to stop)")
+        elif self.phase is Phase.TRAINING:
+            try:
+                self._begin_checkpoint(t, final=False)
+            except (AgentError, OSError) as exc:
+                self._fail(t, exc)
+                return
+            self.stop_after = True
+        elif self.phase is Phase.CHECKPOINTING:
+            self.stop_after = True
+
+    def flush(self, t: int) -> None:
+        """Record the steps trained up to ``t`` now (a fleet worker reads them before each sync, as a real
+        job's agent flushes its progress every few seconds)."""
+        self._now_us = t
+        if self.phase is not Phase.TRAINING:
+            return
+        try:
+            self._report(t)
+        except StaleEpoch:
+            self._fenced(t)
+        except (AgentError, OSError) as exc:
+            self._fail(t, exc)
+
     def kill(self, t: int) -> None:
         """The instance is gone (preempted, terminated): nothing more is written, no exit code."""
         if self.phase is not Phase.EXITED:

@@ -294,12 +294,19 @@ class Worker:
         gpus = tuple(int(g) for g in w.get("gpus") or ())
         now = self.clock()
         try:
-            control.claim_epoch(uri, epoch)
+            control.claim_epoch(uri, epoch, at=now)
         except StaleEpoch as exc:
             log.warning("job %s: epoch %d is overtaken (%s): not started", job_id, epoch, exc)
             c = Copy(job_id, epoch, uri, gpus, None, now, exit_code=EXIT_FENCED, ended_at=now)
             self.copies[c.key] = c
             return c
+        c = self.spawn(w, job_id, epoch, uri, gpus, now)
+        self.copies[c.key] = c
+        return c
+
+    def spawn(self, w: Mapping[str, Any], job_id: str, epoch: int, uri: str, gpus: tuple[int, ...], now: float) -> Copy:
+        """Start the copy's process (its epoch is claimed); a copy that cannot start is exited (127).
+        The simulated cloud's worker (:mod:`providers.sim_worker`) runs a simulated agent here instead."""
         env = dict(self.base_env)
         env.update({str(k): str(v) for k, v in (w.get("env") or {}).items()})
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
@@ -322,7 +329,6 @@ class Worker:
         else:
             log.info("job %s epoch %d started on GPUs %s (pid %d)", job_id, epoch, list(gpus), proc.pid)
             c = Copy(job_id, epoch, uri, gpus, proc, now)
-        self.copies[c.key] = c
         return c
 
     def stop(self, c: Copy) -> None:
