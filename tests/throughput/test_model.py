@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from costopt.throughput import InvalidThroughput, JobType, Throughput, ThroughputKey
-from costopt.throughput.model import PairKey
+from costopt.throughput.model import PairKey, _parse_name
 
 
 def test_job_type_parses_model_and_batch_size_from_gavel_names() -> None:
@@ -25,11 +25,16 @@ def test_job_type_parses_model_and_batch_size_from_gavel_names() -> None:
     batch=st.one_of(st.none(), st.integers(min_value=1, max_value=10**6)),
 )
 def test_job_type_name_round_trips(model: str, batch: int | None) -> None:
-    try:
+    # refused: a name with outer blanks, or a batch-less model whose name already carries a batch size;
+    # every other draw must round-trip (both branches assert: no silent return on a refusal)
+    refused = model != model.strip() or (batch is None and _parse_name(model) is not None)
+    if refused:
+        with pytest.raises(InvalidThroughput):
+            JobType(model, batch)
+    else:
         jt = JobType(model, batch)
-    except InvalidThroughput:
-        return  # a batch-less model whose name already carries a batch size is refused
-    assert JobType.parse(jt.name) == jt
+        assert JobType.parse(jt.name) == jt
+        assert (jt.model, jt.batch_size) == (model, batch)
 
 
 def test_job_type_refuses_empty_names_bad_batch_sizes_and_hidden_batch_sizes() -> None:
