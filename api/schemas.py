@@ -65,6 +65,11 @@ class SourcePublic(BaseModel):
     last_partial: bool
     last_error: str | None
     total_points: int
+    total_bad_records: int = 0
+    last_refused_pages: int = 0
+    total_refused_pages: int = 0
+    last_rejection: str | None = None
+    last_rejection_at: datetime | None = None
 
 
 class SourcesPublic(BaseModel):

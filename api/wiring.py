@@ -46,7 +46,9 @@ def build_store(settings: Settings, *, migrate_schema: bool = True) -> PriceStor
     engine = make_engine(url, **pool)  # an in-memory SQLite database is one connection: no pool to size
     if migrate_schema:
         migrate(engine)
-    return PriceStore(engine, stale_after=settings.stale_after)
+    from pricing.screen import ScreenRules
+
+    return PriceStore(engine, stale_after=settings.stale_after, screen_rules=ScreenRules.from_settings(settings))
 
 
 def build_sources(settings: Settings, names: Sequence[str] | None = None) -> list[PriceSource]:

@@ -153,7 +153,8 @@ class OfferKey:
 
 
 MAX_SANE_USD_PER_HOUR = 1000.0
-"""No GPU instance of any cloud lists above this; a larger price is a bad record."""
+"""No GPU instance of any cloud lists above this; a larger price is a bad record (per instance-hour; the
+tighter per-GPU-hour bound is the setting ``max_usd_per_gpu_hour``, see :mod:`pricing.screen`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,11 +178,16 @@ class PricePoint:
 
 
 def check_price(value: float) -> None:
-    """Raise :class:`BadRecord` unless ``value`` is a plausible USD/hour price (0 <= p <= 1000)."""
+    """Raise :class:`BadRecord` unless ``value`` is a plausible USD/hour price (0 < p <= 1000).
+
+    A price of zero is not a price: sources that use 0 for "not offered" skip such records before
+    building a point; anywhere else a zero is a bad record."""
     if not isinstance(value, (int, float)) or value != value:  # NaN != NaN
         raise BadRecord(f"price is not a number: {value!r}")
     if value < 0:
         raise BadRecord(f"negative price: {value}")
+    if value == 0:
+        raise BadRecord("price of zero: not a price (a source meaning 'not offered' must skip it)")
     if value > MAX_SANE_USD_PER_HOUR or value == float("inf"):
         raise BadRecord(f"absurd price {value} USD/h (above {MAX_SANE_USD_PER_HOUR})")
 

@@ -179,6 +179,17 @@ class Settings(BaseSettings):
     gcp_interval: timedelta = timedelta(hours=6)
     azure_interval: timedelta = timedelta(hours=6)
     catalog_interval: timedelta = timedelta(days=7)
+    # Sanity rules of every collected or imported price (pricing/screen.py, docs/reliability.md).
+    max_usd_per_gpu_hour: float = Field(
+        default=100.0,
+        gt=0,
+        description="A price above this many USD per GPU-hour (instance price / its GPU count, when the "
+        "instance type is known) is refused as absurd (the dearest GPU lists near 15 USD/GPU-h).",
+    )
+    price_future_tolerance: timedelta = Field(
+        default=timedelta(hours=1),
+        description="A price whose valid_from is later than now plus this is refused (clock skew allowance).",
+    )
     collectors_enabled: bool = True
     seed_on_start: bool = Field(
         default=True, description="Seed an empty store from data_dir and the curated catalog at startup."

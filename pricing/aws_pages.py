@@ -206,7 +206,8 @@ def _hourly_usd(term: Mapping[str, Any]) -> float:
             price = float(raw)
         except (TypeError, ValueError) as exc:
             raise BadRecord(f"pricePerUnit.USD is not a number: {raw!r}") from exc
-        check_price(price)
+        if price != 0.0:  # $0.00: not offered there, skipped by the caller
+            check_price(price)
         prices.add(price)
     if not prices:
         raise BadRecord("on-demand term has no hourly (unit Hrs) price dimension")

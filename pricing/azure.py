@@ -30,7 +30,7 @@ import httpx
 
 from costopt.domain import Cloud, InstanceType, Market, OfferKey, PricePoint, check_price, parse_utc
 from costopt.errors import BadRecord, MalformedInput, SourceUnavailable
-from pricing.base import FetchResult, ParsedPage, PriceHistoryView, Problems
+from pricing.base import MAX_PROBLEMS_KEPT, FetchResult, ParsedPage, PriceHistoryView, Problems, strict_json
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
@@ -191,10 +191,11 @@ def parse_retail_item(item: Any, *, source: str = SOURCE, observed_at: datetime 
     unit = _text(item, "unitOfMeasure")
     if unit != "1 Hour":
         raise BadRecord(f"unitOfMeasure {unit!r} is not '1 Hour': the price is not per instance-hour")
-    price = _retail_price(item["retailPrice"])
-    valid_from = parse_utc(_text(item, "effectiveStartDate"))
-    if price == 0:
+    raw_price = item["retailPrice"]
+    if raw_price == 0 and not isinstance(raw_price, bool):
         return "retailPrice 0 (not offered)"
+    price = _retail_price(raw_price)
+    valid_from = parse_utc(_text(item, "effectiveStartDate"))
     found = lookup_size(sku)
     if found is None:
         return f"unknown instance type {sku} (not in the Azure GPU size table)"
@@ -369,13 +370,17 @@ class AzureRetailPriceSource:
     def _fetch_all(self, client: httpx.Client) -> FetchResult:
         result = FetchResult(SOURCE)
         url = self.first_page_url()
-        seen: set[str] = set()
+        seen: set[str] = {str(url)}
         while True:
-            where = f"page {result.pages + 1}"
+            where = f"page {result.pages + result.refused_pages + 1}"
             try:
                 body, observed_at = self._get_json(client, url, where)
                 page = parse_retail_page(body, source=SOURCE, observed_at=observed_at, where=where)
-            except (_PageFailed, MalformedInput) as exc:
+            except _PageFailed as exc:
+                self._stop(result, str(exc))
+                break
+            except MalformedInput as exc:
+                result.refuse_page(where, str(exc))
                 self._stop(result, str(exc))
                 break
             result.add_page(page)
@@ -384,11 +389,12 @@ class AzureRetailPriceSource:
             if result.pages >= self.max_pages:
                 self._stop(result, f"stopped at max_pages={self.max_pages}; NextPageLink not followed")
                 break
-            if page.next_token in seen:
-                self._stop(result, f"{where}: NextPageLink repeats an earlier page: {page.next_token}")
+            following = url.join(page.next_token)
+            if str(following) in seen:
+                self._stop(result, f"{where}: NextPageLink repeats an earlier page (a loop): {page.next_token}")
                 break
-            seen.add(page.next_token)
-            url = url.join(page.next_token)
+            seen.add(str(following))
+            url = following
         self._finish(result)
         return result
 
@@ -403,22 +409,30 @@ class AzureRetailPriceSource:
         log.warning("%s: fetch stopped after %d pages, keeping what was read: %s", SOURCE, result.pages, why)
 
     def _finish(self, result: FetchResult) -> None:
+        """Drop repeated meters (same offer, time and price: skipped); an offer given two prices at one
+        time is refused whole (which is right cannot be told): bad records, logged."""
         points: dict[tuple[OfferKey, datetime], PricePoint] = {}
+        conflicting: dict[tuple[OfferKey, datetime], int] = {}
         for p in result.points:
-            prev = points.get((p.key, p.valid_from))
+            at = (p.key, p.valid_from)
+            prev = points.get(at)
             if prev is None:
-                points[(p.key, p.valid_from)] = p
+                points[at] = p
                 continue
-            result.skipped += 1
-            if prev.usd_per_hour != p.usd_per_hour:
-                log.warning(
-                    "%s: two prices for %s from %s (%s and %s USD/h); kept the first",
-                    SOURCE,
-                    p.key,
-                    p.valid_from.isoformat(),
-                    prev.usd_per_hour,
-                    p.usd_per_hour,
-                )
+            if prev.usd_per_hour == p.usd_per_hour:
+                result.skipped += 1
+                continue
+            conflicting[at] = conflicting.get(at, 1) + 1
+            why = (
+                f"two prices for {p.key} from {p.valid_from.isoformat()} ({prev.usd_per_hour} and "
+                f"{p.usd_per_hour} USD/h): refused both"
+            )
+            log.warning("%s: %s", SOURCE, why)
+            if len(result.reasons) < MAX_PROBLEMS_KEPT:
+                result.reasons.append(why)
+        for at, count in conflicting.items():
+            del points[at]
+            result.bad_records += count
         result.points = list(points.values())
         result.instance_types = list({t.name: t for t in result.instance_types}.values())
         log.info(
@@ -453,7 +467,9 @@ class AzureRetailPriceSource:
                 status = response.status_code
                 if status == 200:
                     try:
-                        return response.json(), self._clock()
+                        return strict_json(response.content), self._clock()
+                    except MalformedInput as exc:
+                        raise MalformedInput(f"{where}: {exc}") from exc
                     except ValueError as exc:
                         raise MalformedInput(f"{where}: response is not JSON ({exc})") from exc
                 last = f"HTTP {status}: {response.text[:200]!r}"

@@ -9,13 +9,15 @@ Three kinds of bad input are kept apart (see docs/architecture.md):
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from costopt.domain import Cloud, InstanceType, Market, PricePoint
+from costopt.errors import MalformedInput
 
 log = logging.getLogger("costopt.pricing")
 
@@ -64,6 +66,8 @@ class FetchResult:
 
     ``partial`` is True when the run stopped before the source's last page (an error mid-way, or a
     page with a continuation token that could not be followed); the good points are still stored.
+    ``refused_pages`` counts pages refused whole (malformed: not JSON, cut short, wrong structure,
+    duplicated keys); nothing of such a page is kept, and its reason is in ``reasons``.
     """
 
     source: str
@@ -75,6 +79,14 @@ class FetchResult:
     partial: bool = False
     pages: int = 0
     errors: list[str] = field(default_factory=list)
+    refused_pages: int = 0
+
+    def refuse_page(self, where: str, why: str) -> None:
+        """A page refused whole: counted, its reason kept first among the reasons, logged with the source."""
+        self.refused_pages += 1
+        self.reasons.insert(0, f"{where}: page refused: {why}")
+        del self.reasons[MAX_PROBLEMS_KEPT:]
+        log.warning("%s: page refused at %s: %s", self.source, where, why)
 
     def add_page(self, page: ParsedPage) -> None:
         self.points.extend(page.points)
@@ -85,6 +97,26 @@ class FetchResult:
         if room > 0:
             self.reasons.extend(page.problems.reasons[:room])
         self.pages += 1
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out and out[key] != value:
+            raise MalformedInput(f"duplicated key {key!r} with different values ({out[key]!r:.40} and {value!r:.40})")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise MalformedInput(f"{name} is not JSON (a number must be finite)")
+
+
+def strict_json(text: str | bytes) -> Any:
+    """Parse a price page's JSON strictly: a key given twice with different values, or the non-standard
+    ``NaN``/``Infinity`` literals, raise :class:`MalformedInput` (``json`` would silently keep the last
+    value); invalid or cut-short JSON raises :class:`json.JSONDecodeError` (a ``ValueError``)."""
+    return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constant)
 
 
 class PriceHistoryView(Protocol):

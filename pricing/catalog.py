@@ -243,9 +243,7 @@ def load_list_prices(path: Path, *, source: str = "list-price") -> list[PricePoi
             region = _required(row, "region")
             name = _required(row, "instance_type")
             usd = _number(row, "usd_per_hour")
-            check_price(usd)
-            if usd <= 0:
-                raise _RowError(f"a list price must be positive, got {row['usd_per_hour']!r}")
+            check_price(usd)  # zero included: a price of zero is not a price, everywhere
             valid_from = _day(row, "valid_from")
             confirmed_at = _day(row, "confirmed_at")
             if confirmed_at < valid_from:

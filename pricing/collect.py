@@ -1,4 +1,8 @@
-"""Running collectors: fetch -> store, with per-source health and back-off.
+"""Running collectors: fetch -> screen -> store, with per-source health and back-off.
+
+Every fetched point passes :func:`pricing.screen.screen_frame` (zero, absurd per GPU-hour, future
+times, odd names, unknown regions, conflicting prices); refused points are counted as bad records,
+logged with the source and recorded in ``source_status`` with the first reason; the rest is stored.
 
 One source failing never stops the others: :func:`collect_once` catches each source's failure,
 records it (``costopt prices sources`` shows it) and goes on. A partial fetch stores its good
@@ -14,8 +18,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from costopt.errors import CostoptError
-from pricing.base import FetchResult, PriceSource
-from pricing.store import PriceStore
+from pricing.base import MAX_PROBLEMS_KEPT, FetchResult, PriceSource
+from pricing.screen import gpu_counts, screen_frame, screen_types
+from pricing.store import PriceStore, points_frame
 
 log = logging.getLogger("costopt.collect")
 
@@ -51,17 +56,38 @@ def run_source(store: PriceStore, source: PriceSource, *, clock: Callable[[], da
         store.record_fetch(source.name, ok=False, at=at, error=msg)
         return CollectOutcome(source.name, False, 0, 0, 0, 0, False, time.perf_counter() - started, msg)
     try:
-        if result.instance_types:
-            known = {(t.cloud, t.name) for t in store.instance_types()}
-            new_types = [
-                t for t in result.instance_types if (t.cloud, t.name) not in known or t.source.endswith("-api")
-            ]
+        catalog = store.instance_types()
+        types, refused_types = screen_types(result.instance_types)
+        for why in refused_types:
+            log.warning("price source %s: refused %s", source.name, why)
+        screened = screen_frame(
+            points_frame(result.points),
+            gpus=gpu_counts([*catalog, *types]),
+            rules=store.screen_rules,
+            now=at,
+        )
+        for why in screened.reasons:
+            log.warning("price source %s: refused %s", source.name, why)
+        result.bad_records += screened.refused + len(refused_types)
+        result.reasons.extend(screened.reasons[: max(0, MAX_PROBLEMS_KEPT - len(result.reasons))])
+        if types:
+            known = {(t.cloud, t.name) for t in catalog}
+            new_types = [t for t in types if (t.cloud, t.name) not in known or t.source.endswith("-api")]
             store.upsert_instance_types(new_types)
-        written = store.write(result.points)
+        written = store.write(screened.frame)
+        points = len(screened.frame)
     except Exception as exc:  # the store refused the batch: record, keep the previous prices
         msg = f"storing {len(result.points)} points failed: {type(exc).__name__}: {exc}"
         log.error("price source %s: %s", source.name, msg)
-        store.record_fetch(source.name, ok=False, at=at, error=msg)
+        store.record_fetch(
+            source.name,
+            ok=False,
+            at=at,
+            error=msg,
+            bad_records=result.bad_records,
+            refused_pages=result.refused_pages,
+            rejection=result.reasons[0] if result.reasons else None,
+        )
         return CollectOutcome(
             source.name,
             False,
@@ -78,25 +104,28 @@ def run_source(store: PriceStore, source: PriceSource, *, clock: Callable[[], da
         source.name,
         ok=True,
         at=at,
-        points=len(result.points),
+        points=points,
         bad_records=result.bad_records,
         skipped=result.skipped,
         partial=result.partial,
         error=note,
+        refused_pages=result.refused_pages,
+        rejection=result.reasons[0] if result.reasons else None,
     )
     log.info(
-        "price source %s: %d points (%d new), %d bad, %d skipped%s",
+        "price source %s: %d points (%d new), %d bad, %d pages refused, %d skipped%s",
         source.name,
-        len(result.points),
+        points,
         written.inserted,
         result.bad_records,
+        result.refused_pages,
         result.skipped,
         " (partial)" if result.partial else "",
     )
     return CollectOutcome(
         source.name,
         True,
-        len(result.points),
+        points,
         written.inserted,
         result.bad_records,
         result.skipped,

@@ -26,6 +26,7 @@ not (no project, or the call failed), every region of the catalog is priced.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -43,7 +44,7 @@ from google.cloud import billing_v1, compute_v1
 from google.protobuf import json_format
 
 from costopt.domain import Cloud, InstanceType, Market, OfferKey, PricePoint, normalize_accelerator, utc
-from costopt.errors import BadRecord, SourceUnavailable
+from costopt.errors import BadRecord, MalformedInput, SourceUnavailable
 from pricing.base import MAX_PROBLEMS_KEPT, FetchResult, ParsedPage, PriceHistoryView, Problems
 
 if TYPE_CHECKING:
@@ -224,6 +225,9 @@ _GPU_MODELS: dict[str, str] = {
 _MARKETS = {"OnDemand": Market.ON_DEMAND, "Preemptible": Market.SPOT}
 _UNIT_HOUR = "h"
 _UNIT_GIB_HOUR = "GiBy.h"
+_MAX_UNIT_USD = {_UNIT_HOUR: Decimal(100), _UNIT_GIB_HOUR: Decimal(10)}
+"""Above these a component SKU's rate is absurd (a GPU-hour is near 15 USD at most, a vCPU-hour or a
+GiB-hour cents); the composed VM price is then also held to the store's bounds (pricing/screen.py)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +248,8 @@ class ComponentPrices:
     """Core/RAM/GPU unit prices read from the catalog, by :data:`ComponentKey`."""
 
     rates: dict[ComponentKey, SkuRate] = field(default_factory=dict)
+    conflicted: set[ComponentKey] = field(default_factory=set)
+    """Components two SKUs priced differently: left unpriced (which price is right cannot be told)."""
 
     def regions(self, part: str, name: str, market: Market) -> set[str]:
         return {k[3] for k in self.rates if k[0] == part and k[1] == name and k[2] == market}
@@ -277,6 +283,10 @@ def sku_rate(sku: billing_v1.Sku, expected_unit: str) -> SkuRate:
     usd = Decimal(money.units) + Decimal(money.nanos).scaleb(-9)
     if usd < 0:
         raise BadRecord(f"negative unitPrice {usd}")
+    if usd == 0:
+        raise BadRecord("unitPrice of zero: not a price")
+    if usd > _MAX_UNIT_USD[expected_unit]:
+        raise BadRecord(f"absurd unitPrice {usd} USD per {expected_unit} (above {_MAX_UNIT_USD[expected_unit]})")
     if "effective_time" not in info:
         raise BadRecord("pricingInfo has no effectiveTime")
     return SkuRate(usd, _plain_utc(info.effective_time), sku.sku_id)
@@ -322,6 +332,9 @@ def read_sku(
     if market is None:
         problems.skip(where, f"usageType {category.usage_type!r}")
         return
+    if not sku.service_regions:
+        problems.bad_record(where, "no serviceRegions: the SKU prices no region")
+        return
     wanted = [r for r in sku.service_regions if regions is None or r in regions]
     if not wanted:
         problems.skip(where, "no wanted region")
@@ -337,22 +350,50 @@ def read_sku(
     for region in wanted:
         key: ComponentKey = (part, name, market, region)
         previous = components.rates.get(key)
+        if key in components.conflicted:
+            continue
         if previous is None:
             components.rates[key] = rate
             added += 1
         elif previous.usd != rate.usd:
-            log.warning(
-                "gcp: %s: %s %s %s in %s already priced by SKU %s; keeping %s USD",
+            del components.rates[key]
+            components.conflicted.add(key)
+            problems.bad_record(
                 where,
-                part,
-                name,
-                market.value,
-                region,
-                previous.sku_id,
-                previous.usd,
+                f"{part} {name} {market.value} in {region} also priced by SKU {previous.sku_id} at {previous.usd} "
+                f"USD (this one: {rate.usd}): both refused",
             )
+            added += 1
     if not added:
         problems.skip(where, "every region already priced by another SKU")
+
+
+def parse_skus_page(
+    page: Any, *, source: str = "gcp", regions: frozenset[str] | None = None, where: str = "page"
+) -> tuple[ComponentPrices, Problems, str | None]:
+    """One recorded ``services.skus.list`` page (its JSON: ``{"skus": [...], "nextPageToken": ...}``) read
+    by the live collector's own :func:`read_sku`: component prices, problems (a SKU that is not a valid
+    ``Sku`` message is a bad record) and the page's continuation token (None: the last page).
+
+    Raises :class:`MalformedInput` when the page is not of that shape (no ``skus`` list).
+    """
+    if not isinstance(page, Mapping) or not isinstance(page.get("skus"), list):
+        raise MalformedInput(f"{where}: not a Cloud Billing Catalog skus page (no skus list)")
+    token = page.get("nextPageToken")
+    if token is not None and not isinstance(token, str):
+        raise MalformedInput(f"{where}: nextPageToken is not text: {token!r:.80}")
+    components = ComponentPrices()
+    problems = Problems(source)
+    for i, raw in enumerate(page["skus"]):
+        try:
+            if not isinstance(raw, Mapping):
+                raise BadRecord(f"SKU is not an object: {raw!r:.60}")
+            sku = billing_v1.Sku.from_json(json.dumps(raw, allow_nan=False), ignore_unknown_fields=True)
+        except (BadRecord, json_format.ParseError, ValueError, TypeError) as exc:
+            problems.bad_record(f"{where} SKU {i}", f"not a Sku: {exc}")
+            continue
+        read_sku(sku, components, problems, regions)
+    return components, problems, token or None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -397,6 +438,56 @@ class AcceleratorAvailability:
     def offers(self, region: str, accelerator_type: str, gpu_count: int = 1) -> bool:
         """True when some zone of ``region`` offers ``gpu_count`` cards of ``accelerator_type`` per VM."""
         return any(gcp_region_of_zone(z) == region for z in self.zones_offering(accelerator_type, gpu_count))
+
+
+def compose_prices(
+    components: ComponentPrices,
+    availability: AcceleratorAvailability | None,
+    observed_at: datetime | None,
+    problems: Problems,
+    *,
+    source: str = "gcp",
+) -> list[PricePoint]:
+    """Whole-VM price points of every shape/market/region whose core, RAM and GPU are all priced
+    (and, when ``availability`` is given, whose region offers the accelerator), exactly in Decimal;
+    ``valid_from`` is the latest ``effectiveTime`` of the three SKUs. The live collector and the importer
+    of recorded pages both compose through here."""
+    points: list[PricePoint] = []
+    unavailable = 0
+    rates = components.rates
+    for shape in MACHINE_SHAPES:
+        for market in shape.markets:
+            regions = (
+                components.regions("gpu", shape.accelerator_type, market)
+                & components.regions("core", shape.family, market)
+                & components.regions("ram", shape.family, market)
+            )
+            for region in sorted(regions):
+                if availability is not None and not availability.offers(
+                    region, shape.accelerator_type, shape.gpu_count
+                ):
+                    unavailable += 1
+                    continue
+                core = rates[("core", shape.family, market, region)]
+                ram = rates[("ram", shape.family, market, region)]
+                gpu = rates[("gpu", shape.accelerator_type, market, region)]
+                usd = shape.vcpus * core.usd + shape.memory_gib * ram.usd + shape.gpu_count * gpu.usd
+                key = OfferKey(Cloud.GCP, region, "", shape.name, market)
+                try:
+                    points.append(
+                        PricePoint(
+                            key,
+                            max(core.effective, ram.effective, gpu.effective),
+                            float(usd),
+                            source,
+                            observed_at,
+                        )
+                    )
+                except BadRecord as exc:
+                    problems.bad_record(f"{shape.name} {market.value} {region}", str(exc))
+    if unavailable:
+        log.info("gcp: left out %d shape/market/region prices whose accelerator no zone offers", unavailable)
+    return points
 
 
 # --------------------------------------------------------------------------------------------------
@@ -449,6 +540,7 @@ class GcpPriceSource:
         retry_deadline_s / retry_initial_s / retry_maximum_s: exponential backoff for HTTP 429/5xx,
             connection errors and timeouts (total seconds, first and largest pause).
         page_size: SKUs asked per catalog page.
+        max_pages: pages read at most per run (a nextPageToken seen before also stops the run: a loop).
         clock: the fetch time (``observed_at``), tz-aware UTC.
     """
 
@@ -467,6 +559,7 @@ class GcpPriceSource:
         retry_initial_s: float = 1.0,
         retry_maximum_s: float = 30.0,
         page_size: int = 5000,
+        max_pages: int = 1000,
         clock: Callable[[], datetime] = _utc_now,
     ) -> None:
         self.regions = frozenset(regions) if regions is not None else None
@@ -476,6 +569,7 @@ class GcpPriceSource:
         self._credentials = credentials
         self.timeout_s = timeout_s
         self.page_size = page_size
+        self.max_pages = max_pages
         self._clock = clock
         self._retry = Retry(
             predicate=if_exception_type(*_RETRYABLE),
@@ -526,14 +620,31 @@ class GcpPriceSource:
         """
         components = ComponentPrices()
         endpoint = self.billing_endpoint or DEFAULT_BILLING_ENDPOINT
+        tokens: set[str] = set()
         try:
             for page in self._catalog_pages():
                 problems = Problems(self.name)
                 for sku in page.skus:
                     read_sku(sku, components, problems, self.regions)
                 result.add_page(ParsedPage([], problems, next_token=page.next_page_token or None))
+                token = page.next_page_token
+                if token and token in tokens:
+                    what = f"page {result.pages}: nextPageToken repeats an earlier page's ({token[:40]}): a loop"
+                    log.warning("gcp: %s; stopping, keeping the SKUs already read (partial fetch)", what)
+                    result.partial = True
+                    result.errors.append(what)
+                    break
+                if token and result.pages >= self.max_pages:
+                    what = f"stopped at max_pages={self.max_pages}; nextPageToken not followed"
+                    log.warning("gcp: %s (partial fetch)", what)
+                    result.partial = True
+                    result.errors.append(what)
+                    break
+                tokens.add(token)
         except _CALL_ERRORS as exc:
             what = f"Cloud Billing Catalog ({endpoint}) failed after {result.pages} page(s): {exc}"
+            if isinstance(exc, json_format.ParseError):
+                result.refuse_page(f"page {result.pages + 1}", f"not a skus page: {exc}")
             if result.pages == 0:
                 raise SourceUnavailable(
                     f"GCP {what}. " + _CHECK_HINT.format(endpoint=endpoint, api="Cloud Billing API")
@@ -590,42 +701,7 @@ class GcpPriceSource:
     ) -> list[PricePoint]:
         """Whole-VM price points of every shape/market/region whose core, RAM and GPU are all priced
         (and, when ``availability`` is given, whose region offers the accelerator)."""
-        points: list[PricePoint] = []
-        unavailable = 0
-        rates = components.rates
-        for shape in MACHINE_SHAPES:
-            for market in shape.markets:
-                regions = (
-                    components.regions("gpu", shape.accelerator_type, market)
-                    & components.regions("core", shape.family, market)
-                    & components.regions("ram", shape.family, market)
-                )
-                for region in sorted(regions):
-                    if availability is not None and not availability.offers(
-                        region, shape.accelerator_type, shape.gpu_count
-                    ):
-                        unavailable += 1
-                        continue
-                    core = rates[("core", shape.family, market, region)]
-                    ram = rates[("ram", shape.family, market, region)]
-                    gpu = rates[("gpu", shape.accelerator_type, market, region)]
-                    usd = shape.vcpus * core.usd + shape.memory_gib * ram.usd + shape.gpu_count * gpu.usd
-                    key = OfferKey(Cloud.GCP, region, "", shape.name, market)
-                    try:
-                        points.append(
-                            PricePoint(
-                                key,
-                                max(core.effective, ram.effective, gpu.effective),
-                                float(usd),
-                                self.name,
-                                observed_at,
-                            )
-                        )
-                    except BadRecord as exc:
-                        problems.bad_record(f"{shape.name} {market.value} {region}", str(exc))
-        if unavailable:
-            log.info("gcp: left out %d shape/market/region prices whose accelerator no zone offers", unavailable)
-        return points
+        return compose_prices(components, availability, observed_at, problems, source=self.name)
 
     # -- PriceSource --------------------------------------------------------------------------------
 

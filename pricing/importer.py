@@ -15,14 +15,25 @@ registry (:data:`KINDS`: name -> :class:`FileKind`, how it is told apart and par
 - ``gcp-history-csv``: GCP GPU VM price change points; a row gives an on-demand point and, when
   ``spot_usd_per_hour`` is filled, a spot point (source ``gcp-history``).
 - ``list-prices``: the curated ``list_prices.csv`` (:func:`pricing.catalog.load_list_prices`).
+- ``gcp-skus-page``: a Cloud Billing Catalog ``services.skus.list`` response saved as a file (what the live
+  GCP collector fetches), read by the collector's own :func:`pricing.gcp.parse_skus_page` and composed by
+  :func:`pricing.gcp.compose_prices` (source ``gcp``). Whole-VM prices are composed from the SKUs of that
+  one file: a shape whose core, RAM and GPU SKUs lie on different pages is not priced by it.
+- ``azure-retail-page``: an Azure Retail Prices API page (``{"Items": [...], "NextPageLink": ...}``) saved
+  as a file, read by the live collector's :func:`pricing.azure.parse_retail_page` (source ``azure``); a
+  ``retailPrice`` of 0, Windows, Low Priority and unknown sizes are skipped as by the collector.
 
 Anything else is refused with :class:`~costopt.errors.NotPriceData` (a README, a throughput JSON, the
 GCP launch probes whose "price" is a formula, logs, the instance catalog or mapping).
 
-Contract: each file is all-or-nothing. It is parsed completely and strictly first; a structural
+Contract: each file is all-or-nothing. It is parsed completely and strictly first (JSON: a key given
+twice with different values, or ``NaN``/``Infinity``, make the file malformed); a structural
 problem raises :class:`~costopt.errors.MalformedInput`, any invalid record raises
 :class:`~costopt.errors.BadRecord` naming the file, the line (CSV) or record index (JSON) and the
-reason, and nothing of that file is stored. A good file is written with one ``store.write`` (one
+reason, and nothing of that file is stored. Parsed points then pass :func:`pricing.screen.screen_frame`
+(zero, absurd per GPU-hour, future times, odd names, unknown regions, conflicting prices): one refused
+point refuses the file. Every refused file is logged and counted in ``source_status`` under
+``import:<kind>`` (``costopt prices sources`` shows it). A good file is written with one ``store.write`` (one
 transaction); the instance types it reveals are then added when the store does not know them yet
 (a richer catalog row is never overwritten). Importing the same data again inserts nothing.
 Empty prices mean "not offered" and are counted in ``skipped_records``.
@@ -59,7 +70,7 @@ from costopt.domain import (
 from costopt.errors import BadRecord, MalformedInput, NotPriceData
 from costopt.registry import Registry, UnknownName
 from pricing.aws_pages import LINUX_PRODUCTS, parse_spot_page, region_of_zone
-from pricing.azure import lookup_size
+from pricing.azure import lookup_size, parse_retail_page
 from pricing.azure_sheets import (
     SHEET_REGIONS,
     SHEET_SOURCE,
@@ -69,8 +80,10 @@ from pricing.azure_sheets import (
     parse_azure_sheet,
     sheet_size_to_arm,
 )
+from pricing.base import Problems, strict_json
 from pricing.catalog import INSTANCE_COLUMNS, LIST_PRICES_FILE, PRICE_COLUMNS, load_list_prices
 from pricing.ingest import KEY_COLUMNS
+from pricing.screen import gpu_counts, screen_frame, screen_types
 from pricing.store import PriceStore, points_frame
 
 log = logging.getLogger("costopt.pricing.importer")
@@ -83,10 +96,14 @@ AZURE_SHEET = "azure-sheet"
 AZURE_CSV = "azure-daily-csv"
 GCP_CSV = "gcp-history-csv"
 LIST_PRICES = "list-prices"
+GCP_PAGE = "gcp-skus-page"
+AZURE_PAGE = "azure-retail-page"
 
 AWS_SOURCE = "aws-spot"
 GCP_SOURCE = "gcp-history"
 LIST_SOURCE = "list-price"
+GCP_PAGE_SOURCE = "gcp"
+AZURE_PAGE_SOURCE = "azure"
 
 AWS_CSV_COLUMNS = (
     "timestamp_utc",
@@ -236,11 +253,15 @@ def _detect_json(path: Path) -> Detected:
     raw = path.read_bytes()
     try:
         text = raw.decode("utf-8-sig")
-        obj = json.loads(text)
+        obj = strict_json(text)
+    except MalformedInput as exc:
+        return Detected(path, "json", malformed=f"{path}: {exc}")
     except UnicodeDecodeError as exc:
         return Detected(path, "json", malformed=f"{path}: not UTF-8 JSON text ({exc.reason} at byte {exc.start})")
     except json.JSONDecodeError as exc:
-        cut = exc.pos >= len(text.rstrip())
+        cut = exc.pos >= len(text.rstrip()) or (
+            exc.msg.startswith("Unterminated string") and "\n" not in text[exc.pos :].rstrip()
+        )
         why = "the file ends early (truncated?)" if cut else "not valid JSON"
         return Detected(path, "json", malformed=f"{path}: {why}: {exc.msg} at line {exc.lineno} column {exc.colno}")
     for name, kind in KINDS.items():
@@ -259,7 +280,12 @@ def _detect_json(path: Path) -> Detected:
         shape = f"a JSON object with keys [{keys}]"
     else:
         shape = f"a JSON {type(obj).__name__}"
-    return _refuse(path, "json", f"{shape}, not a describe-spot-price-history page (no 'SpotPriceHistory' list)")
+    return _refuse(
+        path,
+        "json",
+        f"{shape}, not a price page (known: a describe-spot-price-history page with 'SpotPriceHistory', a "
+        "Cloud Billing Catalog page with 'skus', an Azure Retail Prices page with 'Items')",
+    )
 
 
 def _looks_like_sheet(header: Sequence[str]) -> bool:
@@ -451,14 +477,15 @@ class _Checks:
 
     def number(self, name: str, *, optional: bool = False, price: bool = False) -> np.ndarray:
         """Floats of column ``name`` (NaN where empty and ``optional``). Prices must be within
-        0..MAX_SANE_USD_PER_HOUR; other numbers (GPU counts) must be positive."""
+        (0, MAX_SANE_USD_PER_HOUR] (zero is not a price; empty is "not offered"); other numbers (GPU
+        counts) must be positive."""
         raw = self.table[name]
         empty = raw == ""
         values = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(dtype=np.float64, copy=True)
         if not optional:
             self.flag(empty, lambda _: f"missing {name}")
         if price:
-            wrong = ~empty & (~np.isfinite(values) | (values < 0) | (values > MAX_SANE_USD_PER_HOUR))
+            wrong = ~empty & (~np.isfinite(values) | (values <= 0) | (values > MAX_SANE_USD_PER_HOUR))
         else:
             wrong = ~empty & (~np.isfinite(values) | (values <= 0))
         self.flag(wrong, lambda i: _number_reason(name, str(raw[i]), float(values[i]), price=price))
@@ -509,6 +536,8 @@ def _number_reason(name: str, raw: str, value: float, *, price: bool) -> str:
         return f"{name} must be a positive number, got {raw!r}"
     if value < 0:
         return f"negative price in {name}: {raw}"
+    if value == 0:
+        return f"price of zero in {name}: not a price (leave the cell empty for 'not offered')"
     return f"absurd price in {name}: {raw} USD/h (above {MAX_SANE_USD_PER_HOUR:g})"
 
 
@@ -744,6 +773,47 @@ def _parse_list_prices(path: Path) -> _Parsed:
     return _Parsed(points_frame(load_list_prices(path, source=LIST_SOURCE)), [])
 
 
+def _bad_problems(problems: Problems) -> None:
+    """Raise the first bad record of a page parsed by a live collector's parser (all or nothing)."""
+    if problems.bad:
+        more = f" (first of {problems.bad} bad records)" if problems.bad > 1 else ""
+        raise BadRecord(f"{problems.reasons[0]}{more}")
+
+
+def _parse_gcp_page(found: Detected) -> _Parsed:
+    from pricing.gcp import SHAPES_BY_NAME, compose_prices, parse_skus_page  # the Google SDK: only when needed
+
+    path = found.path
+    components, problems, token = parse_skus_page(found.payload, source=GCP_PAGE_SOURCE, where=f"{path}:")
+    points = compose_prices(components, None, None, problems, source=GCP_PAGE_SOURCE)
+    _bad_problems(problems)
+    frame = points_frame(points)
+    names = sorted({p.key.instance_type for p in points})
+    types = [SHAPES_BY_NAME[n].instance_type() for n in names if n in SHAPES_BY_NAME]
+    warnings = []
+    if token:
+        warnings.append(f"{path.name}: the page has a nextPageToken: the catalog continues on another page")
+    return _Parsed(frame, types, skipped=problems.skipped, partial=bool(token), warnings=warnings)
+
+
+def _parse_azure_page(found: Detected) -> _Parsed:
+    path = found.path
+    page = parse_retail_page(found.payload, source=AZURE_PAGE_SOURCE, where=f"{path}:")
+    _bad_problems(page.problems)
+    frame = points_frame(page.points)
+    _check_conflicts(path, frame, None)
+    warnings = []
+    if page.next_token:
+        warnings.append(f"{path.name}: the page has a NextPageLink: the answer continues on another page")
+    return _Parsed(
+        frame.drop_duplicates(ignore_index=True),
+        page.instance_types,
+        skipped=page.problems.skipped,
+        partial=bool(page.next_token),
+        warnings=warnings,
+    )
+
+
 _NAME_DATE = re.compile(r"^(\d{4}-\d{2}-\d{2})\.")
 
 
@@ -778,6 +848,10 @@ def _parse(found: Detected) -> _Parsed:
 
 def _spot_page_problem(obj: Any) -> str | None:
     return None if isinstance(obj["SpotPriceHistory"], list) else "'SpotPriceHistory' is not a list"
+
+
+def _list_problem(name: str) -> Callable[[Any], str | None]:
+    return lambda obj: None if isinstance(obj[name], list) else f"{name!r} is not a list"
 
 
 for _kind in (
@@ -827,6 +901,22 @@ for _kind in (
         header=PRICE_COLUMNS,
         file_pattern="list_prices*.csv",
     ),
+    FileKind(
+        GCP_PAGE,
+        "a Cloud Billing Catalog skus page as the GCP collector fetches it (a nextPageToken: reported partial)",
+        _parse_gcp_page,
+        json_shape=lambda obj: isinstance(obj, dict) and "skus" in obj,
+        json_problem=_list_problem("skus"),
+        confirmed_at_file_time=True,
+    ),
+    FileKind(
+        AZURE_PAGE,
+        "an Azure Retail Prices API page as the Azure collector fetches it (a NextPageLink: reported partial)",
+        _parse_azure_page,
+        json_shape=lambda obj: isinstance(obj, dict) and "Items" in obj,
+        json_problem=_list_problem("Items"),
+        confirmed_at_file_time=True,
+    ),
 ):
     KINDS.register(_kind.name, _kind)
 
@@ -845,7 +935,22 @@ def _named(path: Path, exc: BadRecord | MalformedInput) -> BadRecord | Malformed
 # ----------------------------------------------------------------------------------------- import
 
 
-def _import(store: PriceStore, found: Detected, known: set[tuple[Cloud, str]]) -> ImportReport:
+def _screen(store: PriceStore, path: Path, parsed: _Parsed, gpus: dict[tuple[str, str], float]) -> None:
+    """Refuse the file (:class:`BadRecord`) when any of its points or shapes breaks a rule of
+    :func:`pricing.screen.screen_frame` / :func:`pricing.screen.screen_types`."""
+    types, refused_types = screen_types(parsed.types)
+    if refused_types:
+        more = f" (first of {len(refused_types)})" if len(refused_types) > 1 else ""
+        raise BadRecord(f"{path}: {refused_types[0]}{more}")
+    screened = screen_frame(parsed.points, gpus={**gpus, **gpu_counts(types)}, rules=store.screen_rules)
+    if screened.refused:
+        more = f" (first of {screened.refused} refused points)" if screened.refused > 1 else ""
+        raise BadRecord(f"{path}: {screened.reasons[0]}{more}")
+
+
+def _import(
+    store: PriceStore, found: Detected, known: set[tuple[Cloud, str]], gpus: dict[tuple[str, str], float]
+) -> ImportReport:
     path = found.path
     if found.malformed is not None:
         raise MalformedInput(found.malformed)
@@ -853,6 +958,7 @@ def _import(store: PriceStore, found: Detected, known: set[tuple[Cloud, str]]) -
         raise NotPriceData(found.refusal)
     try:
         parsed = _parse(found)
+        _screen(store, path, parsed, gpus)
     except (BadRecord, MalformedInput) as exc:
         raise _named(path, exc) from exc
     result = store.write(parsed.points)
@@ -868,6 +974,7 @@ def _import(store: PriceStore, found: Detected, known: set[tuple[Cloud, str]]) -
     if new_types:
         store.upsert_instance_types(new_types.values())
         known.update(new_types)
+        gpus.update(gpu_counts(new_types.values()))
     report = ImportReport(
         path=path,
         kind=found.kind,
@@ -891,8 +998,48 @@ def _import(store: PriceStore, found: Detected, known: set[tuple[Cloud, str]]) -
     return report
 
 
-def _known_types(store: PriceStore) -> set[tuple[Cloud, str]]:
-    return {(t.cloud, t.name) for t in store.instance_types()}
+def _known_types(store: PriceStore) -> tuple[set[tuple[Cloud, str]], dict[tuple[str, str], float]]:
+    types = store.instance_types()
+    return {(t.cloud, t.name) for t in types}, gpu_counts(types)
+
+
+def import_source(kind: str) -> str:
+    """The ``source_status`` name imports of files of ``kind`` are recorded under (``import:<kind>``)."""
+    return f"import:{kind}"
+
+
+_FIRST_OF = re.compile(r"\(first of (\d+) (?:bad records|refused points)\)")
+
+
+def _bad_count(exc: Exception | None) -> int:
+    """How many records a refusal names: N of "(first of N ...)", 1 for another bad record, 0 for a
+    malformed file (refused as a whole, no record read)."""
+    if not isinstance(exc, BadRecord):
+        return 0
+    m = _FIRST_OF.search(str(exc))
+    return int(m.group(1)) if m else 1
+
+
+def _record(store: PriceStore, report: ImportReport, exc: Exception | None = None) -> None:
+    """Count one imported or refused price file in ``source_status`` (``costopt prices sources``)."""
+    name = import_source(report.kind)
+    if report.status in ("imported", "partial"):
+        store.record_fetch(
+            name,
+            ok=True,
+            points=report.points_read,
+            skipped=report.skipped_records,
+            partial=report.status == "partial",
+        )
+    elif report.status == "failed":
+        store.record_fetch(
+            name,
+            ok=False,
+            error=report.error,
+            bad_records=_bad_count(exc),
+            refused_pages=1,
+            rejection=report.error,
+        )
 
 
 def import_file(store: PriceStore, path: Path) -> ImportReport:
@@ -900,9 +1047,19 @@ def import_file(store: PriceStore, path: Path) -> ImportReport:
 
     Raises :class:`NotPriceData` for a file that is not price data, :class:`MalformedInput` for a file
     of the wrong structure and :class:`BadRecord` for a file holding an invalid record; the error
-    names the file (and the line or record); nothing of the file is stored then.
+    names the file (and the line or record); nothing of the file is stored then (the refusal is
+    counted in ``source_status`` under ``import:<kind>``).
     """
-    return _import(store, detect(Path(path)), _known_types(store))
+    known, gpus = _known_types(store)
+    found = detect(Path(path))
+    try:
+        report = _import(store, found, known, gpus)
+    except (BadRecord, MalformedInput) as exc:
+        log.error("failed: %s", exc)
+        _record(store, ImportReport(Path(path), found.kind, "failed", error=str(exc)), exc)
+        raise
+    _record(store, report)
+    return report
 
 
 def _walk(paths: Sequence[Path]) -> Iterator[tuple[Path, bool]]:
@@ -929,24 +1086,27 @@ def import_paths(
     it stored) and the others are still imported. Store errors (database down) propagate.
     ``progress`` is called with each report as soon as its file is done.
     """
-    known = _known_types(store)
+    known, gpus = _known_types(store)
     reports: list[ImportReport] = []
     for path, in_folder in _walk(paths):
         kind = "unknown"
+        refusal: Exception | None = None
         try:
             found = detect(path)
             kind = found.kind
-            report = _import(store, found, known)
+            report = _import(store, found, known, gpus)
         except NotPriceData as exc:
             status: Status = "skipped" if in_folder else "refused"
             report = ImportReport(path, kind, status, error=str(exc))
             (log.info if in_folder else log.error)("%s: %s", status, exc)
         except (BadRecord, MalformedInput) as exc:
             report = ImportReport(path, kind, "failed", error=str(exc))
+            refusal = exc
             log.error("failed: %s", exc)
         except OSError as exc:
             report = ImportReport(path, kind, "failed", error=f"{path}: cannot read: {exc.strerror or exc}")
             log.error("failed: %s", report.error)
+        _record(store, report, refusal)
         reports.append(report)
         if progress is not None:
             progress(report)

@@ -121,12 +121,12 @@ def prepare(frame: pd.DataFrame) -> _Batch:
         raise BadRecord(f"price frame lacks columns {missing}")
     frame = frame.reset_index(drop=True)
     price = pd.to_numeric(frame["usd_per_hour"], errors="coerce").to_numpy(dtype="float64")
-    bad = ~np.isfinite(price) | (price < 0) | (price > MAX_SANE_USD_PER_HOUR)
+    bad = ~np.isfinite(price) | (price <= 0) | (price > MAX_SANE_USD_PER_HOUR)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise BadRecord(
             f"{int(bad.sum())} invalid price(s), first at row {i}: {frame['usd_per_hour'].iloc[i]!r} "
-            f"(prices must be finite, 0..{MAX_SANE_USD_PER_HOUR:g} USD/h)"
+            f"(prices must be finite, above 0 and at most {MAX_SANE_USD_PER_HOUR:g} USD/h)"
         )
     codes: list[np.ndarray] = []
     uniques: list[list[str]] = []

@@ -44,6 +44,7 @@ from costopt.domain import (
 from costopt.errors import StoreError
 from pricing.ingest import KEY_COLUMNS, PG_WRITE_LOCK, Ingestor, WriteResult, prepare
 from pricing.mirror import SNAPSHOT_COLUMNS, PriceMirror, snapshot_columns_from, with_key_rank
+from pricing.screen import ScreenRules
 
 REFERENCE_SOURCES = frozenset({"list-price"})
 """Sources of curated reference facts (published list prices), not observations of the market."""
@@ -92,7 +93,10 @@ class HistoryPoint:
 
 @dataclass(frozen=True, slots=True)
 class SourceStatus:
-    """Health of one price source. ``stale`` when its last success is older than the store's limit."""
+    """Health of one price source (a live collector, or ``import:<kind>`` for imported files). ``stale``
+    when its last success is older than the store's limit. Rejections: ``last_bad_records`` records of
+    the last run refused (``total_bad_records`` ever), ``last_refused_pages`` pages or files refused whole
+    (``total_refused_pages`` ever), ``last_rejection`` the newest reason (source, where, why)."""
 
     name: str
     last_attempt_at: datetime | None
@@ -106,6 +110,11 @@ class SourceStatus:
     last_partial: bool
     total_points: int
     stale: bool
+    total_bad_records: int = 0
+    last_refused_pages: int = 0
+    total_refused_pages: int = 0
+    last_rejection: str | None = None
+    last_rejection_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +164,19 @@ class PriceStore:
     """Change-point price store over one SQLAlchemy engine (schema migrated by costopt.db.engine)."""
 
     def __init__(
-        self, engine: Engine, *, stale_after: timedelta = timedelta(days=7), mirror_max_points: int = 5_000_000
+        self,
+        engine: Engine,
+        *,
+        stale_after: timedelta = timedelta(days=7),
+        mirror_max_points: int = 5_000_000,
+        screen_rules: ScreenRules | None = None,
     ) -> None:
         """``mirror_max_points``: mirror offers and up to that many change points in this process
-        for fast snapshots (0 disables the mirror; every snapshot then goes to SQL)."""
+        for fast snapshots (0 disables the mirror; every snapshot then goes to SQL). ``screen_rules``:
+        the sanity bounds collectors and imports apply before writing (:mod:`pricing.screen`)."""
         self.engine = engine
         self.stale_after = stale_after
+        self.screen_rules = screen_rules or ScreenRules()
         self.mirror = PriceMirror(engine, max_points=mirror_max_points) if mirror_max_points > 0 else None
         self.dialect = engine.dialect.name
         if self.dialect not in ("sqlite", "postgresql"):
@@ -587,12 +603,24 @@ class PriceStore:
         skipped: int = 0,
         partial: bool = False,
         error: str | None = None,
+        refused_pages: int = 0,
+        rejection: str | None = None,
     ) -> None:
-        """Record one collection attempt of a source (success, partial success, or failure)."""
+        """Record one collection attempt of a source (success, partial success, or failure).
+
+        ``bad_records`` (records refused) and ``refused_pages`` (pages refused whole) add to the source's
+        totals; ``rejection`` is the first reason of this attempt's rejections (None: keep the last one)."""
         at = at or _utcnow()
         with self.engine.begin() as conn:
             row = conn.execute(select(t_status).where(t_status.c.name == name)).first()
-            values: dict[str, Any] = {"last_attempt_at": at}
+            values: dict[str, Any] = {
+                "last_attempt_at": at,
+                "last_refused_pages": refused_pages,
+                "total_refused_pages": (row.total_refused_pages if row else 0) + refused_pages,
+                "total_bad_records": (row.total_bad_records if row else 0) + bad_records,
+            }
+            if rejection:
+                values.update(last_rejection=rejection, last_rejection_at=at)
             if ok:
                 values.update(
                     last_success_at=at,
@@ -610,6 +638,7 @@ class PriceStore:
                     last_error=error or "unknown error",
                     last_error_at=at,
                     consecutive_failures=(row.consecutive_failures if row else 0) + 1,
+                    last_bad_records=bad_records,
                 )
             if row is None:
                 conn.execute(t_status.insert().values(name=name, **values))
@@ -635,6 +664,11 @@ class PriceStore:
                 last_partial=bool(r.last_partial),
                 total_points=r.total_points,
                 stale=r.last_success_at is None or r.last_success_at < now - self.stale_after,
+                total_bad_records=r.total_bad_records,
+                last_refused_pages=r.last_refused_pages,
+                total_refused_pages=r.total_refused_pages,
+                last_rejection=r.last_rejection,
+                last_rejection_at=r.last_rejection_at,
             )
             for r in rows
         ]

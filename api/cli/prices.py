@@ -142,7 +142,8 @@ def history(
 
 @app.command("sources")
 def sources(fmt: FormatOpt = OutputFormat.table) -> None:
-    """Health of each price source: last success, staleness, errors."""
+    """Health of each price source: last success, staleness, errors, and rejections (bad records and pages
+    refused, ever; the newest reason). Imported files count under ``import:<kind>``."""
     from api.wiring import build_store
 
     settings = settings_with()
@@ -158,8 +159,15 @@ def sources(fmt: FormatOpt = OutputFormat.table) -> None:
             "consecutive_failures": s.consecutive_failures,
             "last_points": s.last_points,
             "last_bad_records": s.last_bad_records,
+            "total_bad_records": s.total_bad_records,
+            "last_refused_pages": s.last_refused_pages,
+            "total_refused_pages": s.total_refused_pages,
             "last_partial": s.last_partial,
             "last_error": s.last_error,
+            "last_rejection": s.last_rejection,
+            "last_rejection_at": s.last_rejection_at.isoformat().replace("+00:00", "Z")
+            if s.last_rejection_at
+            else None,
         }
         for s in statuses
     ]
@@ -172,8 +180,11 @@ def sources(fmt: FormatOpt = OutputFormat.table) -> None:
             ("consecutive_failures", "failures in a row", None),
             ("last_points", "points", None),
             ("last_bad_records", "bad records", None),
+            ("total_bad_records", "bad ever", None),
+            ("total_refused_pages", "pages refused ever", None),
             ("last_partial", "partial", None),
             ("last_error", "last error", None),
+            ("last_rejection", "last rejection", None),
         ],
         fmt,
         title="Price sources",

@@ -112,6 +112,11 @@ def get_sources(store: StoreDep) -> SourcesPublic:
             last_partial=s.last_partial,
             last_error=s.last_error,
             total_points=s.total_points,
+            total_bad_records=s.total_bad_records,
+            last_refused_pages=s.last_refused_pages,
+            total_refused_pages=s.total_refused_pages,
+            last_rejection=s.last_rejection,
+            last_rejection_at=s.last_rejection_at,
         )
         for s in store.sources()
     ]

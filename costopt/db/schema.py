@@ -104,6 +104,12 @@ source_status = Table(
     Column("last_skipped", Integer, nullable=False, server_default="0"),
     Column("last_partial", Boolean, nullable=False, server_default="0"),
     Column("total_points", Integer, nullable=False, server_default="0"),
+    # 0011: rejections (bad records refused, pages refused whole) and the last reason, with its time
+    Column("total_bad_records", Integer, nullable=False, server_default="0"),
+    Column("last_refused_pages", Integer, nullable=False, server_default="0"),
+    Column("total_refused_pages", Integer, nullable=False, server_default="0"),
+    Column("last_rejection", Text, nullable=True),
+    Column("last_rejection_at", UtcDateTime(), nullable=True),
 )
 
 store_meta = Table(

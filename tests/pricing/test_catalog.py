@@ -321,7 +321,7 @@ def test_a_bad_instance_row_raises_bad_record_naming_the_file_and_line(tmp_path:
     ("row", "reason"),
     [
         ("aws,us-east-1,p2.xlarge,-0.9,2020-05-06,2020-05-06,src", "negative"),
-        ("aws,us-east-1,p2.xlarge,0,2020-05-06,2020-05-06,src", "positive"),
+        ("aws,us-east-1,p2.xlarge,0,2020-05-06,2020-05-06,src", "price of zero"),
         ("aws,us-east-1,p2.xlarge,1e6,2020-05-06,2020-05-06,src", "absurd"),
         ("aws,us-east-1,p2.xlarge,free,2020-05-06,2020-05-06,src", "not a number"),
         ("aws,us-east-1,p2.xlarge,0.9,05/06/2020,2020-05-06,src", "ISO date"),

@@ -18,8 +18,10 @@ from pricing.importer import (
     AWS_CSV,
     AWS_PAGE,
     AZURE_CSV,
+    AZURE_PAGE,
     AZURE_SHEET,
     GCP_CSV,
+    GCP_PAGE,
     LIST_PRICES,
     ImportReport,
     detect_kind,
@@ -585,7 +587,7 @@ def test_a_bad_file_fails_alone_and_the_other_files_are_imported(store: PriceSto
 def test_the_kinds_are_one_registry_and_an_unknown_kind_lists_them(tmp_path: Path) -> None:
     from pricing.importer import KINDS, PRICE_KINDS, UnknownFileKind
 
-    assert KINDS.names() == (AWS_PAGE, AWS_CSV, AZURE_SHEET, AZURE_CSV, GCP_CSV, LIST_PRICES)
+    assert KINDS.names() == (AWS_PAGE, AWS_CSV, AZURE_SHEET, AZURE_CSV, GCP_CSV, LIST_PRICES, GCP_PAGE, AZURE_PAGE)
     assert frozenset(KINDS.names()) == PRICE_KINDS
     with pytest.raises(UnknownFileKind) as info:
         KINDS.get("aws-spot-pages")

@@ -1,0 +1,486 @@
+"""Bad price pages (issue 14): the corpus of tests/fixtures/bad_pages/ (MANIFEST.json says what is wrong
+with each page) through every importer kind and every live collector. Required: no crash, no bad row
+stored, nothing of a refused page stored, every rejection counted, logged with its source and shown by
+``costopt prices sources``. The 10 MB pages and the next-page loops are made here.
+
+Run the corpus alone: ``.venv/bin/pytest -q tests/pricing/test_bad_pages.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import Engine
+from typer.testing import CliRunner
+
+from costopt.domain import Cloud, InstanceType, Market
+from costopt.errors import BadRecord, MalformedInput
+from pricing.aws import AwsSpotSource
+from pricing.aws_pages import parse_price_list_page
+from pricing.azure import AzureRetailPriceSource, parse_retail_page
+from pricing.catalog import load_instance_catalog
+from pricing.collect import run_source
+from pricing.gcp import GcpPriceSource, compose_prices, parse_skus_page
+from pricing.importer import import_file, import_paths, import_source
+from pricing.screen import gpu_counts, screen_frame
+from pricing.store import PriceStore, points_frame
+
+ROOT = Path(__file__).resolve().parents[1] / "fixtures"
+CORPUS = ROOT / "bad_pages"
+MANIFEST: dict[str, dict[str, str]] = json.loads((CORPUS / "MANIFEST.json").read_text(encoding="utf-8"))
+IMPORTED = {f: m for f, m in MANIFEST.items() if m["kind"] != "aws-price-list"}
+CATALOG = Path(__file__).resolve().parents[2] / "data" / "catalog" / "instance_types.csv"
+NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
+TEN_MB = 10 * 1024 * 1024
+
+
+def _store(engine: Engine) -> PriceStore:
+    """A store knowing the curated instance catalog (GPU counts: the per-GPU-hour bound applies)."""
+    store = PriceStore(engine, mirror_max_points=0)
+    store.upsert_instance_types(load_instance_catalog(CATALOG))
+    return store
+
+
+def _page(name: str) -> Any:
+    return json.loads((CORPUS / name).read_text(encoding="utf-8"))
+
+
+# ----------------------------------------------------------------------------------------- importer
+
+
+def test_the_corpus_covers_every_importer_kind_and_defect() -> None:
+    kinds = {m["kind"] for m in MANIFEST.values()}
+    assert kinds >= {"aws-spot-page", "gcp-skus-page", "azure-retail-page", "aws-spot-csv", "gcp-history-csv"}
+    assert kinds >= {"list-prices", "aws-price-list"}
+    defects = " ".join(m["defect"] for m in MANIFEST.values()).lower()
+    for word in ("truncated", "wrong type", "nan", "infinite", "negative", "zero", "absurd", "missing", "unknown"):
+        assert word in defects, word
+    for word in ("currency", "unit", "duplicated json key", "two prices", "future", "control character", "unicode"):
+        assert word in defects, word
+
+
+def test_every_bad_page_is_refused_whole_counted_and_shown(engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    store = _store(engine)
+    files = [CORPUS / f for f in sorted(IMPORTED)]
+    with caplog.at_level(logging.ERROR, logger="costopt.pricing.importer"):
+        reports = import_paths(store, files)
+
+    assert len(reports) == len(files)
+    wrong = []
+    for report in reports:
+        entry = IMPORTED[report.path.relative_to(CORPUS).as_posix()]
+        if entry["expect"] == "refused":
+            ok = report.status == "failed" and entry["reason"].lower() in (report.error or "").lower()
+        else:  # the one record means "not offered": skipped, nothing stored
+            ok = report.status == "imported" and report.points_read == 0 and report.skipped_records == 1
+        if not ok:
+            wrong.append(f"{report.path.name}: {report.status} {report.error}")
+    assert wrong == []
+    assert store.count_points() == 0  # every page holds good rows too: none of them was stored
+    refused = [r for r in reports if r.status == "failed"]
+    logged = caplog.text
+    assert all(str(r.path) in logged for r in refused)  # each refusal logged naming its file
+    by_name = {s.name: s for s in store.sources()}
+    page_level = ("ends early", "not a list", "not text", "duplicated key", "not json", "expected 8 fields")
+    for kind in {r.kind for r in refused}:
+        mine = [r for r in refused if r.kind == kind]
+        status = by_name[import_source(kind)]
+        assert status.total_refused_pages == len(mine)
+        assert status.last_rejection == mine[-1].error
+        record_level = [r for r in mine if not any(w in (r.error or "").lower() for w in page_level)]
+        if record_level:
+            assert status.total_bad_records >= len(record_level), kind
+        else:
+            assert status.total_bad_records == 0, kind
+
+
+@pytest.mark.parametrize(
+    ("fixture", "kind", "points", "status"),
+    [
+        ("gcp/skus_page3.json", "gcp-skus-page", 37, "imported"),
+        ("azure/retail_prices_page1.json", "azure-retail-page", 4, "partial"),  # it has a NextPageLink
+    ],
+)
+def test_a_saved_collector_page_imports_as_the_collector_reads_it(
+    engine: Engine, fixture: str, kind: str, points: int, status: str
+) -> None:
+    store = _store(engine)
+    page = json.loads((ROOT / fixture).read_text(encoding="utf-8"))
+    if kind == "gcp-skus-page":
+        components, problems, _ = parse_skus_page(page)
+        expected = compose_prices(components, None, None, problems)
+    else:
+        expected = parse_retail_page(page).points
+
+    report = import_file(store, ROOT / fixture)
+
+    assert (report.kind, report.status, report.points_read, report.inserted) == (kind, status, points, points)
+    assert len(expected) == points
+    for p in expected:
+        stored = store.price_at(p.key, p.valid_from)
+        assert stored is not None and stored.usd_per_hour == pytest.approx(p.usd_per_hour), p.key
+    health = {s.name: s for s in store.sources()}[import_source(kind)]
+    assert (health.last_points, health.total_refused_pages, health.consecutive_failures) == (points, 0, 0)
+
+
+@pytest.mark.parametrize("fixture", ["gcp/skus_page1.json", "azure/retail_prices_page2.json"])
+def test_a_saved_collector_page_with_one_bad_record_stores_nothing(engine: Engine, fixture: str) -> None:
+    store = _store(engine)
+    with pytest.raises(BadRecord, match=r"unitPrice|not a number|timestamp"):
+        import_file(store, ROOT / fixture)
+    assert store.count_points() == 0
+    assert store.sources()[0].total_refused_pages == 1
+
+
+def _azure_ten_mb(last: dict[str, Any] | None) -> dict[str, Any]:
+    page: dict[str, Any] = copy.deepcopy(_page("azure_retail/price_negative.json"))
+    good = page["Items"][1]
+    windows = {**good, "productName": "Virtual Machines NCSv3 Series Windows", "meterName": "x" * 200}
+    count = TEN_MB // len(json.dumps(windows)) + 1
+    page["Items"] = [good, *([windows] * count), *([last] if last is not None else [])]
+    return page
+
+
+def test_a_10_mb_page_is_read_whole_and_refused_whole_for_one_bad_item(tmp_path: Path, engine: Engine) -> None:
+    store = _store(engine)
+    bad_item = _page("azure_retail/price_negative.json")["Items"][0]
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(_azure_ten_mb(bad_item)), encoding="utf-8")
+    cut = tmp_path / "big_cut.json"
+    cut.write_bytes(big.read_bytes()[: TEN_MB // 2])
+    clean = tmp_path / "big_clean.json"
+    clean.write_text(json.dumps(_azure_ten_mb(None)), encoding="utf-8")
+    assert big.stat().st_size > TEN_MB
+
+    reports = import_paths(store, [big, cut, clean])
+
+    assert [r.status for r in reports] == ["failed", "failed", "imported"]
+    assert "negative price" in (reports[0].error or "") and "ends early" in (reports[1].error or "")
+    assert (reports[2].points_read, reports[2].skipped_records) == (1, reports[2].skipped_records)
+    assert reports[2].skipped_records > 10_000
+    assert store.count_points() == 1  # the clean page's one Linux meter, nothing of the others
+
+
+# ----------------------------------------------------------------------------------------- live collectors
+
+
+class _Pages:
+    """An httpx transport serving Azure pages by ``$skip`` (page 0 without), counting requests."""
+
+    def __init__(self, bodies: list[bytes]) -> None:
+        self.bodies = bodies
+        self.requests = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        skip = int(request.url.params.get("$skip", "0"))
+        return httpx.Response(200, content=self.bodies[skip])
+
+
+def _link(n: int) -> str:
+    return f"https://prices.example/api/retail/prices?$skip={n}"
+
+
+def _azure(bodies: list[bytes]) -> tuple[AzureRetailPriceSource, _Pages]:
+    pages = _Pages(bodies)
+    client = httpx.Client(transport=httpx.MockTransport(pages))
+    source = AzureRetailPriceSource(base_url="https://prices.example/api/retail/prices", client=client, max_attempts=1)
+    return source, pages
+
+
+def _body(page: dict[str, Any], link: str | None) -> bytes:
+    return json.dumps({**page, "NextPageLink": link}).encode()
+
+
+def _item_level_bad_azure_items() -> list[dict[str, Any]]:
+    """The defective item of every Azure page of the corpus whose defect is in one item, each moved to a
+    time of its own (so that it shares no offer and time with the good items)."""
+    items = []
+    for n, (name, entry) in enumerate(sorted(MANIFEST.items())):
+        if not name.startswith("azure_retail/") or entry["expect"] != "refused":
+            continue
+        if entry["reason"] in ("ends early", "not a list", "not text", "duplicated", "not JSON"):
+            continue  # a page-level defect
+        try:
+            page = _page(name)
+        except ValueError:
+            continue  # not JSON at all: a page-level defect
+        if not isinstance(page.get("Items"), list) or not isinstance(page.get("NextPageLink"), str | None):
+            continue
+        item = page["Items"][-1] if "conflicting" in name else page["Items"][0]
+        if "conflicting" in name:
+            continue  # tested on its own below
+        if isinstance(item.get("effectiveStartDate"), str) and item["effectiveStartDate"].startswith("2023"):
+            item["effectiveStartDate"] = f"2024-{1 + n % 12:02d}-{1 + n // 12:02d}T00:00:00Z"
+        items.append(item)
+    return items
+
+
+def test_the_azure_collector_stores_the_good_items_and_counts_every_bad_one(engine: Engine) -> None:
+    store = _store(engine)
+    good = _page("azure_retail/price_negative.json")["Items"][1]
+    bad = _item_level_bad_azure_items()
+    assert len(bad) >= 12
+    source, _ = _azure([_body({"Items": [good, *bad]}, None)])
+
+    outcome = run_source(store, source)
+
+    assert outcome.ok and outcome.points == 1 and outcome.bad_records == len(bad)
+    assert store.count_points() == 1
+    status = store.sources()[0]
+    assert (status.name, status.last_bad_records, status.total_bad_records) == ("azure", len(bad), len(bad))
+    assert status.last_rejection
+
+
+def test_the_azure_collector_refuses_both_prices_of_a_conflicting_meter(engine: Engine) -> None:
+    store = _store(engine)
+    page = _page("azure_retail/conflicting_items.json")
+    source, _ = _azure([_body(page, None)])
+
+    outcome = run_source(store, source)
+
+    assert outcome.ok and (outcome.points, outcome.bad_records) == (1, 2)  # the spot item only
+    assert store.count_points() == 1
+
+
+@pytest.mark.parametrize("defect", ["truncated.json", "duplicated_key.json", "nan_literal.json", "items_not_list.json"])
+def test_a_malformed_azure_page_after_the_first_is_refused_whole_and_the_run_is_partial(
+    engine: Engine, defect: str
+) -> None:
+    store = _store(engine)
+    first = _page("azure_retail/price_negative.json")
+    first["Items"] = first["Items"][1:]
+    bad = (CORPUS / "azure_retail" / defect).read_bytes()
+    source, _ = _azure([_body(first, _link(1)), bad])
+
+    outcome = run_source(store, source)
+
+    assert outcome.ok and outcome.partial and outcome.points == 1
+    status = store.sources()[0]
+    assert (status.last_refused_pages, status.total_refused_pages, status.last_partial) == (1, 1, True)
+    assert "page 2" in (status.last_rejection or "")
+    assert store.count_points() == 1
+
+
+def test_a_malformed_first_azure_page_fails_the_run_and_stores_nothing(engine: Engine) -> None:
+    store = _store(engine)
+    source, _ = _azure([(CORPUS / "azure_retail" / "truncated.json").read_bytes()])
+
+    outcome = run_source(store, source)
+
+    assert not outcome.ok and store.count_points() == 0
+    assert store.sources()[0].consecutive_failures == 1
+
+
+def test_an_azure_next_page_link_that_loops_stops_the_run(engine: Engine) -> None:
+    store = _store(engine)
+    page = _page("azure_retail/price_negative.json")
+    one = {**page, "Items": page["Items"][1:]}
+    two = {**page, "Items": [{**page["Items"][1], "armRegionName": "westus2"}]}
+    source, served = _azure([_body(one, _link(1)), _body(two, _link(1))])  # page 2 links to itself
+
+    outcome = run_source(store, source)
+
+    assert outcome.ok and outcome.partial and outcome.points == 2
+    assert served.requests == 2  # page 2 is not fetched again
+    assert "a loop" in (store.sources()[0].last_error or "")
+
+
+def test_a_10_mb_azure_page_is_read_by_the_collector(engine: Engine) -> None:
+    store = _store(engine)
+    bad_item = _page("azure_retail/price_negative.json")["Items"][0]
+    source, _ = _azure([_body(_azure_ten_mb(bad_item), None)])
+
+    outcome = run_source(store, source)
+
+    assert outcome.ok and (outcome.points, outcome.bad_records) == (1, 1) and outcome.skipped > 10_000
+
+
+def _gcp_response(page: dict[str, Any], token: str) -> Any:
+    from google.cloud import billing_v1
+
+    return billing_v1.ListSkusResponse.from_json(
+        json.dumps({**page, "nextPageToken": token}), ignore_unknown_fields=True
+    )
+
+
+def _gcp_source(pages: Iterator[Any]) -> GcpPriceSource:
+    source = GcpPriceSource(regions=None, project=None)
+    source._catalog_pages = lambda: pages  # type: ignore[method-assign]
+    return source
+
+
+def test_the_gcp_collector_keeps_the_good_skus_and_counts_the_bad_ones(engine: Engine) -> None:
+    store = _store(engine)
+    good = _page("gcp_skus/price_zero.json")
+    good["skus"][2] = _page("gcp_skus/time_future.json")["skus"][2]
+    good["skus"][2]["pricingInfo"][0]["effectiveTime"] = "2026-11-29T08:00:00Z"
+    bad_skus = []
+    for name in ("price_zero", "price_negative", "price_absurd", "currency_eur", "unit_month", "regions_missing"):
+        sku = _page(f"gcp_skus/{name}.json")["skus"][2]
+        sku["description"] = sku["description"].replace("L4", "Tesla T4")  # a GPU of its own: no conflict
+        bad_skus.append(sku)
+    pages = iter([_gcp_response(good, "t1"), _gcp_response({"skus": bad_skus}, "")])
+
+    outcome = run_source(store, _gcp_source(pages))
+
+    assert outcome.ok and not outcome.partial
+    assert outcome.bad_records == len(bad_skus) and outcome.points > 0
+    assert {p.key.instance_type.split("-")[0] for p in store.snapshot(include_stale=True)} == {"g2"}  # no T4 VM priced
+
+
+def test_the_gcp_collector_refuses_composed_prices_in_the_future_or_an_unknown_region(engine: Engine) -> None:
+    store = _store(engine)
+    future = _page("gcp_skus/time_future.json")
+    moon = _page("gcp_skus/region_unknown.json")
+
+    outcome = run_source(store, _gcp_source(iter([_gcp_response(future, "")])))
+    assert outcome.ok and outcome.points == 0 and outcome.bad_records == 8
+    outcome = run_source(store, _gcp_source(iter([_gcp_response(moon, "")])))
+    assert outcome.ok and outcome.points == 0 and outcome.bad_records == 8
+    assert store.count_points() == 0
+    assert store.sources()[0].total_bad_records == 16
+
+
+def test_a_gcp_next_page_token_that_loops_stops_the_run() -> None:
+    good = _page("gcp_skus/price_negative.json")
+    good["skus"][2] = _page("gcp_skus/price_zero.json")["skus"][2]
+    good["skus"][2]["pricingInfo"][0]["pricingExpression"]["tieredRates"][0]["unitPrice"]["nanos"] = 560040000
+
+    def forever() -> Iterator[Any]:
+        n = 0
+        while True:  # a server that keeps answering the same token
+            n += 1
+            yield _gcp_response(good, "same-token")
+            assert n < 10, "the collector followed a looping nextPageToken"
+
+    result = _gcp_source(forever()).fetch(None)  # type: ignore[arg-type]
+
+    assert result.partial and result.pages == 2 and "loop" in result.errors[0]
+    assert len(result.points) > 0
+
+
+class _FakeEc2:
+    """An EC2 client whose spot history paginator yields the given raw pages."""
+
+    def __init__(self, pages: list[Any]) -> None:
+        self.pages = pages
+
+    def get_paginator(self, name: str) -> Any:
+        pages = self.pages
+
+        class _Paginator:
+            def paginate(self, **_: Any) -> list[Any]:
+                return pages
+
+        return _Paginator()
+
+
+def test_the_aws_spot_collector_stores_the_good_records_and_counts_every_bad_one(engine: Engine) -> None:
+    store = _store(engine)
+    names = [
+        n
+        for n, m in sorted(MANIFEST.items())
+        if n.startswith("aws_spot/") and m["expect"] == "refused" and "record" not in m["defect"].lower()
+    ]
+    pages: list[Any] = []
+    for name in names:
+        try:
+            page = _page(name)
+        except ValueError:
+            continue  # a page that is not JSON never reaches the collector: boto3 refuses it
+        if isinstance(page.get("SpotPriceHistory"), list):
+            pages.append(page)
+    assert len(pages) >= 12
+    source = AwsSpotSource(["us-east-1"], client_factory=lambda region: _FakeEc2(pages))
+
+    outcome = run_source(store, source)
+
+    assert outcome.ok
+    stored = {(p.key.zone, p.key.instance_type, p.usd_per_hour) for p in store.snapshot(include_stale=True)}
+    assert stored == {("us-east-1c", "p2.xlarge", 0.27)}  # the good record of the pages, never a bad one
+    assert outcome.bad_records >= len(pages)
+
+
+def test_a_looping_aws_next_token_is_stopped_by_botocore_and_the_region_is_partial(engine: Engine) -> None:
+    import boto3
+    from botocore.stub import Stubber
+
+    store = _store(engine)
+    client = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    page = _page("aws_spot/price_negative.json")["SpotPriceHistory"][1:]
+    for rec in page:
+        rec["Timestamp"] = datetime.fromisoformat(rec["Timestamp"].replace("Z", "+00:00"))
+    for _ in range(3):
+        stub.add_response("describe_spot_price_history", {"SpotPriceHistory": page, "NextToken": "again"})
+    with stub:
+        outcome = run_source(store, AwsSpotSource(["us-east-1"], client_factory=lambda region: client))
+
+    assert outcome.ok and outcome.partial and outcome.points >= 1
+    assert "same next token" in (store.sources()[0].last_error or "").lower()
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MANIFEST if n.startswith("aws_price_list/")))
+def test_every_bad_price_list_page_leaves_no_point(name: str) -> None:
+    """The on-demand collector's Price List pages (not imported): the parser and the screen the
+    collector's run applies refuse every bad product; a $0.00 is skipped as not offered."""
+    entry = MANIFEST[name]
+    page = parse_price_list_page(_page(name), where=name)
+    known = [*load_instance_catalog(CATALOG), *page.instance_types]
+    screened = screen_frame(points_frame(page.points), gpus=gpu_counts(known), now=NOW)
+
+    assert len(screened.frame) == 0
+    if entry["expect"] == "refused":
+        assert page.problems.bad + screened.refused == 1
+        assert entry["reason"].lower() in " ".join(page.problems.reasons + screened.reasons).lower()
+    else:
+        assert (page.problems.skipped, page.problems.bad, screened.refused) == (1, 0, 0)
+
+
+# ----------------------------------------------------------------------------------------- shown
+
+
+def test_prices_sources_shows_the_rejections(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from api.cli.main import app
+    from costopt.settings import get_settings
+
+    monkeypatch.setenv("COSTOPT_DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
+    get_settings.cache_clear()
+    try:
+        runner = CliRunner()
+        result = runner.invoke(app, ["prices", "import", str(CORPUS / "azure_retail" / "price_negative.json")])
+        assert result.exit_code != 0
+        result = runner.invoke(app, ["prices", "sources", "-f", "json"])
+        assert result.exit_code == 0
+        rows = json.loads(result.stdout)
+        table = runner.invoke(app, ["prices", "sources"])
+    finally:
+        get_settings.cache_clear()
+    (row,) = rows
+    assert row["name"] == "import:azure-retail-page"
+    assert (row["total_refused_pages"], row["total_bad_records"]) == (1, 1)
+    assert "negative price" in row["last_rejection"] and row["last_rejection_at"]
+    assert "pages refused" in table.stdout and "import:azure-retail-page" in table.stdout
+
+
+def test_zero_is_not_a_price_anywhere() -> None:
+    from costopt.domain import OfferKey, PricePoint
+
+    key = OfferKey(Cloud.AWS, "us-east-1", "", "p3.2xlarge", Market.ON_DEMAND)
+    with pytest.raises(BadRecord, match="zero"):
+        PricePoint(key, NOW, 0.0, "test")
+    frame = points_frame([PricePoint(key, NOW, 1.0, "test")]).assign(usd_per_hour=0.0)
+    assert screen_frame(frame, now=NOW).refused == 1
+    with pytest.raises(MalformedInput):
+        parse_retail_page({"Items": [], "NextPageLink": 3})
+    shape = InstanceType(Cloud.AWS, "p3.2xlarge", "v100", 1)
+    assert gpu_counts([shape]) == {("aws", "p3.2xlarge"): 1.0}
