@@ -984,6 +984,9 @@ class JobEngine:
                 self._orphaned.add(job_id)
                 log.exception("engine: job %s: migration failed", job_id)
                 self.repo.add_event(job_id, "engine_error", f"{type(exc).__name__}: {exc}"[:2000], at=self.now())
+            except Exception:  # e.g. the database went away: the tick stops, the next one resumes the step
+                self._orphaned.add(job_id)
+                raise
             return
         with self._work_lock:
             fut = self._work.get(job_id)
