@@ -52,36 +52,40 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 def db_unavailable(exc: BaseException) -> bool:
     """True when ``exc`` (or an exception it was raised from) says the database cannot serve right now:
     the server is down or restarting, the connection was cut or timed out, the pool is exhausted, a lock
-    or serialization conflict (SQLAlchemy's ``OperationalError``, ``InterfaceError``, a DBAPI error that
-    invalidated its connection, ``DisconnectionError``, the pool's ``TimeoutError``, and the drivers' own
-    operational and interface errors). Such a failure is worth retrying; an integrity or programming
-    error is not."""
+    or serialization conflict (SQLAlchemy's ``OperationalError`` and ``InterfaceError``, a DBAPI error that
+    invalidated its connection, ``DisconnectionError``, the pool's ``TimeoutError``, psycopg's operational
+    and interface errors; on SQLite only a locked, busy or unopenable file or an I/O error: SQLite reports
+    a missing table or a syntax error as an operational error too). Such a failure is worth retrying; an
+    integrity or programming error is not."""
+    import psycopg
     from sqlalchemy import exc as sa_exc
 
-    kinds: list[type[BaseException]] = [
-        sa_exc.OperationalError,
-        sa_exc.InterfaceError,
-        sa_exc.DisconnectionError,
-        sa_exc.TimeoutError,
-        sqlite3.OperationalError,
-        sqlite3.InterfaceError,
-    ]
-    try:
-        import psycopg
-
-        kinds += [psycopg.OperationalError, psycopg.InterfaceError]
-    except ImportError:  # pragma: no cover - psycopg is a dependency
-        pass
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
-        if isinstance(cur, tuple(kinds)):
-            return True
-        if isinstance(cur, sa_exc.DBAPIError) and cur.connection_invalidated:
+        if isinstance(cur, sa_exc.DBAPIError):
+            if cur.connection_invalidated:
+                return True
+            if isinstance(cur.orig, sqlite3.Error):
+                return _sqlite_transient(cur.orig)
+            if isinstance(cur, sa_exc.OperationalError | sa_exc.InterfaceError):
+                return True
+        elif isinstance(cur, sqlite3.Error):
+            return _sqlite_transient(cur)
+        elif isinstance(
+            cur, sa_exc.DisconnectionError | sa_exc.TimeoutError | psycopg.OperationalError | psycopg.InterfaceError
+        ):
             return True
         cur = cur.__cause__ or cur.__context__
     return False
+
+
+_SQLITE_TRANSIENT = ("locked", "busy", "unable to open", "disk i/o")
+
+
+def _sqlite_transient(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.OperationalError) and any(m in str(exc).lower() for m in _SQLITE_TRANSIENT)
 
 
 def _alembic_config() -> Config:

@@ -280,7 +280,9 @@ def _operational() -> Exception:
 
 
 def test_only_errors_worth_retrying_count_as_the_database_being_unavailable() -> None:
-    from sqlalchemy.exc import IntegrityError, ProgrammingError
+    import sqlite3
+
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
     from costopt.db.engine import db_unavailable
     from costopt.errors import StoreError
@@ -294,6 +296,10 @@ def test_only_errors_worth_retrying_count_as_the_database_being_unavailable() ->
     assert not db_unavailable(ProgrammingError("SELECT", {}, Exception("syntax error")))
     assert not db_unavailable(StoreError("unsupported database 'mysql'"))
     assert not db_unavailable(ValueError("no"))
+    # SQLite names a missing table an operational error too: only a locked or unopenable file is transient
+    locked = OperationalError("UPDATE jobs", {}, sqlite3.OperationalError("database is locked"))
+    assert db_unavailable(locked)
+    assert not db_unavailable(OperationalError("SELECT", {}, sqlite3.OperationalError("no such table: jobs")))
 
 
 def test_a_route_whose_database_is_unavailable_answers_503_and_any_other_database_error_500() -> None:
