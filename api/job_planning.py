@@ -3,7 +3,9 @@
 A job's stored spec (the normalized ``POST /v1/jobs`` body) becomes the planner's inputs:
 
 - ``job_type`` (a catalog name) or ``throughput`` (the user's steps/s per accelerator, on the job's GPU
-  count: a one-job catalog whose cells are marked ``user``) -> :class:`~costopt.planning.model.JobSpec`;
+  count: a one-job catalog whose cells are marked ``user``; for a submitted job, its own catalog, which
+  learns from its progress and extends it to other GPUs: :func:`api.planning.own_job_catalog`)
+  -> :class:`~costopt.planning.model.JobSpec`;
   an unknown ``job_type`` raises :class:`UnknownJobType` with the catalog's closest names;
 - ``objective`` -> a planner objective; for a job already running, a deadline counts from submission
   (the hours left) and a budget less what the job has spent (when a ``spent`` function is given);
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from api.planning import catalog_at, offers_at, plan_now, planner_inputs, snapshot_time
+from api.planning import catalog_at, offers_at, own_job_catalog, plan_now, planner_inputs, snapshot_time
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.errors import CostoptError
 from costopt.jobs.placement import Placement
@@ -258,10 +260,21 @@ class JobPlanner:
         """When a plan without ``at`` is made: the service's time (``now``), or None (the settings' clock)."""
         return self.now() if self.now is not None else None
 
-    def catalog_for(self, spec: Mapping[str, Any]) -> tuple[JobType, ThroughputCatalog]:
-        """The job's type and the catalog to plan it on (raises :class:`UnknownJobType`)."""
+    def catalog_for(self, spec: Mapping[str, Any], job_id: str | None = None) -> tuple[JobType, ThroughputCatalog]:
+        """The job's type and the catalog to plan it on (raises :class:`UnknownJobType`). A job given by its
+        own ``throughput``: with ``job_id`` (a submitted job) its own catalog, which learns from its progress
+        and is then extended to other GPUs (:func:`api.planning.own_job_catalog`); without, the figures as given."""
         gpus = int(spec.get("gpus", 1))
         throughput = spec.get("throughput")
+        if throughput and job_id is not None:
+            return own_job_catalog(
+                self.settings,
+                self.store,
+                job_id,
+                {str(a): float(v) for a, v in throughput.items()},
+                gpus,
+                spec.get("precision") or DEFAULT_PRECISION,
+            )
         if throughput:
             catalog = ThroughputCatalog()
             for acc, steps_per_s in throughput.items():
@@ -289,17 +302,19 @@ class JobPlanner:
         top: int = 10,
         respect_unavailable: bool = True,
         only: OfferKey | None = None,
+        job_id: str | None = None,
     ) -> tuple[Now, Plan]:
         """Plan the job ``spec`` (its ``steps`` unless ``steps`` is given; its objective unless
         ``objective`` is given) at ``at`` (None: now by the settings' clock), whole-instance priced.
         ``only``: price this one offer (its constraints, ``exclude`` and unavailability are not applied).
-        Raises :class:`UnknownJobType` or :class:`JobInfeasible`."""
+        ``job_id``: the submitted job's (see :meth:`catalog_for`). Raises :class:`UnknownJobType` or
+        :class:`JobInfeasible`."""
         from costopt.planning.evaluate import OfferTable
         from costopt.planning.single import plan_job
 
         if at is None:
             at = self.default_at()
-        job_type, catalog = self.catalog_for(spec)
+        job_type, catalog = self.catalog_for(spec, job_id)
         inputs = planner_inputs(self.settings, self.store)
         assumptions = replace(inputs.assumptions, per_gpu_packing=False)
         job = JobSpec(
@@ -565,6 +580,7 @@ class JobPlanner:
                 location=location,
                 exclude=exclude,
                 top=top,
+                job_id=job.id,
             )
         except (UnknownJobType, JobInfeasible, InvalidJob):
             return []
@@ -584,6 +600,7 @@ class JobPlanner:
                 top=1,
                 respect_unavailable=False,
                 only=offer,
+                job_id=job.id,
             )
         except (UnknownJobType, JobInfeasible, InvalidJob):
             return None

@@ -12,6 +12,7 @@ unchanged (they plan on whatever offers they are given).
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from api.wiring import build_assumptions, build_catalog, build_hazards
-from costopt.domain import Cloud
+from costopt.domain import Cloud, normalize_accelerator
 from costopt.migration.unavailable import UnavailableOffers
 from costopt.planning.evaluate import OfferTable
 from costopt.planning.model import Assumptions, JobSpec, Objective, Plan
@@ -27,7 +28,7 @@ from costopt.planning.single import plan_job
 from costopt.risk.hazard import HazardModel
 from costopt.settings import Settings
 from costopt.throughput.catalog import ThroughputCatalog
-from costopt.throughput.model import DEFAULT_PRECISION, Precision
+from costopt.throughput.model import DEFAULT_PRECISION, JobType, Precision, ThroughputKey
 
 if TYPE_CHECKING:
     from costopt.throughput.registry import Measurement
@@ -74,23 +75,63 @@ def catalog_at(settings: Settings, store: PriceStore, precision: Precision = DEF
     return catalog
 
 
+OWN_CATALOGS = 1024
+"""Jobs' own catalogs kept per process (:func:`own_job_catalog`; all dropped when full)."""
+
+
+def own_job_catalog(
+    settings: Settings, store: PriceStore, job_id: str, given: Mapping[str, float], gpus: int, precision: Precision
+) -> tuple[JobType, ThroughputCatalog]:
+    """The job type and catalog of a job given by its own ``throughput`` (:func:`costopt.throughput.learning.
+    own_catalog`): the user's figures, the job's own measurements in their place, and (once anything is
+    learnt, unless ``settings.estimate_new_accelerators`` is off) estimates for the other GPUs. Cached per
+    job and precision; :func:`learn` drops the job's entry at its next measurement."""
+    from costopt.throughput.estimate import load_accelerator_specs
+    from costopt.throughput.learning import own_catalog
+    from costopt.throughput.registry import MeasurementRegistry, own_job_type
+
+    job_type = own_job_type(job_id)
+    key = f"own:{job_type.name}:{precision}"
+    with _lock:
+        cached = _cache.get(key)
+    if isinstance(cached, ThroughputCatalog):
+        return job_type, cached
+    learnt = MeasurementRegistry(store.engine).of_job_type(job_type, precision)
+    specs = load_accelerator_specs() if settings.estimate_new_accelerators and learnt else None
+    catalog = own_catalog(job_type, given, learnt, gpus=gpus, precision=precision, specs=specs)
+    with _lock:
+        if sum(1 for k in _cache if k.startswith("own:")) >= OWN_CATALOGS:
+            for k in [k for k in _cache if k.startswith("own:")]:
+                del _cache[k]
+        _cache[key] = catalog
+    return job_type, catalog
+
+
 def learn(m: Measurement) -> None:
     """Fold a running job's (or a user's) new measurement into the cached catalogs of its precision, so the
     next plan, placement and rebalance read it at once. A cell that already had a value (measured or
-    estimated) is updated in place (:meth:`ThroughputCatalog.with_measurement`; the estimates of other
-    cells stay until the next rebuild); a job type measured nowhere before drops that catalog, which is
-    rebuilt (and the job type estimated on the other GPUs) at its next use."""
-    from costopt.throughput.registry import source_precision
+    estimated) is updated in place (:meth:`ThroughputCatalog.with_measurement`). A job type known only from
+    registrations and jobs (no file cell) gets its estimates on the other GPUs refitted: scaled with its one
+    measured cell (:func:`costopt.throughput.learning.scale_estimates`, exact), or, once it is measured on
+    several GPUs, by a rebuild of that catalog at its next use; a file job type's estimates stay until the
+    next rebuild. A job type measured nowhere before drops that catalog, which is
+    rebuilt (and the job type estimated on the other GPUs) at its next use. A job's own job type (a job given
+    by its own throughput) drops that job's catalog (:func:`own_job_catalog`) instead."""
+    from costopt.throughput.registry import is_own_job_type, source_precision
 
     precision = source_precision(m.source)
-    key = "inputs" if precision == DEFAULT_PRECISION else f"catalog:{precision}"
+    if is_own_job_type(m.job_type):
+        with _lock:
+            _cache.pop(f"own:{m.job_type.name}:{precision}", None)
+        return
+    key_of = "inputs" if precision == DEFAULT_PRECISION else f"catalog:{precision}"
     with _lock:
-        cached = _cache.get(key)
+        cached = _cache.get(key_of)
         catalog = cached.catalog if isinstance(cached, PlannerInputs) else cached
         if not isinstance(catalog, ThroughputCatalog):
             return
         if m.job_type not in catalog.job_types():
-            _cache.pop(key, None)
+            _cache.pop(key_of, None)
             return
         updated = catalog.with_measurement(
             m.job_type,
@@ -101,7 +142,27 @@ def learn(m: Measurement) -> None:
             n_measurements=m.n_measurements,
             provenance=m.provenance,
         )
-        _cache[key] = replace(cached, catalog=updated) if isinstance(cached, PlannerInputs) else updated
+        mine = {k: c for k, c in updated.cells.items() if k.job_type == m.job_type}
+        if any(c.is_estimate for c in mine.values()) and not any(c.provenance == "measured" for c in mine.values()):
+            # known from registrations and jobs only: its estimates follow the new value at once
+            from costopt.throughput.learning import scale_estimates
+
+            key = ThroughputKey(m.job_type, normalize_accelerator(m.accelerator), m.gpu_count, m.placement)
+            old, new = catalog.cells.get(key), updated.cells[key]
+            measured_1gpu = {k.accelerator for k, c in mine.items() if k.gpu_count == 1 and not c.is_estimate}
+            if (
+                old is None
+                or old.is_estimate
+                or not old.can_run
+                or not new.can_run
+                or key.gpu_count != 1
+                or key.placement != "consolidated"
+                or measured_1gpu != {key.accelerator}
+            ):
+                _cache.pop(key_of, None)  # measured on another GPU now: refitted at the next use
+                return
+            updated = scale_estimates(updated, m.job_type, new.steps_per_s / old.steps_per_s)
+        _cache[key_of] = replace(cached, catalog=updated) if isinstance(cached, PlannerInputs) else updated
 
 
 def reset() -> None:

@@ -251,6 +251,9 @@ def decide_many(
     score = np.where(pre[:, None], -(rem[:, None] * cand_cps + move_cost_all), saving_all - move_cost_all)
     score = np.where(usable, score, -np.inf)
     has = usable.any(axis=1)
+    if n_cand == 0:  # no candidate at all: one unusable column (argmax and the picks need one); every job stays
+        score = np.full((n_jobs, 1), -np.inf)
+        saving_all = move_cost_all = np.full((n_jobs, 1), np.nan)
     target = np.where(has, np.argmax(score, axis=1), -1).astype(np.int64)
     rows = np.arange(n_jobs)
     pick = np.maximum(target, 0)

@@ -14,14 +14,20 @@ A measurement is written to the :class:`~costopt.throughput.registry.Measurement
 ``on_measurement`` (the service drops its cached catalogs there, so the next plan, placement or
 rebalance reads it). The catalog folds it into the cell like any measurement (count-weighted mean with
 a measured cell; it replaces an estimate, and the estimator then extends the job type to other GPUs).
+
+A job given by its own ``throughput`` (steps/s per accelerator, no catalog job type) is learnt as its own
+job type (:func:`~costopt.throughput.registry.own_job_type`); :func:`own_catalog` is what it is then
+planned on: the user's figures, its measurements in their place, and the estimator's extension of its
+measurements to the other GPUs (with intervals).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,8 +35,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from costopt.domain import OfferKey, normalize_accelerator
 from costopt.errors import CostoptError
-from costopt.throughput.model import DEFAULT_PRECISION, JobType, Precision, check_precision
-from costopt.throughput.registry import Measurement, MeasurementRegistry, job_source
+from costopt.throughput.catalog import ThroughputCatalog
+from costopt.throughput.model import DEFAULT_PRECISION, JobType, Precision, ThroughputKey, check_precision
+from costopt.throughput.registry import Measurement, MeasurementRegistry, job_source, own_job_type
+from costopt.throughput.specs import AcceleratorSpec
 
 log = logging.getLogger(__name__)
 
@@ -134,22 +142,24 @@ def engine_observer(
 ) -> Callable[[Any, Any, Any], None]:
     """The job engine's ``progress_observer``: each look at a catalog job's copy (the job record, its
     migrator record, the copy's :class:`~costopt.agent.progress.EpochProgress`) as a :class:`CopyLook`
-    on the accelerator ``shape_of`` names for the copy's offer. Jobs given by their own throughput, copies
-    on an offer of unknown shape, and looks without a report are skipped. Never raises (a failure is
-    logged): learning must not stop the engine."""
+    on the accelerator ``shape_of`` names for the copy's offer; a job given by its own ``throughput`` as its
+    own job type (:func:`~costopt.throughput.registry.own_job_type`). Jobs with neither, copies on an offer
+    of unknown shape, and looks without a report are skipped. Never raises (a failure is logged): learning
+    must not stop the engine."""
 
     def observe(job: Any, mj: Any, prog: Any) -> None:
         try:
-            name = (job.spec or {}).get("job_type")
+            spec = job.spec or {}
+            name = spec.get("job_type")
             offer = getattr(mj, "offer", None)
-            if not name or offer is None or prog is None or prog.last_report_at is None:
+            if not (name or spec.get("throughput")) or offer is None or prog is None or prog.last_report_at is None:
                 return
             shape = shape_of(offer)
             if shape is None:
                 return
             look = CopyLook(
                 job_id=str(job.id),
-                job_type=JobType.parse(str(name)),
+                job_type=JobType.parse(str(name)) if name else own_job_type(str(job.id)),
                 accelerator=normalize_accelerator(shape[0]),
                 gpu_count=int(job.spec.get("gpus", 1)),
                 precision=check_precision(job.spec.get("precision") or DEFAULT_PRECISION),
@@ -162,3 +172,62 @@ def engine_observer(
             log.warning("job %s: its throughput was not learnt from this look: %s", getattr(job, "id", "?"), exc)
 
     return observe
+
+
+def own_catalog(
+    job_type: JobType,
+    given: Mapping[str, float],
+    learnt: Sequence[Measurement],
+    *,
+    gpus: int,
+    precision: Precision,
+    specs: Mapping[str, AcceleratorSpec] | None,
+) -> ThroughputCatalog:
+    """The catalog of a job given by its own throughput (steps/s of the whole job on ``gpus`` GPUs):
+
+    - ``given``: the user's figures per accelerator (``user`` cells), planned on as they are;
+    - ``learnt``: the job's measurements (of ``job_type``, on ``gpus`` GPUs, consolidated; others are
+      ignored): their count-weighted mean *replaces* the user's figure on their accelerator (what the job
+      did beats what was said);
+    - ``specs`` (None: no extension): once anything is learnt, every other accelerator with specs gets the
+      hardware estimator's value (``family-calibrated``: a model of unknown family, at ``precision``) from
+      the learnt cells alone, with its interval, where the user gave nothing. The estimator sees the job's
+      figures as 1-GPU values (the ratio between GPUs of an n-GPU job is taken to be the 1-GPU one), and
+      its memory guard applies (no estimate on a GPU with less memory than the smallest it ran on).
+    """
+    from costopt.throughput.estimate import estimate_catalog
+
+    catalog = ThroughputCatalog(job_type_order=(job_type,))
+    for acc, steps_per_s in given.items():
+        catalog = catalog.with_measurement(job_type, str(acc), gpus, float(steps_per_s))
+    mine = [m for m in learnt if m.job_type == job_type and m.gpu_count == gpus and m.placement == "consolidated"]
+    if not mine:
+        return catalog
+    one = ThroughputCatalog(job_type_order=(job_type,))
+    for m in mine:
+        one = one.with_measurement(job_type, m.accelerator, 1, m.steps_per_s, n_measurements=m.n_measurements)
+    if specs is not None:
+        one = estimate_catalog(one, specs, precision=precision)
+    out = dict(catalog.cells)
+    for key, cell in one.cells.items():
+        if key.gpu_count != 1 or key.placement != "consolidated":
+            continue
+        at_n = ThroughputKey(job_type, key.accelerator, gpus)
+        if not cell.is_estimate or at_n not in out:
+            out[at_n] = cell
+    return ThroughputCatalog(out, {}, (job_type,))
+
+
+def scale_estimates(catalog: ThroughputCatalog, job_type: JobType, factor: float) -> ThroughputCatalog:
+    """``catalog`` with every estimate of ``job_type`` (and its interval) times ``factor``. When the job
+    type's only measured 1-GPU cell changes by ``factor``, this is what refitting gives it: the estimators
+    (``family-calibrated``, ``hardware-loglinear``, ``v100-scaling``) are linear in the level of a job type
+    measured on one accelerator."""
+    if not (factor > 0 and math.isfinite(factor)):
+        raise ValueError(f"factor must be a finite number > 0, got {factor!r}")
+    cells = dict(catalog.cells)
+    for key, cell in catalog.cells.items():
+        if key.job_type == job_type and cell.is_estimate:
+            lo_hi = None if cell.interval is None else (cell.interval[0] * factor, cell.interval[1] * factor)
+            cells[key] = replace(cell, steps_per_s=cell.steps_per_s * factor, interval=lo_hi)
+    return ThroughputCatalog(cells, catalog.pairs, catalog.job_type_order)

@@ -5,12 +5,18 @@ they were recorded (:meth:`ThroughputCatalog.with_measurement`: a count-weighted
 A measurement names its precision at the end of its source (``job:<id>:<precision>`` for a running
 job's, :mod:`costopt.throughput.learning`; ``<who>:<precision>`` for a registration) and is folded only
 into a catalog of that precision; a source naming none is taken to be at ``fp32``.
+
+A job given by its own ``throughput`` (no catalog job type) is learnt as its own job type
+(:func:`own_job_type`, ``job <id>``): those measurements belong to that one job's catalog
+(:func:`costopt.throughput.learning.own_catalog`) and are left out of the shared one
+(:meth:`MeasurementRegistry.apply`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import Engine, select
 
@@ -31,6 +37,18 @@ from costopt.throughput.model import (
 )
 
 JOB_SOURCE_PREFIX = "job:"
+OWN_JOB_TYPE_PREFIX = "job "
+"""The model name of a job given by its own throughput: ``job <job id>`` (:func:`own_job_type`)."""
+
+
+def own_job_type(job_id: str) -> JobType:
+    """The job type a job given by its own ``throughput`` is learnt as (one per job)."""
+    return JobType(f"{OWN_JOB_TYPE_PREFIX}{job_id}")
+
+
+def is_own_job_type(job_type: JobType) -> bool:
+    """Whether ``job_type`` is one job's own (:func:`own_job_type`), not a catalog job type."""
+    return job_type.batch_size is None and job_type.model.startswith(OWN_JOB_TYPE_PREFIX)
 
 
 def job_source(job_id: str, precision: Precision) -> str:
@@ -99,27 +117,23 @@ class MeasurementRegistry:
         """Every measurement, oldest first."""
         with self.engine.connect() as conn:
             rows = conn.execute(select(t_meas).order_by(t_meas.c.id)).fetchall()
-        return [
-            Measurement(
-                job_type=as_job_type(r.job_type),
-                accelerator=r.accelerator,
-                gpu_count=r.gpu_count,
-                steps_per_s=r.steps_per_s,
-                placement=r.placement,
-                n_measurements=r.n_measurements,
-                provenance=r.provenance,
-                source=r.source,
-                measured_at=r.measured_at,
-            )
-            for r in rows
-        ]
+        return [_measurement(r) for r in rows]
+
+    def of_job_type(self, job_type: JobType, precision: Precision | None = None) -> list[Measurement]:
+        """The measurements of ``job_type`` (taken at ``precision``; None: any), oldest first."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(t_meas).where(t_meas.c.job_type == job_type.name).order_by(t_meas.c.id)
+            ).fetchall()
+        out = [_measurement(r) for r in rows]
+        return out if precision is None else [m for m in out if source_precision(m.source) == precision]
 
     def apply(self, catalog: ThroughputCatalog, precision: Precision = DEFAULT_PRECISION) -> ThroughputCatalog:
         """``catalog`` with every recorded measurement taken at ``precision`` folded in, oldest first. At a
         precision other than ``fp32`` a measurement replaces a file (``measured``, fp32) cell instead of
-        being averaged with it."""
+        being averaged with it. Jobs' own job types (:func:`is_own_job_type`) are left out."""
         for m in self.all():
-            if source_precision(m.source) != precision:
+            if source_precision(m.source) != precision or is_own_job_type(m.job_type):
                 continue
             if precision != DEFAULT_PRECISION:
                 key = ThroughputKey(m.job_type, normalize_accelerator(m.accelerator), m.gpu_count, m.placement)
@@ -137,3 +151,17 @@ class MeasurementRegistry:
                 provenance=m.provenance,
             )
         return catalog
+
+
+def _measurement(r: Any) -> Measurement:
+    return Measurement(
+        job_type=as_job_type(r.job_type),
+        accelerator=r.accelerator,
+        gpu_count=r.gpu_count,
+        steps_per_s=r.steps_per_s,
+        placement=r.placement,
+        n_measurements=r.n_measurements,
+        provenance=r.provenance,
+        source=r.source,
+        measured_at=r.measured_at,
+    )

@@ -129,6 +129,12 @@ def test_the_current_offer_is_never_a_move_target_while_running() -> None:
     assert d.action is Action.STAY and d.reason is Reason.NO_CANDIDATE
 
 
+def test_no_candidate_at_all_stays() -> None:
+    # a running job with nowhere else to go (the rebalancer excludes its own offer): failed on an empty argmax
+    d = choose(job(), [], NOW)
+    assert d.action is Action.STAY and d.reason is Reason.NO_CANDIDATE and d.target is None
+
+
 def test_offers_that_cannot_run_the_job_are_no_candidates() -> None:
     d = decide(job(), quote(Cloud.AZURE, "eastus", "", 0.01, 0.0), NOW)
     assert d.action is Action.STAY and d.reason is Reason.NO_CANDIDATE and d.saving_usd == 0

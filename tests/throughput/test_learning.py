@@ -29,7 +29,7 @@ from costopt.throughput import ThroughputCatalog, estimate_catalog
 from costopt.throughput.estimate import AcceleratorSpec
 from costopt.throughput.learning import CopyLook, ThroughputLearner, engine_observer
 from costopt.throughput.model import JobType
-from costopt.throughput.registry import Measurement, MeasurementRegistry, source_precision
+from costopt.throughput.registry import Measurement, MeasurementRegistry, own_job_type, source_precision
 from pricing.store import PriceStore
 from providers.sim import SimCloud, SimConfig
 from tests.price_support import step_prices
@@ -79,7 +79,7 @@ def test_the_engine_observer_skips_what_it_cannot_attribute() -> None:
     observe = engine_observer(learner, {offer: ("A100", 1.0)}.get)  # type: ignore[arg-type]
     prog = SimpleNamespace(epoch=1, last_step=10, last_report_at=5.0)
     mj = SimpleNamespace(offer=offer)
-    observe(SimpleNamespace(id="j", spec={"throughput": {"a100": 3.0}}), mj, prog)  # its own throughput
+    observe(SimpleNamespace(id="j", spec={"steps": 10}), mj, prog)  # neither a job type nor its own throughput
     observe(SimpleNamespace(id="j", spec={"job_type": JT.name}), SimpleNamespace(offer=None), prog)
     observe(
         SimpleNamespace(id="j", spec={"job_type": JT.name}),
@@ -90,6 +90,9 @@ def test_the_engine_observer_skips_what_it_cannot_attribute() -> None:
     assert looks == []
     observe(SimpleNamespace(id="j", spec={"job_type": JT.name, "gpus": 1, "precision": "tf32"}), mj, prog)
     assert looks == [CopyLook("j", JT, "a100", 1, "tf32", 1, 10, 5.0)]
+    # a job given by its own throughput is learnt as its own job type
+    observe(SimpleNamespace(id="k", spec={"throughput": {"a100": 3.0}, "gpus": 2, "precision": "amp"}), mj, prog)
+    assert looks[1:] == [CopyLook("k", own_job_type("k"), "a100", 2, "amp", 1, 10, 5.0)]
 
 
 # --- a job whose true speed on the A100 is half the estimate, on the simulated cloud -------------------------
