@@ -16,6 +16,7 @@ The file's schema (docs/planning.md, "Collections"):
       - {cloud: azure, gpus: 32}
     jobs:
       - {type: "ResNet-50 (batch size 128)", steps: 500000, count: 20, gpus: 1, name: r50}
+      - {type: "Transformer (batch size 64)", steps: 200000, precision: amp}  # fp32 (default), tf32, amp
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class _Job(BaseModel):
     count: int = Field(default=1, ge=1)
     gpus: Literal[1, 2, 4, 8] = 1
     name: str | None = None
+    precision: Literal["fp32", "tf32", "amp"] = "fp32"
 
 
 class BatchFile(BaseModel):
@@ -121,7 +123,11 @@ def build_spec(batch: BatchFile) -> CollectionSpec:
             msg = msg.replace(key, field)
         raise typer.BadParameter(f"objective: {msg}", param_hint="FILE") from exc
     groups = tuple(
-        JobGroup(JobSpec(JobType.parse(j.type), j.steps, j.gpus), j.count, j.name or f"{j.type} x{j.count}")
+        JobGroup(
+            JobSpec(JobType.parse(j.type), j.steps, j.gpus, precision=j.precision),
+            j.count,
+            j.name or f"{j.type} x{j.count}",
+        )
         for j in batch.jobs
     )
     quotas = tuple(Quota(q.cloud.value, q.region, q.gpus) for q in batch.quotas)
@@ -177,7 +183,7 @@ def plan_batch(
 ) -> None:
     """Plan a collection of jobs together: a sweep by a shared deadline at minimum cost, or the
     shortest makespan within a budget, under GPU quotas per cloud/region."""
-    from api.planning import offers_at, planner_inputs
+    from api.planning import catalog_at, offers_at, planner_inputs
     from api.wiring import build_store, build_unavailable, seed_if_empty
     from costopt.planning.collection import CollectionInfeasible, SolverOptions, plan_collection
     from costopt.planning.collection_solve import new_highs
@@ -197,8 +203,14 @@ def plan_batch(
         )
         table = OfferTable.from_frame(frame, inputs.hazards)
         try:
+            catalogs = {p: catalog_at(settings, store, p) for p in sorted({g.job.precision for g in spec.groups})}
             plan = plan_collection(
-                spec, table, inputs.catalog, inputs.assumptions, options=SolverOptions(time_limit_s=time_limit)
+                spec,
+                table,
+                inputs.catalog,
+                inputs.assumptions,
+                options=SolverOptions(time_limit_s=time_limit),
+                catalogs=catalogs,
             )
         except CollectionInfeasible as exc:
             note(f"[red]infeasible[/red] ({exc.binding}): {exc}")

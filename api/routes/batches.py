@@ -68,7 +68,7 @@ def _plan(
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(the plan's summary, each job's quote) of the batch."""
     from api.cli.plan_batch import plan_record
-    from api.planning import planner_inputs
+    from api.planning import catalog_at, planner_inputs
     from costopt.planning.collection import (
         CollectionInfeasible,
         CollectionSpec,
@@ -78,7 +78,8 @@ def _plan(
         plan_collection,
     )
     from costopt.planning.model import JobSpec
-    from costopt.throughput.model import JobType
+    from costopt.throughput.catalog import ThroughputCatalog
+    from costopt.throughput.model import DEFAULT_PRECISION, JobType, Precision
 
     constraints = [s.get("constraints") or {} for s in specs]
     if any(c != constraints[0] for c in constraints):
@@ -89,17 +90,22 @@ def _plan(
             [{"field": "jobs.*.constraints", "problem": "differs between jobs"}],
         )
     inputs = planner_inputs(planner.settings, planner.store)
-    catalog = inputs.catalog
+    catalogs: dict[Precision, ThroughputCatalog] = {}  # each job's throughputs at its precision
     groups = []
     types = []
     for i, spec in enumerate(specs):
         job_type, _ = planner.catalog_for(spec)
+        precision: Precision = spec.get("precision") or DEFAULT_PRECISION
+        if precision not in catalogs:
+            catalogs[precision] = catalog_at(planner.settings, planner.store, precision)
         if spec.get("throughput"):
             job_type = JobType(f"user throughput {i}")
             for acc, v in spec["throughput"].items():
-                catalog = catalog.with_measurement(job_type, acc, int(spec["gpus"]), float(v))
+                catalogs[precision] = catalogs[precision].with_measurement(job_type, acc, int(spec["gpus"]), float(v))
         types.append(job_type)
-        groups.append(JobGroup(JobSpec(job_type, float(spec["steps"]), int(spec["gpus"])), 1, f"job {i}"))
+        job = JobSpec(job_type, float(spec["steps"]), int(spec["gpus"]), precision=precision)
+        groups.append(JobGroup(job, 1, f"job {i}"))
+    catalog = catalogs.get(DEFAULT_PRECISION, inputs.catalog)
     objective = _collection_objective(body)
     quotas = tuple(Quota(q.cloud.value, q.region, q.gpus) for q in body.quotas)
     now, _, table = planner.offer_table(planner.default_at(), constraints[0], inputs.hazards)
@@ -111,6 +117,7 @@ def _plan(
             catalog,
             assumptions,
             options=SolverOptions(time_limit_s=30.0),
+            catalogs=catalogs,
         )
     except CollectionInfeasible as exc:
         details: list[dict[str, Any]] = [{"binding": exc.binding}]
@@ -139,7 +146,9 @@ def _plan(
             "usd_per_hour": a.job_usd_per_hour,
             "expected_hours": a.expected_hours,
             "expected_cost_usd": str(a.cost_per_job_usd.quantize(_MICRO)),
-            "steps_per_s": _steps_per_s(catalog, types[i], a.accelerator, int(specs[i]["gpus"])),
+            "steps_per_s": _steps_per_s(
+                catalogs[specs[i].get("precision") or DEFAULT_PRECISION], types[i], a.accelerator, int(specs[i]["gpus"])
+            ),
         }
         others = _alternatives(planner, specs[i], offer)
         quotes.append(

@@ -104,7 +104,7 @@ from costopt.planning.collection_solve import (
 from costopt.planning.evaluate import WHY_NOT, Evaluation, OfferTable, evaluate, throughput_by_accelerator
 from costopt.planning.model import Assumptions, Infeasible, InvalidJob, JobSpec, money, to_cents
 from costopt.throughput.catalog import ThroughputCatalog
-from costopt.throughput.model import JobType
+from costopt.throughput.model import DEFAULT_PRECISION, JobType, Precision
 
 __all__ = [
     "Allocation",
@@ -122,6 +122,7 @@ __all__ = [
     "SolverOptions",
     "SweepMinCost",
     "build_pair_model",
+    "catalog_for_group",
     "plan_collection",
 ]
 
@@ -407,20 +408,43 @@ def _job_confidence(objective: CollectionObjective, total_jobs: int) -> float | 
     return objective.confidence
 
 
+def catalog_for_group(
+    group: JobGroup, catalog: ThroughputCatalog, catalogs: Mapping[Precision, ThroughputCatalog] | None
+) -> ThroughputCatalog:
+    """The catalog ``group``'s jobs are planned on: ``catalogs[precision]`` for their precision, else
+    ``catalog`` for jobs at the default ``fp32``. Raises :class:`~costopt.planning.model.InvalidJob` for a
+    group at another precision without its catalog (planning it on the ``fp32`` one would be wrong)."""
+    precision = group.job.precision
+    if catalogs is not None and precision in catalogs:
+        return catalogs[precision]
+    if precision == DEFAULT_PRECISION:
+        return catalog
+    raise InvalidJob(
+        f"group {group.name!r} runs at {precision}: pass its catalog as catalogs={{{precision!r}: ...}} "
+        "(api.planning.catalog_at builds it)"
+    )
+
+
 def _evaluate_groups(
-    spec: CollectionSpec, table: OfferTable, catalog: ThroughputCatalog, assumptions: Assumptions
+    spec: CollectionSpec,
+    table: OfferTable,
+    catalog: ThroughputCatalog,
+    assumptions: Assumptions,
+    catalogs: Mapping[Precision, ThroughputCatalog] | None = None,
 ) -> _Grid:
     confidence = _job_confidence(spec.objective, spec.total_jobs)
-    tput_cache: dict[tuple[JobType, int], tuple[np.ndarray, np.ndarray]] = {}
+    tput_caches: dict[Precision, dict[tuple[JobType, int], tuple[np.ndarray, np.ndarray]]] = {}
     done: dict[JobSpec, tuple[Evaluation, FloatArray | None]] = {}
     rows: list[tuple[Evaluation, FloatArray | None]] = []
     for group in spec.groups:
         job = group.job
         if job not in done:
+            at = catalog_for_group(group, catalog, catalogs)
+            tput_cache = tput_caches.setdefault(job.precision, {})
             key = (job.job_type, job.gpu_count)
             if key not in tput_cache:
-                tput_cache[key] = throughput_by_accelerator(catalog, job.job_type, job.gpu_count, table.accelerators)
-            ev = evaluate(job, table, catalog, assumptions, tput_cache=tput_cache)
+                tput_cache[key] = throughput_by_accelerator(at, job.job_type, job.gpu_count, table.accelerators)
+            ev = evaluate(job, table, at, assumptions, tput_cache=tput_cache)
             q = ev.hours_at_confidence(confidence, assumptions) if confidence is not None else None
             done[job] = (ev, q)
         rows.append(done[job])
@@ -898,6 +922,7 @@ def build_pair_model(
     assumptions: Assumptions | None = None,
     *,
     prune: bool = True,
+    catalogs: Mapping[Precision, ThroughputCatalog] | None = None,
 ) -> PairModel:
     """The (group, offer) pair arrays :func:`plan_collection` hands the solver (for benchmarks and
     inspection): evaluation, admissibility and exact pruning, without solving. Raises
@@ -905,7 +930,7 @@ def build_pair_model(
     a = assumptions or Assumptions()
     if len(table) == 0:
         raise CollectionInfeasible("no offer is in effect at the planning time", binding="offers")
-    grid = _evaluate_groups(spec, table, catalog, a)
+    grid = _evaluate_groups(spec, table, catalog, a, catalogs)
     _check_groups(spec, grid)
     return _pair_model(spec, grid, _quota_members(spec.quotas, table), prune)[0]
 
@@ -917,8 +942,12 @@ def plan_collection(
     assumptions: Assumptions | None = None,
     *,
     options: SolverOptions | None = None,
+    catalogs: Mapping[Precision, ThroughputCatalog] | None = None,
 ) -> CollectionPlan:
     """Place every job of ``spec`` on the offers of ``table`` under its objective and quotas.
+
+    A group's throughputs come from the catalog of its jobs' precision (:func:`catalog_for_group`):
+    ``catalogs[precision]``, else ``catalog`` for ``fp32`` jobs.
 
     Each group is evaluated once (:func:`costopt.planning.evaluate.evaluate`); the MILP is solved by
     the backend of ``options`` (see the module docstring). Raises :class:`CollectionInfeasible` naming
@@ -933,7 +962,7 @@ def plan_collection(
         raise CollectionInfeasible(
             "no offer is in effect at the planning time (check `costopt prices sources`)", binding="offers"
         )
-    grid = _evaluate_groups(spec, table, catalog, a)
+    grid = _evaluate_groups(spec, table, catalog, a, catalogs)
     _check_groups(spec, grid)
     members = _quota_members(spec.quotas, table)
     model, admissible = _pair_model(spec, grid, members, opts.prune)

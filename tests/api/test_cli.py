@@ -258,6 +258,24 @@ def test_plan_batch_reports_the_binding_constraint(seeded_db: str, shared_data: 
     assert "deadline" in err
 
 
+def test_plan_batch_plans_each_group_at_its_precision(seeded_db: str, shared_data: Path, tmp_path: Path) -> None:
+    totals = {}
+    for precision in ("fp32", "amp"):
+        f = tmp_path / f"{precision}.yaml"
+        f.write_text(
+            "objective: {kind: min-total-cost}\nat: 2020-03-01T00:00:00Z\n"
+            f"jobs:\n  - {{type: 'ResNet-50 (batch size 128)', steps: 100000, count: 2, precision: {precision}}}\n"
+        )
+        code, out, _ = _invoke("plan-batch", str(f), "--data-dir", str(shared_data), "-f", "json")
+        assert code == 0
+        totals[precision] = json.loads(out)["total_expected_cost_usd"]
+    assert totals["amp"] < totals["fp32"]  # FP16 tensor cores: cheaper per step where the GPU has them
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("objective: {kind: min-total-cost}\njobs:\n  - {type: A3C, steps: 3, precision: fp16}\n")
+    code, _, err = _invoke("plan-batch", str(bad))
+    assert code == 2 and "jobs.0.precision" in err
+
+
 def test_backtest_job_runs_one_job_through_the_sim_and_the_ledger(db: str, shared_data: Path) -> None:
     code, out, _ = _invoke(
         "backtest",

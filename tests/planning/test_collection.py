@@ -216,6 +216,19 @@ def test_no_offers_at_all() -> None:
     assert info.value.binding == "offers"
 
 
+def test_a_group_is_planned_on_the_catalog_of_its_precision() -> None:
+    amp = catalog_of({(TOY, "k80", 1): 1.0, (TOY, "v100", 1): 12.0})  # tensor cores: 3x on the V100
+    fp32_group = group(1, "fp32")
+    amp_group = JobGroup(JobSpec(TOY, STEPS, precision="amp"), 1, "amp")
+    spec = CollectionSpec((fp32_group, amp_group), MinTotalCost())
+    plan = plan_collection(spec, table_of(TINY_ROWS), toy_catalog(), EXACT, catalogs={"amp": amp})
+    hours = {ga.group: ga.allocations[0].expected_hours for ga in plan.assignments}
+    assert hours["fp32"] == pytest.approx(STEPS / 4.0 / 3600)  # the fp32 catalog's 4 steps/s
+    assert hours["amp"] == pytest.approx(STEPS / 12.0 / 3600)
+    with pytest.raises(InvalidJob, match="'amp' runs at amp"):  # never silently on the fp32 catalog
+        plan_collection(spec, table_of(TINY_ROWS), toy_catalog(), EXACT)
+
+
 # --- constraints hold on a larger instance -------------------------------------------------------
 
 
