@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup run test lint typecheck unit bench clean browser fuzz
+.PHONY: setup run test lint typecheck unit bench clean browser fuzz mutate
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -52,5 +52,14 @@ bench: setup
 	$(BIN)/python bench/backtest_bench.py
 	$(BIN)/python bench/api_load.py
 
+# Mutation testing of the money and decision code ([tool.mutmut] in pyproject.toml: the modules and
+# their own tests, SQLite only). A clean run from scratch, two workers; not part of `make test`.
+# `$(BIN)/mutmut results` lists the survivors, `$(BIN)/mutmut show NAME` shows one. See docs/reliability.md.
+MUTATE_CHILDREN ?= 2
+mutate: setup
+	rm -rf mutants
+	COSTOPT_DATA_DIR=$${COSTOPT_DATA_DIR:-$(abspath ..)/shared/data} $(BIN)/mutmut run --max-children $(MUTATE_CHILDREN)
+	$(BIN)/python bench/mutation_score.py
+
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache
+	rm -rf mutants $(VENV) var .pytest_cache .mypy_cache .ruff_cache
