@@ -173,7 +173,7 @@ class SimConfig:
     max_instances: int | None = None
     checkpoint_on_notice: bool = False
     report_every: timedelta = timedelta(minutes=10)
-    worker_poll: timedelta = timedelta(seconds=10)
+    worker_poll: timedelta = timedelta(seconds=60)
 
     def __post_init__(self) -> None:
         if self.report_every <= timedelta(0):

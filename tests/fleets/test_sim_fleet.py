@@ -193,7 +193,6 @@ def test_a_sim_fleet_runs_its_jobs_to_their_exact_steps_survives_a_preemption_an
     while any(not j.status.finished for j in f.repo.jobs(f.fleet_id)):
         assert f.cloud.now() < deadline, [(j.job_id, j.status, j.steps_done) for j in f.repo.jobs(f.fleet_id)]
         f.run(f.cloud.now() + 4 * TICK)
-    print("finished at", f.cloud.now() - START, "rounds", f.repo.get(f.fleet_id).round)  # noqa: T201
     assert f.repo.instance(replacement.id).state is InstanceState.RUNNING  # type: ignore[union-attr]
     moved = f.repo.job(victim_job.job_id)
     assert moved is not None and moved.epoch > victim_job.epoch  # resumed elsewhere under a new epoch
