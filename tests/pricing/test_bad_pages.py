@@ -59,7 +59,7 @@ def _page(name: str) -> Any:
 def test_the_corpus_covers_every_importer_kind_and_defect() -> None:
     kinds = {m["kind"] for m in MANIFEST.values()}
     assert kinds >= {"aws-spot-page", "gcp-skus-page", "azure-retail-page", "aws-spot-csv", "gcp-history-csv"}
-    assert kinds >= {"list-prices", "aws-price-list"}
+    assert kinds >= {"list-prices", "aws-price-list", "azure-sheet", "azure-daily-csv"}
     defects = " ".join(m["defect"] for m in MANIFEST.values()).lower()
     for word in ("truncated", "wrong type", "nan", "infinite", "negative", "zero", "absurd", "missing", "unknown"):
         assert word in defects, word
@@ -484,3 +484,18 @@ def test_zero_is_not_a_price_anywhere() -> None:
         parse_retail_page({"Items": [], "NextPageLink": 3})
     shape = InstanceType(Cloud.AWS, "p3.2xlarge", "v100", 1)
     assert gpu_counts([shape]) == {("aws", "p3.2xlarge"): 1.0}
+
+
+@pytest.mark.parametrize("price", [0.0, -1.0, float("nan"), float("inf"), 1e6])
+def test_the_store_refuses_a_batch_holding_a_price_that_is_not_a_price(engine: Engine, price: float) -> None:
+    """The last line of defence (pricing/ingest.py): a direct write is all or nothing."""
+    from costopt.domain import OfferKey, PricePoint
+
+    store = PriceStore(engine, mirror_max_points=0)
+    key = OfferKey(Cloud.AWS, "us-east-1", "", "p3.2xlarge", Market.ON_DEMAND)
+    frame = points_frame([PricePoint(key, NOW, 3.06, "test"), PricePoint(key, NOW.replace(hour=13), 3.1, "test")])
+    frame.loc[1, "usd_per_hour"] = price
+
+    with pytest.raises(BadRecord, match="invalid price"):
+        store.write(frame)
+    assert store.count_points() == 0
