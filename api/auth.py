@@ -3,7 +3,8 @@
 :data:`CallerDep` gives a route the caller (key id, team id, role); a missing, malformed, unknown or
 revoked key gets 401 ``unauthorized`` with the header's expected form. :data:`AdminDep` also refuses a
 member key with 403 ``forbidden``. Keys are never logged: only the key id (public) is kept on the
-request for the access log.
+request for the access log. Each valid key is rate-limited per process (:class:`api.tenancy.RateLimiter`:
+429 ``too_many_requests`` with ``Retry-After``).
 
 Scope rule (every route that takes a job id): a member sees its own team only, and another team's job
 is "not found" (404), exactly as a job that does not exist; an admin sees every team (:meth:`Caller.scope`
@@ -27,6 +28,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
 from api.errors import ApiError
+from api.tenancy import RateLimiter
 from costopt.jobs.teams import ApiKey, Role, TeamRepository, hash_key
 
 __all__ = ["KEY_CACHE_TTL_S", "AdminDep", "Caller", "CallerDep", "TeamsDep", "forget_keys", "get_teams"]
@@ -127,7 +129,18 @@ async def current_caller(
             headers=_CHALLENGE,
         )
     request.state.key_id = key.id
+    _rate_limiter(request.app).check(key.id)  # 429 with Retry-After over the key's rate (api/tenancy.py)
     return Caller(key.id, key.team_id, key.role)
+
+
+def _rate_limiter(app: Any) -> RateLimiter:
+    limiter: RateLimiter | None = getattr(app.state, "rate_limiter", None)
+    if limiter is None:
+        settings = getattr(app.state, "settings", None)
+        rate = float(getattr(settings, "rate_limit_per_s", 0.0))
+        limiter = RateLimiter(rate, int(getattr(settings, "rate_limit_burst", 1)))
+        app.state.rate_limiter = limiter
+    return limiter
 
 
 CallerDep = Annotated[Caller, Depends(current_caller)]

@@ -284,6 +284,23 @@ class TeamPublic(BaseModel):
     id: str
     name: str
     created_at: datetime
+    allow_local_provider: bool = False
+    checkpoint_prefixes: list[str] | None = None
+    image_prefixes: list[str] | None = None
+
+
+Prefix = Annotated[str, StringConstraints(min_length=1, max_length=500)]
+
+
+class TeamPolicyUpdate(_In):
+    """A team's policy (``PATCH /v1/admin/teams/{id}``); a field left out keeps its value.
+    ``allow_local_provider``: its jobs may run on the service's own host. ``checkpoint_prefixes``,
+    ``image_prefixes``: what its jobs' ``checkpoint_uri`` and ``image`` may start with (null: the
+    service's defaults; []: none)."""
+
+    allow_local_provider: bool | None = None
+    checkpoint_prefixes: Annotated[list[Prefix] | None, Field(max_length=50)] = None
+    image_prefixes: Annotated[list[Prefix] | None, Field(max_length=50)] = None
 
 
 class TeamsListPublic(BaseModel):

@@ -393,6 +393,25 @@ class Settings(BaseSettings):
     api_max_body_bytes: int = Field(
         default=64 * 1024, ge=1024, description="Largest request body the REST API accepts (bytes); larger -> 413."
     )
+    # Per-key rate limit of the REST API (a token bucket per key and process; docs/api.md).
+    rate_limit_per_s: float = Field(
+        default=100.0,
+        ge=0,
+        description="Requests per second one API key may send, sustained, to one service process (0: no limit); "
+        "over it -> 429 with Retry-After.",
+    )
+    rate_limit_burst: int = Field(default=300, ge=1, description="Requests one API key may send at once (the bucket).")
+    # Where a team's jobs may checkpoint and which images they may name, unless an admin set the team's own
+    # lists (PATCH /v1/admin/teams/{id}). Empty: no checkpoint_uri or image may be given (the job checkpoints
+    # under checkpoint_root, and runs the provider's image).
+    allowed_checkpoint_prefixes: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated URI prefixes every team's checkpoint_uri may start with (each ending in '/').",
+    )
+    allowed_image_prefixes: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated prefixes every team's image may start with (e.g. ghcr.io/acme/).",
+    )
     checkpoint_root: str = Field(
         default="file:///tmp/costopt-checkpoints",
         description="Where a managed job's checkpoints go when its submission names no checkpoint_uri: "
@@ -469,7 +488,16 @@ class Settings(BaseSettings):
         """``provider`` then every other name of ``providers``, each once."""
         return list(dict.fromkeys([self.provider, *self.providers]))
 
-    @field_validator("aws_regions", "gcp_regions", "azure_regions", "gcp_zones", "providers", mode="before")
+    @field_validator(
+        "aws_regions",
+        "gcp_regions",
+        "azure_regions",
+        "gcp_zones",
+        "providers",
+        "allowed_checkpoint_prefixes",
+        "allowed_image_prefixes",
+        mode="before",
+    )
     @classmethod
     def _split_csv(cls, v: object) -> object:
         return parse_list(v)

@@ -12,8 +12,18 @@ from fastapi import APIRouter, Path, Request, Response
 
 from api.auth import AdminDep, TeamsDep, forget_keys
 from api.errors import ApiError
-from api.job_schemas import KeyCreate, KeyCreated, KeyPublic, TeamCreate, TeamCreated, TeamPublic, TeamsListPublic
-from costopt.jobs.teams import ApiKey, Role, Team, TeamError
+from api.job_schemas import (
+    KeyCreate,
+    KeyCreated,
+    KeyPublic,
+    TeamCreate,
+    TeamCreated,
+    TeamPolicyUpdate,
+    TeamPublic,
+    TeamsListPublic,
+)
+from api.tenancy import valid_prefix
+from costopt.jobs.teams import ApiKey, Role, Team, TeamError, TeamPolicy
 
 log = logging.getLogger("costopt.api")
 
@@ -24,7 +34,15 @@ KeyId = Annotated[str, Path(min_length=1, max_length=32, description="The key's 
 
 
 def _team(t: Team) -> TeamPublic:
-    return TeamPublic(id=t.id, name=t.name, created_at=t.created_at)
+    p = t.policy
+    return TeamPublic(
+        id=t.id,
+        name=t.name,
+        created_at=t.created_at,
+        allow_local_provider=p.allow_local_provider,
+        checkpoint_prefixes=list(p.checkpoint_prefixes) if p.checkpoint_prefixes is not None else None,
+        image_prefixes=list(p.image_prefixes) if p.image_prefixes is not None else None,
+    )
 
 
 def _key(k: ApiKey) -> KeyPublic:
@@ -53,6 +71,38 @@ def list_teams(caller: AdminDep, teams: TeamsDep) -> TeamsListPublic:
     """Every team, oldest first."""
     items = [_team(t) for t in teams.teams()]
     return TeamsListPublic(count=len(items), items=items)
+
+
+@router.patch("/teams/{team_id}", response_model=TeamPublic)
+def set_team_policy(team_id: TeamId, body: TeamPolicyUpdate, caller: AdminDep, teams: TeamsDep) -> TeamPublic:
+    """Set the team's policy (api/tenancy.py): whether its jobs may run on the service's own host (the
+    local provider), and the prefixes its jobs' checkpoint URIs and images may start with. Each prefix
+    must stop at a boundary ('/'; for an image also ':' or '@') and hold no '..', '%' or backslash."""
+    team = teams.team(team_id)
+    if team is None:
+        raise ApiError(404, "not_found", f"no team {team_id!r}: GET /v1/admin/teams lists them")
+    problems = [
+        {"field": f"{kind}_prefixes[{i}]", "problem": why}
+        for kind, given in (("checkpoint", body.checkpoint_prefixes), ("image", body.image_prefixes))
+        for i, prefix in enumerate(given or [])
+        if (why := valid_prefix(prefix, kind)) is not None
+    ]
+    if problems:
+        first = problems[0]
+        raise ApiError(422, "invalid_request", f"{first['field']}: {first['problem']}", problems)
+    old, fields = team.policy, body.model_fields_set
+    policy = TeamPolicy(
+        body.allow_local_provider if body.allow_local_provider is not None else old.allow_local_provider,
+        tuple(body.checkpoint_prefixes) if body.checkpoint_prefixes is not None else (
+            None if "checkpoint_prefixes" in fields else old.checkpoint_prefixes
+        ),
+        tuple(body.image_prefixes) if body.image_prefixes is not None else (
+            None if "image_prefixes" in fields else old.image_prefixes
+        ),
+    )  # fmt: skip
+    updated = teams.set_policy(team_id, policy)
+    log.info("admin key %s set the policy of team %s: %s", caller.key_id, team_id, policy)
+    return _team(updated)
 
 
 @router.post("/teams/{team_id}/keys", status_code=201, response_model=KeyCreated)

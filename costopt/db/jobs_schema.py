@@ -4,7 +4,8 @@ leases that make each scheduled job run once per tick across service replicas.
 Declared on the one ``metadata`` of :mod:`costopt.db.metadata`; :mod:`costopt.db.schema` imports this
 module.
 
-- ``teams``: who owns jobs. ``id`` is a short slug-like id (``team-<hex>``), ``name`` unique.
+- ``teams``: who owns jobs. ``id`` is a short slug-like id (``team-<hex>``), ``name`` unique; its policy
+  (:class:`costopt.jobs.teams.TeamPolicy`, migration ``0012``).
 - ``api_keys``: one row per key. The key shown once to its owner is ``co_<key_id>_<secret>``; only
   ``key_hash`` (SHA-256 hex of the whole key) is stored; ``role`` is ``admin`` (sees and manages every
   team) or ``member`` (its team only). ``revoked_at`` not NULL: refused.
@@ -29,7 +30,7 @@ module.
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, Integer, String, Table, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Boolean, Column, Index, Integer, String, Table, Text, UniqueConstraint, false
 
 from costopt.db.metadata import metadata
 from costopt.db.types import ExactDecimal, UtcDateTime
@@ -40,6 +41,11 @@ teams = Table(
     Column("id", String(64), primary_key=True),
     Column("name", String(200), nullable=False),
     Column("created_at", UtcDateTime(), nullable=False),
+    # the team's policy (migration 0012): may its jobs run on the service's own host (provider local);
+    # where may they checkpoint, which images may they name (JSON lists; NULL: the service's defaults)
+    Column("allow_local_provider", Boolean(create_constraint=False), nullable=False, server_default=false()),
+    Column("checkpoint_prefixes", Text(), nullable=True),
+    Column("image_prefixes", Text(), nullable=True),
     UniqueConstraint("name"),
 )
 

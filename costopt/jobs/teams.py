@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import secrets
 from collections.abc import Callable
@@ -35,6 +36,7 @@ __all__ = [
     "Role",
     "Team",
     "TeamError",
+    "TeamPolicy",
     "TeamRepository",
 ]
 
@@ -55,14 +57,38 @@ class TeamError(CostoptError, ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class TeamPolicy:
+    """What a team's jobs may do, set by an admin. ``allow_local_provider``: its jobs may run on the
+    service's own host (provider ``local``; off by default). ``checkpoint_prefixes`` / ``image_prefixes``:
+    the URI prefixes its jobs' ``checkpoint_uri`` and the prefixes their ``image`` may start with (None:
+    the service's defaults, ``COSTOPT_ALLOWED_CHECKPOINT_PREFIXES`` / ``COSTOPT_ALLOWED_IMAGE_PREFIXES``)."""
+
+    allow_local_provider: bool = False
+    checkpoint_prefixes: tuple[str, ...] | None = None
+    image_prefixes: tuple[str, ...] | None = None
+
+    @classmethod
+    def of(cls, row: Any) -> TeamPolicy:
+        def prefixes(raw: str | None) -> tuple[str, ...] | None:
+            return None if raw is None else tuple(str(p) for p in json.loads(raw))
+
+        return cls(
+            bool(getattr(row, "allow_local_provider", False)),
+            prefixes(getattr(row, "checkpoint_prefixes", None)),
+            prefixes(getattr(row, "image_prefixes", None)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Team:
     id: str
     name: str
     created_at: datetime
+    policy: TeamPolicy = TeamPolicy()
 
     @classmethod
     def of(cls, row: Any) -> Team:
-        return cls(row.id, row.name, row.created_at)
+        return cls(row.id, row.name, row.created_at, TeamPolicy.of(row))
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +156,33 @@ class TeamRepository:
         with self.engine.connect() as conn:
             row = conn.execute(select(teams).where(teams.c.name == name)).first()
         return Team.of(row) if row is not None else None
+
+    def policy(self, team_id: str) -> TeamPolicy:
+        """The team's policy (the default policy for an unknown team: nothing beyond the defaults)."""
+        team = self.team(team_id)
+        return team.policy if team is not None else TeamPolicy()
+
+    def set_policy(self, team_id: str, policy: TeamPolicy) -> Team:
+        """Store the team's policy; raises :class:`TeamError` when there is no such team."""
+
+        def dump(prefixes: tuple[str, ...] | None) -> str | None:
+            return None if prefixes is None else json.dumps(list(prefixes))
+
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                update(teams)
+                .where(teams.c.id == team_id)
+                .values(
+                    allow_local_provider=policy.allow_local_provider,
+                    checkpoint_prefixes=dump(policy.checkpoint_prefixes),
+                    image_prefixes=dump(policy.image_prefixes),
+                )
+            )
+        if done.rowcount == 0:
+            raise TeamError(f"no team {team_id!r}: GET /v1/admin/teams lists them")
+        team = self.team(team_id)
+        assert team is not None
+        return team
 
     def teams(self) -> list[Team]:
         with self.engine.connect() as conn:

@@ -90,15 +90,17 @@ def bearer(secret: str) -> dict[str, str]:
 def service(engine: Engine, tmp_path: Path, **settings: Any) -> Iterator[Service]:
     """The service over ``engine`` (seeded), with an admin key and member keys of teams alpha and beta."""
     s = Settings(
-        database_url=engine.url.render_as_string(hide_password=False),
-        seed_on_start=False,
-        collectors_enabled=False,
-        migration_jobs_enabled=False,
-        clock="auto",
-        provider="sim",
-        checkpoint_root=f"file://{tmp_path / 'checkpoints'}",
-        engine_workers=0,
-        **settings,
+        **{
+            "database_url": engine.url.render_as_string(hide_password=False),
+            "seed_on_start": False,
+            "collectors_enabled": False,
+            "migration_jobs_enabled": False,
+            "clock": "auto",
+            "provider": "sim",
+            "checkpoint_root": f"file://{tmp_path / 'checkpoints'}",
+            "engine_workers": 0,
+            **settings,  # the test's own (may override the defaults above, e.g. provider)
+        }
     )
     reset()
     app = create_app(s)
