@@ -13,6 +13,7 @@ from api.cli import backtest as backtest_cmd
 from api.cli import catalog as catalog_cmd
 from api.cli import demo as demo_cmd
 from api.cli import drill as drill_cmd
+from api.cli import fleets as fleets_cmd
 from api.cli import gavel as gavel_cmd
 from api.cli import jobs as jobs_cmd
 from api.cli import plan as plan_cmd
@@ -39,6 +40,7 @@ app.add_typer(throughput_cmd.app, name="throughput")
 app.add_typer(backtest_cmd.app, name="backtest")
 app.add_typer(gavel_cmd.app, name="gavel")
 app.add_typer(jobs_cmd.app, name="jobs")
+app.add_typer(fleets_cmd.app, name="fleets")
 app.add_typer(admin_cmd.app, name="admin")
 app.add_typer(report_cmd.app, name="report")
 app.command("plan")(plan_cmd.plan)
