@@ -1,4 +1,4 @@
-"""``costopt admin create-team|teams|create-key|revoke-key``: teams and API keys.
+"""``costopt admin create-team|teams|create-key|revoke-key|team-policy``: teams, API keys, team policies.
 
 Thin clients of ``/v1/admin`` (an admin key in ``COSTOPT_API_KEY``). ``--local`` works on the configured
 database directly instead (``COSTOPT_DATABASE_URL``: for the operator on the service's host, e.g. when no
@@ -113,3 +113,95 @@ def revoke_key(
         with _api() as api:
             api.request("DELETE", f"/v1/admin/keys/{key_id}")
     note(f"key {key_id} revoked")
+
+
+@app.command("team-policy")
+def team_policy(
+    team_id: Annotated[str, typer.Argument(help="The team's id (costopt admin teams).")],
+    allow_local: Annotated[
+        bool | None,
+        typer.Option(
+            "--allow-local/--no-allow-local",
+            help="May the team's jobs run on the service's own host (provider local)? Left out: unchanged.",
+        ),
+    ] = None,
+    checkpoint_prefix: Annotated[
+        list[str] | None,
+        typer.Option("--checkpoint-prefix", help="A URI prefix its checkpoint_uri may start with (repeat)."),
+    ] = None,
+    image_prefix: Annotated[
+        list[str] | None, typer.Option("--image-prefix", help="A prefix its image may start with (repeat).")
+    ] = None,
+    defaults: Annotated[
+        bool, typer.Option("--defaults", help="Return both prefix lists to the service's defaults.")
+    ] = False,
+    local: Annotated[bool, _LOCAL] = False,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
+) -> None:
+    """Show or set a team's policy: the local provider, checkpoint and image prefixes (docs/api.md)."""
+    body: dict[str, Any] = {}
+    if allow_local is not None:
+        body["allow_local_provider"] = allow_local
+    if defaults:
+        body["checkpoint_prefixes"] = body["image_prefixes"] = None
+    if checkpoint_prefix:
+        body["checkpoint_prefixes"] = list(checkpoint_prefix)
+    if image_prefix:
+        body["image_prefixes"] = list(image_prefix)
+    if local:
+        doc = _local_policy(team_id, body)
+    else:
+        with _api() as api:
+            doc = api.request("PATCH", f"/v1/admin/teams/{team_id}", json=body)
+    if fmt is OutputFormat.json:
+        emit_object(doc, fmt)
+        return
+
+    def show(prefixes: list[str] | None) -> str:
+        return "the service's defaults" if prefixes is None else (", ".join(prefixes) or "none")
+
+    note(
+        f"team {doc['name']} ({doc['id']}): local provider {'allowed' if doc['allow_local_provider'] else 'refused'}; "
+        f"checkpoints under: {show(doc['checkpoint_prefixes'])}; images: {show(doc['image_prefixes'])}"
+    )
+
+
+def _local_policy(team_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    """``PATCH /v1/admin/teams/{id}`` on the configured database directly (the same checks)."""
+    from api.tenancy import valid_prefix
+    from costopt.jobs.teams import TeamPolicy
+
+    for kind in ("checkpoint", "image"):
+        for prefix in body.get(f"{kind}_prefixes") or []:
+            why = valid_prefix(prefix, kind)
+            if why is not None:
+                raise typer.BadParameter(f"{prefix!r}: {why}", param_hint=f"--{kind}-prefix")
+    with failures():
+        teams = _local_teams()
+        team = teams.team(team_id)
+        if team is None:
+            note(f"[red]error:[/red] no team {team_id}: costopt admin teams --local lists them")
+            raise typer.Exit(Exit.NOT_FOUND)
+        old = team.policy
+
+        def pick(name: str, was: tuple[str, ...] | None) -> tuple[str, ...] | None:
+            if name not in body:
+                return was
+            return None if body[name] is None else tuple(body[name])
+
+        team = teams.set_policy(
+            team_id,
+            TeamPolicy(
+                body.get("allow_local_provider", old.allow_local_provider),
+                pick("checkpoint_prefixes", old.checkpoint_prefixes),
+                pick("image_prefixes", old.image_prefixes),
+            ),
+        )
+    p = team.policy
+    return {
+        "id": team.id,
+        "name": team.name,
+        "allow_local_provider": p.allow_local_provider,
+        "checkpoint_prefixes": None if p.checkpoint_prefixes is None else list(p.checkpoint_prefixes),
+        "image_prefixes": None if p.image_prefixes is None else list(p.image_prefixes),
+    }

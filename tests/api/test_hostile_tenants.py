@@ -20,6 +20,7 @@ from sqlalchemy import Engine, select
 from api.auth import current_caller, require_admin
 from api.tenancy import RateLimiter
 from costopt.db.schema import metadata
+from costopt.jobs.teams import TeamPolicy
 from tests.api.jobs_helpers import BODY, Service, bearer, error_of, service
 
 OFFER = {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "instance_type": "p3.2xlarge", "market": "spot"}
@@ -298,3 +299,37 @@ def test_the_token_bucket_refills_at_its_rate() -> None:
     assert bucket.take("k", now=100.0) == 0.0 and bucket.take("k", now=100.0) == 0.0  # capped at the burst
     assert bucket.take("k", now=100.0) > 0
     assert RateLimiter(rate=0.0, burst=1).take("k", now=0.0) == 0.0  # 0: no limit
+
+
+def test_costopt_admin_team_policy_sets_the_policy_on_the_database(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from api.cli.main import app
+    from costopt.db.engine import make_engine, migrate
+    from costopt.jobs.teams import TeamRepository
+    from costopt.settings import get_settings
+
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    monkeypatch.setenv("COSTOPT_DATABASE_URL", url)
+    get_settings.cache_clear()
+    engine = make_engine(url)
+    migrate(engine)
+    team = TeamRepository(engine).create_team("vision")
+    runner = CliRunner()
+    try:
+        args = ["admin", "team-policy", team.id, "--local", "--allow-local", "--checkpoint-prefix", "s3://vision/"]
+        done = runner.invoke(app, [*args, "-f", "json"])
+        assert done.exit_code == 0, done.output
+        policy = TeamRepository(engine).policy(team.id)
+        assert policy.allow_local_provider and policy.checkpoint_prefixes == ("s3://vision/",)
+        assert policy.image_prefixes is None  # left out: unchanged
+        bad = runner.invoke(app, ["admin", "team-policy", team.id, "--local", "--checkpoint-prefix", "s3://vis"])
+        assert bad.exit_code != 0 and TeamRepository(engine).policy(team.id) == policy
+        back = runner.invoke(app, ["admin", "team-policy", team.id, "--local", "--no-allow-local", "--defaults"])
+        assert back.exit_code == 0, back.output
+        assert TeamRepository(engine).policy(team.id) == TeamPolicy()
+    finally:
+        engine.dispose()
+        get_settings.cache_clear()
