@@ -122,3 +122,55 @@ def test_collection_objectives_by_name_and_alias() -> None:
         build_collection_objective("min-total-cost", {"budget_usd": 1})
     with pytest.raises(InvalidJob, match="joint must be true or false"):
         build_collection_objective("sweep-min-cost", {"deadline_hours": 1, "joint": "yes"})
+
+
+@pytest.mark.parametrize(
+    ("collection", "name", "params", "message"),
+    [
+        (
+            False,
+            "min-cost",
+            {"budget_usd": 10},
+            "min-cost takes no budget_usd (a budget needs min-time or min-time-budget)",
+        ),
+        (
+            False,
+            "min-time",
+            {"deadline_hours": 10},
+            "min-time takes no deadline_hours (a deadline needs min-cost or min-cost-deadline)",
+        ),
+        (
+            False,
+            "min-cost-deadline",
+            {"deadline_hours": 1, "joint": True},
+            "min-cost-deadline takes no joint (joint is for collection deadlines)",
+        ),
+        (
+            True,
+            "min-total-cost",
+            {"deadline_hours": 3, "budget_usd": 3, "cost_weight": 0.5},
+            "min-total-cost takes no budget_usd, cost_weight, deadline_hours (a budget needs min-time or "
+            "min-time-budget; cost_weight is for weighted; a deadline needs min-cost or min-cost-deadline)",
+        ),
+        (
+            False,
+            "deadline",
+            {"deadline_hours": 5, "confidence": "high"},
+            "min-cost-deadline: confidence must be a number, got 'high'",
+        ),
+        (
+            False,
+            "min-cost",
+            {"deadlne_hours": 5, "x": 1},
+            "min-cost: unknown parameter(s) deadlne_hours, x; parameters are deadline_hours, budget_usd, confidence, "
+            "cost_weight, joint",
+        ),
+    ],
+)
+def test_a_refused_parameter_names_the_objective_that_takes_it(
+    collection: bool, name: str, params: dict[str, object], message: str
+) -> None:
+    build = build_collection_objective if collection else build_objective
+    with pytest.raises(InvalidJob) as info:
+        build(name, params)
+    assert str(info.value) == message  # the whole hint, word for word: it tells the user what to do
