@@ -8,7 +8,9 @@
   and ``costopt_store_up`` (1 when the store answered; 0, and no source series, when it did not: the
   scrape itself still succeeds, like other exporters' ``*_up``); and the managed jobs
   (:class:`JobCollector`: ``costopt_jobs{state}``, ``costopt_job_events_total{kind}``,
-  ``costopt_jobs_spend_usd_total``).
+  ``costopt_jobs_spend_usd_total``); and the leased fleets (:class:`FleetCollector`:
+  ``costopt_fleets{state}``, ``costopt_fleet_instances{state}``, ``costopt_fleet_gpus{worker_type,state}``
+  busy or idle, ``costopt_fleet_rounds_total``).
 
 Units follow Prometheus conventions: seconds, Unix timestamps in seconds (UTC), counts.
 """
@@ -157,6 +159,79 @@ class JobCollector(Collector):
         )
 
 
+class FleetCollector(Collector):
+    """The leased fleets in ``store``'s database, read at each scrape: fleets by state
+    (``costopt_fleets``), their instances by state (``costopt_fleet_instances``), the GPUs of the active
+    fleets' running instances per worker type, ``busy`` (leased to a job by the round in force) or
+    ``idle`` (``costopt_fleet_gpus``), and the rounds run so far (``costopt_fleet_rounds_total``). Nothing
+    is yielded when the database cannot be read."""
+
+    def __init__(self, store: PriceStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        import json
+
+        from prometheus_client.core import CounterMetricFamily
+        from sqlalchemy import and_, func, select
+
+        from costopt.db.fleets_schema import fleet_instances, fleet_rounds, fleets
+        from costopt.fleets.model import FleetState, InstanceState
+
+        active = FleetState.ACTIVE.value
+        try:
+            with self.store.engine.connect() as conn:
+                by_state: dict[str, int] = dict(
+                    conn.execute(select(fleets.c.state, func.count()).group_by(fleets.c.state)).all()
+                )
+                inst_states: dict[str, int] = dict(
+                    conn.execute(select(fleet_instances.c.state, func.count()).group_by(fleet_instances.c.state)).all()
+                )
+                live: dict[str, int] = dict(
+                    conn.execute(
+                        select(fleet_instances.c.accelerator, func.sum(fleet_instances.c.gpus))
+                        .join(fleets, fleets.c.id == fleet_instances.c.fleet_id)
+                        .where(fleets.c.state == active, fleet_instances.c.state == InstanceState.RUNNING.value)
+                        .group_by(fleet_instances.c.accelerator)
+                    ).all()
+                )
+                open_rounds = conn.execute(
+                    select(fleet_rounds.c.assignment)
+                    .join(fleets, and_(fleets.c.id == fleet_rounds.c.fleet_id, fleets.c.round == fleet_rounds.c.round))
+                    .where(fleets.c.state == active, fleet_rounds.c.ended_at.is_(None))
+                ).all()
+                rounds = conn.execute(select(func.count()).select_from(fleet_rounds)).scalar_one()
+        except Exception as exc:  # any driver error: the scrape reports the rest
+            log.warning("metrics: the fleets could not be read: %s", exc)
+            return
+        busy: dict[str, int] = {}
+        for (doc,) in open_rounds:
+            for lease in json.loads(doc or "[]"):
+                wtype = str(lease.get("type"))
+                busy[wtype] = busy.get(wtype, 0) + len(lease.get("gpus") or ())
+        family = GaugeMetricFamily("costopt_fleets", "Leased fleets in each state.", labels=["state"])
+        for state in FleetState:
+            family.add_metric([state.value], float(by_state.get(state.value, 0)))
+        yield family
+        family = GaugeMetricFamily("costopt_fleet_instances", "Fleet instances in each state.", labels=["state"])
+        for inst_state in InstanceState:
+            family.add_metric([inst_state.value], float(inst_states.get(inst_state.value, 0)))
+        yield family
+        gpus = GaugeMetricFamily(
+            "costopt_fleet_gpus",
+            "GPUs of the active fleets' running instances per worker type: busy (leased to a job by the round "
+            "in force) or idle.",
+            labels=["worker_type", "state"],
+        )
+        for wtype in sorted(set(live) | set(busy)):
+            total = int(live.get(wtype) or 0)
+            held = min(busy.get(wtype, 0), total)
+            gpus.add_metric([wtype, "busy"], float(held))
+            gpus.add_metric([wtype, "idle"], float(total - held))
+        yield gpus
+        yield CounterMetricFamily("costopt_fleet_rounds", "Fleet rounds started so far.", value=float(rounds))
+
+
 def render(store: PriceStore | None = None) -> bytes:
     """The body of ``GET /metrics`` (text format, :data:`CONTENT_TYPE`): :data:`REGISTRY` and, when
     ``store`` is given, ``costopt_store_up`` and its sources' health. Never raises for a store error."""
@@ -165,5 +240,6 @@ def render(store: PriceStore | None = None) -> bytes:
         per_scrape = CollectorRegistry(auto_describe=False)
         per_scrape.register(PriceSourceCollector(store))
         per_scrape.register(JobCollector(store))
+        per_scrape.register(FleetCollector(store))
         body += generate_latest(per_scrape)
     return body
