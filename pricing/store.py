@@ -94,7 +94,8 @@ class HistoryPoint:
 @dataclass(frozen=True, slots=True)
 class SourceStatus:
     """Health of one price source (a live collector, or ``import:<kind>`` for imported files). ``stale``
-    when its last success is older than the store's limit. Rejections: ``last_bad_records`` records of
+    when its last success is older than the store's limit (an ``import:`` row never is: imports are not
+    scheduled). Rejections: ``last_bad_records`` records of
     the last run refused (``total_bad_records`` ever), ``last_refused_pages`` pages or files refused whole
     (``total_refused_pages`` ever), ``last_rejection`` the newest reason (source, where, why)."""
 
@@ -663,7 +664,8 @@ class PriceStore:
                 last_skipped=r.last_skipped,
                 last_partial=bool(r.last_partial),
                 total_points=r.total_points,
-                stale=r.last_success_at is None or r.last_success_at < now - self.stale_after,
+                stale=not r.name.startswith("import:")
+                and (r.last_success_at is None or r.last_success_at < now - self.stale_after),
                 total_bad_records=r.total_bad_records,
                 last_refused_pages=r.last_refused_pages,
                 total_refused_pages=r.total_refused_pages,

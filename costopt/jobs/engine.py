@@ -111,8 +111,8 @@ class MoveRefused(EngineError):
 
 def job_env(job: JobRecord, first: Placement | None = None) -> dict[str, str]:
     """The environment the job's copies get beyond the agent contract (:func:`costopt.agent.contract.job_env`):
-    its steps, its catalog type, and for a job given by throughput its steps/s (the one accelerator's, or
-    on several the first placement's: the migrator keeps one environment per job)."""
+    its steps, its catalog type, its precision, and for a job given by throughput its steps/s (the one
+    accelerator's, or on several the first placement's: the migrator keeps one environment per job)."""
     job_type = job.spec.get("job_type") or None
     throughput = {str(k): float(v) for k, v in dict(job.spec.get("throughput") or {}).items()}
     sps: float | None = None
@@ -124,6 +124,7 @@ def job_env(job: JobRecord, first: Placement | None = None) -> dict[str, str]:
         int(job.steps_total),
         job_type=str(job_type) if job_type else None,
         steps_per_second=sps if sps is not None and sps > 0 else None,
+        precision=job.spec.get("precision") or None,
     )
 
 
