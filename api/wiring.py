@@ -184,20 +184,24 @@ _SIM_LOCK = threading.Lock()
 
 
 def build_sim_throughput(settings: Settings, prices: PriceView, engine: Engine | None = None) -> ThroughputFn:
-    """The simulated agents' throughput (``rate(job_type, gpus, offer)``, steps/s): the throughput catalog's
-    cell for the job type on the offer's accelerator (from ``prices``' instance shapes) and GPU count; None
-    when the catalog has no such cell (the launch is then refused, naming ``COSTOPT_STEPS_PER_SECOND``). The
-    catalog (:func:`build_catalog`) is loaded at the first launch that needs it."""
-    catalog: list[ThroughputCatalog] = []
+    """The simulated agents' throughput (``rate(job_type, gpus, offer, precision)``, steps/s): the throughput
+    catalog's cell at the job's precision for the job type on the offer's accelerator (from ``prices``'
+    instance shapes) and GPU count; None when the catalog has no such cell (the launch is then refused,
+    naming ``COSTOPT_STEPS_PER_SECOND``). Each precision's catalog (:func:`build_catalog`) is loaded at the
+    first launch that needs it."""
+    from costopt.throughput.model import PRECISIONS, check_precision
 
-    def rate(job_type: str, gpus: int, offer: OfferKey) -> float | None:
+    catalogs: dict[Precision, ThroughputCatalog] = {}
+
+    def rate(job_type: str, gpus: int, offer: OfferKey, precision: str = "fp32") -> float | None:
         shape = prices.shape(offer)
-        if shape is None:
+        if shape is None or precision not in PRECISIONS:
             return None
-        if not catalog:
-            catalog.append(build_catalog(settings, engine))
+        at = check_precision(precision)
+        if at not in catalogs:
+            catalogs[at] = build_catalog(settings, engine, precision=at)
         try:
-            cell = catalog[0].get(job_type, shape[0], gpus)
+            cell = catalogs[at].get(job_type, shape[0], gpus)
         except ValueError:  # not a job type's name
             return None
         return None if cell is None or cell.steps_per_s <= 0 else cell.steps_per_s

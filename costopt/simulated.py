@@ -168,8 +168,8 @@ class SimulatedCloud(CloudProvider, Protocol):
 
 class CloudFactory(Protocol):
     """Builds a simulated cloud on ``prices`` with ``hazards``, its clock at ``start``, seeded; ``rate``:
-    its simulated agents' throughput by (job type, instance GPUs, offer) (None: only jobs that give their
-    own steps/s run an agent)."""
+    its simulated agents' throughput by (job type, instance GPUs, offer, precision) (None: only jobs that
+    give their own steps/s run an agent)."""
 
     def __call__(
         self,
@@ -178,5 +178,5 @@ class CloudFactory(Protocol):
         *,
         start: datetime,
         seed: int | Sequence[int],
-        rate: Callable[[str, int, OfferKey], float | None] | None = None,
+        rate: Callable[[str, int, OfferKey, str], float | None] | None = None,
     ) -> SimulatedCloud: ...

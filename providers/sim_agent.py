@@ -33,7 +33,9 @@ progress at once), at most every ``report_every`` of simulated time, before ever
 fenced out. :meth:`SimAgent.lines` are the human-readable console output (one line per record).
 
 Throughput: ``COSTOPT_STEPS_PER_SECOND`` in the spec's env wins; else the :data:`ThroughputFn` given to
-the cloud for (``COSTOPT_JOB_TYPE``, GPUs of the instance, offer). Times are integer microseconds from the
+the cloud for (``COSTOPT_JOB_TYPE``, GPUs of the instance, offer, ``COSTOPT_PRECISION``): the service's is
+the catalog's cell at the job's precision (an ``amp`` job on an A100 runs at the ``amp`` estimate, as its
+plan expects), the simulated cloud's "true" speed. Times are integer microseconds from the
 simulated clock's start; the agent's clock is Unix seconds of simulated time.
 """
 
@@ -47,7 +49,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from costopt.agent import Agent, AgentError, Notice
 from costopt.agent.contract import (
@@ -56,7 +58,9 @@ from costopt.agent.contract import (
     ENV_JOB_ID,
     ENV_JOB_STEPS,
     ENV_JOB_TYPE,
+    ENV_PRECISION,
     ENV_STEPS_PER_SECOND,
+    PRECISIONS,
 )
 from costopt.agent.errors import StaleEpoch
 from costopt.agent.layout import EPOCH_MARKER, REQUEST_FILE
@@ -72,6 +76,9 @@ from costopt.agent.storage import (
 from costopt.cloud import CloudError
 from costopt.domain import OfferKey
 
+if TYPE_CHECKING:
+    from costopt.throughput.model import Precision
+
 __all__ = [
     "EXIT_FAILED",
     "EXIT_FINISHED",
@@ -83,10 +90,10 @@ __all__ = [
     "format_record",
 ]
 
-ThroughputFn = Callable[[str, int, OfferKey], float | None]
-"""``rate(job_type, gpus, offer)``: steps/s of a job of that type on ``gpus`` GPUs of the offer's instance
-type (None or 0: unknown, or it cannot run there). ``api.wiring.build_sim_throughput`` builds it from the
-throughput catalog."""
+ThroughputFn = Callable[[str, int, OfferKey, str], float | None]
+"""``rate(job_type, gpus, offer, precision)``: steps/s of a job of that type at that precision (``fp32``,
+``tf32``, ``amp``) on ``gpus`` GPUs of the offer's instance type (None or 0: unknown, or it cannot run there).
+``api.wiring.build_sim_throughput`` builds it from the throughput catalog at each precision."""
 
 EXIT_FINISHED = 0
 EXIT_STOPPED = 75
@@ -111,6 +118,7 @@ class AgentEnv:
     steps: int
     job_type: str | None = None
     steps_per_second: float | None = None
+    precision: Precision = "fp32"
 
     @classmethod
     def parse(cls, env: Mapping[str, str]) -> AgentEnv | None:
@@ -141,10 +149,15 @@ class AgentEnv:
             if not (rate > 0 and math.isfinite(rate)):
                 raise AgentEnvError(f"{ENV_STEPS_PER_SECOND} must be a finite number > 0, got {rate_text!r}")
         job_type = env.get(ENV_JOB_TYPE, "").strip() or None
-        return cls(values[ENV_JOB_ID], values[ENV_CHECKPOINT_URI], epoch, steps, job_type, rate)
+        precision = env.get(ENV_PRECISION, "").strip() or "fp32"
+        if precision not in PRECISIONS:
+            raise AgentEnvError(f"{ENV_PRECISION} must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        return cls(
+            values[ENV_JOB_ID], values[ENV_CHECKPOINT_URI], epoch, steps, job_type, rate, cast("Precision", precision)
+        )
 
     def resolve_rate(self, rate: ThroughputFn | None, gpus: int, offer: OfferKey) -> float:
-        """Steps/s on ``offer``: the env's own throughput, else ``rate`` for the job type. Raises
+        """Steps/s on ``offer``: the env's own throughput, else ``rate`` for the job type at its precision. Raises
         :class:`AgentEnvError` saying what to give when neither knows."""
         if self.steps_per_second is not None:
             return self.steps_per_second
@@ -153,11 +166,11 @@ class AgentEnv:
                 f"job {self.job_id} gives neither {ENV_JOB_TYPE} nor {ENV_STEPS_PER_SECOND}: the simulated cloud "
                 "cannot tell how fast it trains"
             )
-        value = None if rate is None else rate(self.job_type, gpus, offer)
+        value = None if rate is None else rate(self.job_type, gpus, offer, self.precision)
         if value is None or not (value > 0 and math.isfinite(value)):
             raise AgentEnvError(
-                f"no throughput for job type {self.job_type!r} on {gpus} GPU(s) of {offer}: register a "
-                f"measurement, or submit the job with {ENV_STEPS_PER_SECOND}"
+                f"no throughput for job type {self.job_type!r} at {self.precision} on {gpus} GPU(s) of {offer}: "
+                f"register a measurement, or submit the job with {ENV_STEPS_PER_SECOND}"
             )
         return float(value)
 

@@ -22,9 +22,13 @@ ENV_JOB_TYPE = "COSTOPT_JOB_TYPE"
 cloud's throughput for the job on each offer comes from the catalog."""
 ENV_STEPS_PER_SECOND = "COSTOPT_STEPS_PER_SECOND"
 """Optional: the job's own throughput (steps/s, > 0) for jobs submitted with it; wins over the catalog."""
+ENV_PRECISION = "COSTOPT_PRECISION"
+"""Optional: how the job computes, ``fp32`` (PyTorch's default), ``tf32`` or ``amp`` (docs/throughput.md);
+the simulated cloud runs a catalog job at the catalog's throughput for that precision. Absent: ``fp32``."""
+PRECISIONS = ("fp32", "tf32", "amp")
 
 CONTRACT_VARIABLES = (ENV_JOB_ID, ENV_CHECKPOINT_URI, ENV_EPOCH)
-JOB_VARIABLES = (ENV_JOB_STEPS, ENV_JOB_TYPE, ENV_STEPS_PER_SECOND)
+JOB_VARIABLES = (ENV_JOB_STEPS, ENV_JOB_TYPE, ENV_STEPS_PER_SECOND, ENV_PRECISION)
 """The optional variables describing the work (how much, what kind, how fast), beyond the contract."""
 
 
@@ -39,9 +43,16 @@ def contract_env(job_id: str, checkpoint_uri: str, epoch: int) -> dict[str, str]
     return {ENV_JOB_ID: job_id, ENV_CHECKPOINT_URI: checkpoint_uri, ENV_EPOCH: str(int(epoch))}
 
 
-def job_env(steps: int, *, job_type: str | None = None, steps_per_second: float | None = None) -> dict[str, str]:
+def job_env(
+    steps: int,
+    *,
+    job_type: str | None = None,
+    steps_per_second: float | None = None,
+    precision: str | None = None,
+) -> dict[str, str]:
     """The optional job variables (:data:`JOB_VARIABLES`) a service puts in a job's ``env``: its total
-    ``steps`` (> 0), its catalog type and its own throughput (steps/s, > 0) when given."""
+    ``steps`` (> 0), its catalog type, its own throughput (steps/s, > 0) and its precision (one of
+    :data:`PRECISIONS`) when given."""
     if isinstance(steps, bool) or int(steps) != steps or steps < 1:
         raise ValueError(f"a job's steps must be a positive integer, got {steps!r}")
     env = {ENV_JOB_STEPS: str(int(steps))}
@@ -53,4 +64,8 @@ def job_env(steps: int, *, job_type: str | None = None, steps_per_second: float 
         if not (steps_per_second > 0 and math.isfinite(steps_per_second)):
             raise ValueError(f"steps per second must be a finite number > 0, got {steps_per_second!r}")
         env[ENV_STEPS_PER_SECOND] = repr(float(steps_per_second))
+    if precision is not None:
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        env[ENV_PRECISION] = precision
     return env

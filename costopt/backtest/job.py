@@ -121,8 +121,9 @@ class PlannerPlacements:
         self.filters = {"cloud": clouds, "region": regions, "market": markets}
         self.rates: dict[OfferKey, float] = {}
 
-    def rate(self, job_type: str, gpus: int, offer: OfferKey) -> float | None:
-        """Steps/s of the job on ``offer`` as the planner ranked it (None: never ranked)."""
+    def rate(self, job_type: str, gpus: int, offer: OfferKey, precision: str = "fp32") -> float | None:
+        """Steps/s of the job on ``offer`` as the planner ranked it (None: never ranked; the backtest plans
+        at ``fp32``, the precision is not used)."""
         return self.rates.get(offer)
 
     def _objective_now(self, at: datetime) -> Objective:

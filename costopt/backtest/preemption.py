@@ -277,12 +277,13 @@ def _ratio(a: Decimal, b: Decimal) -> float:
 
 def _rate(
     cube_steps: npt.NDArray[np.float64], col: Mapping[OfferKey, int]
-) -> Callable[[str, int, OfferKey], float | None]:
-    """The simulated agents' throughput: the model's single-GPU steps/s on the offer (per-GPU packing)."""
+) -> Callable[[str, int, OfferKey, str], float | None]:
+    """The simulated agents' throughput: the model's single-GPU steps/s on the offer (per-GPU packing), at
+    ``fp32`` only (the paper's measurements; another precision is unknown: the launch says so)."""
 
-    def rate(job_type: str, gpus: int, offer: OfferKey) -> float | None:
+    def rate(job_type: str, gpus: int, offer: OfferKey, precision: str = "fp32") -> float | None:
         o = col.get(offer)
-        return None if o is None else float(cube_steps[o])
+        return None if o is None or precision != "fp32" else float(cube_steps[o])
 
     return rate
 

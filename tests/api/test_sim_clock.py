@@ -169,6 +169,9 @@ def test_the_throughput_comes_from_the_catalog_by_job_type_accelerator_and_gpus(
     assert rate(job, 4, OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.8xlarge", Market.ON_DEMAND)) == (
         four.steps_per_s
     )
+    amp = build_catalog(settings, precision="amp").get(job, "v100")  # FP16 tensor cores: its amp estimate
+    assert amp is not None and amp.steps_per_s > one.steps_per_s
+    assert rate(job, 1, OFFER, "amp") == amp.steps_per_s and rate(job, 1, OFFER, "fp32") == one.steps_per_s
     assert rate("No Such Model (batch size 1)", 1, OFFER) is None
     assert rate("", 1, OFFER) is None  # not a job type: unknown, the launch names the override
     unknown_shape = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "x9.large", Market.ON_DEMAND)

@@ -165,18 +165,40 @@ def test_bad_job_variables_are_refused_with_the_variable_named(uri: str) -> None
 def test_the_rate_function_gives_the_throughput_by_job_type_gpus_and_offer(uri: str) -> None:
     asked = []
 
-    def rate(job_type: str, gpus: int, offer: OfferKey) -> float | None:
-        asked.append((job_type, gpus, offer))
-        return 4.0
+    def rate(job_type: str, gpus: int, offer: OfferKey, precision: str) -> float | None:
+        asked.append((job_type, gpus, offer, precision))
+        return 4.0 if precision == "fp32" else 8.0
 
     cloud = SimCloud(_prices(), HazardModel(defaults=dict.fromkeys(Cloud, 0.0)), start=START, rate=rate)
     env = {**contract_env("job-1", uri, 1), **job_env(4000, job_type="ResNet-50 (batch size 128)")}
     inst = cloud.launch(LaunchSpec(offer=OD_A, env=env), "t1")
-    assert asked == [("ResNet-50 (batch size 128)", 1, OD_A)]
+    assert asked == [("ResNet-50 (batch size 128)", 1, OD_A, "fp32")]  # no COSTOPT_PRECISION: PyTorch's default
     cloud.run_to(START + timedelta(minutes=3 + 10))
     assert control.progress(uri, 1).last_step == 600 * 4  # ten minutes at 4 steps/s, reported then
     cloud.run_to(START + timedelta(hours=1))
     assert cloud.describe(inst.instance_id).exit_code == 0
+
+
+def test_a_job_runs_at_the_rate_of_its_precision(uri: str) -> None:
+    asked = []
+
+    def rate(job_type: str, gpus: int, offer: OfferKey, precision: str) -> float | None:
+        asked.append(precision)
+        return {"fp32": 4.0, "amp": 8.0}.get(precision)
+
+    cloud = SimCloud(_prices(), HazardModel(defaults=dict.fromkeys(Cloud, 0.0)), start=START, rate=rate)
+    env = {**contract_env("job-1", uri, 1), **job_env(40_000, job_type="ResNet-50 (batch size 128)", precision="amp")}
+    assert env["COSTOPT_PRECISION"] == "amp"
+    cloud.launch(LaunchSpec(offer=OD_A, env=env), "t1")
+    assert asked == ["amp"]
+    cloud.run_to(START + timedelta(minutes=3 + 10))
+    assert control.progress(uri, 1).last_step == 600 * 8  # ten minutes at the amp rate
+    with pytest.raises(AgentEnvError, match="COSTOPT_PRECISION must be one of"):
+        cloud.launch(LaunchSpec(offer=OD_A, env={**env, "COSTOPT_PRECISION": "fp16"}), "t2")
+    with pytest.raises(AgentEnvError, match="at tf32"):  # the rate knows no tf32 figure: the launch says so
+        cloud.launch(LaunchSpec(offer=OD_A, env={**env, "COSTOPT_PRECISION": "tf32"}), "t3")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        job_env(1, precision="fp16")
 
 
 def test_termination_loses_the_work_since_the_last_checkpoint(uri: str) -> None:

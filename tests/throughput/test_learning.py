@@ -131,7 +131,7 @@ def test_a_job_slower_than_its_estimate_is_measured_and_moved(
     store.write([PricePoint(k, START - timedelta(days=1), p, "test") for k, p in price.items()])
     prices = step_prices(((k, START - timedelta(days=1), p) for k, p in price.items()), SHAPES)
 
-    def true_rate(job_type: str, gpus: int, offer: OfferKey) -> float | None:
+    def true_rate(job_type: str, gpus: int, offer: OfferKey, precision: str) -> float | None:
         shape = prices.shape(offer)
         return truth[shape[0]] if shape is not None else None
 
