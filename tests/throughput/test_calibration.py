@@ -78,6 +78,8 @@ def test_a_bad_row_is_refused_with_its_line_and_reason(
     assert str(path) in message
     assert "line 3" in message
     assert reason in message
+    if reason != "fields":  # the row itself: its GPU and model (a short row is named by its line only)
+        assert f"({row.split(',')[0]}, ResNet-50)" in message
 
 
 def test_a_wrong_header_or_an_empty_file_is_refused(tmp_path: Path, specs: dict[str, AcceleratorSpec]) -> None:
