@@ -368,6 +368,49 @@ def test_a_gcp_next_page_token_that_loops_stops_the_run() -> None:
     assert len(result.points) > 0
 
 
+def test_a_gcp_page_the_sdk_cannot_decode_is_refused_whole_and_the_run_is_partial(engine: Engine) -> None:
+    from google.protobuf import json_format
+
+    store = _store(engine)
+    good = _page("gcp_skus/price_negative.json")
+    good["skus"][2] = _page("gcp_skus/price_zero.json")["skus"][2]
+    good["skus"][2]["pricingInfo"][0]["pricingExpression"]["tieredRates"][0]["unitPrice"]["nanos"] = 560040000
+
+    def pages() -> Iterator[Any]:
+        yield _gcp_response(good, "t1")
+        raise json_format.ParseError("Failed to parse units field: invalid literal for int(): 'three'")
+
+    outcome = run_source(store, _gcp_source(pages()))
+
+    assert outcome.ok and outcome.partial and outcome.points > 0
+    status = store.sources()[0]
+    assert (status.last_refused_pages, status.total_refused_pages) == (1, 1)
+    assert "page 2" in (status.last_rejection or "")
+
+
+def test_instance_types_with_odd_names_or_no_gpus_are_refused_and_counted(engine: Engine) -> None:
+    from pricing.base import FetchResult
+
+    store = PriceStore(engine, mirror_max_points=0)
+    good = InstanceType(Cloud.AWS, "p3.2xlarge", "v100", 1, source="aws-api")
+    odd = [
+        InstanceType(Cloud.AWS, "p3.2x\u0000large", "v100", 1, source="aws-api"),
+        InstanceType(Cloud.AWS, "p3.16xlargе", "v100", 8, source="aws-api"),
+        InstanceType(Cloud.AWS, "p9.xlarge", "v100", float("nan"), source="aws-api"),
+    ]
+
+    class _Catalog:
+        name = "aws-catalog"
+
+        def fetch(self, history: Any) -> FetchResult:
+            return FetchResult(self.name, instance_types=[good, *odd])
+
+    outcome = run_source(store, _Catalog())  # type: ignore[arg-type]
+
+    assert outcome.ok and outcome.bad_records == len(odd)
+    assert [t.name for t in store.instance_types()] == ["p3.2xlarge"]
+
+
 class _FakeEc2:
     """An EC2 client whose spot history paginator yields the given raw pages."""
 
@@ -469,6 +512,7 @@ def test_prices_sources_shows_the_rejections(tmp_path: Path, monkeypatch: pytest
     assert row["name"] == "import:azure-retail-page"
     assert (row["total_refused_pages"], row["total_bad_records"]) == (1, 1)
     assert "negative price" in row["last_rejection"] and row["last_rejection_at"]
+    assert row["stale"] is False  # an import is not a scheduled source
     assert "pages refused" in table.stdout and "import:azure-retail-page" in table.stdout
 
 
