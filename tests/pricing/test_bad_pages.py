@@ -405,7 +405,7 @@ def test_instance_types_with_odd_names_or_no_gpus_are_refused_and_counted(engine
         def fetch(self, history: Any) -> FetchResult:
             return FetchResult(self.name, instance_types=[good, *odd])
 
-    outcome = run_source(store, _Catalog())  # type: ignore[arg-type]
+    outcome = run_source(store, _Catalog())
 
     assert outcome.ok and outcome.bad_records == len(odd)
     assert [t.name for t in store.instance_types()] == ["p3.2xlarge"]
