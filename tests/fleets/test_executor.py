@@ -365,7 +365,8 @@ def test_cancel_stops_the_copy_then_cancels_and_release_ends_everything(rig: Rig
     assert rig.jobs.get(other).state is JobState.CANCELLED
     report = rig.tick()
     assert report.released == [held[other]]
-    assert all(i.state is InstanceState.RELEASED for i in rig.repo.instances(rig.fleet_id))
+    released = rig.repo.instances(rig.fleet_id)
+    assert released and all(i.state is InstanceState.RELEASED for i in released)
     assert rig.provider.ended == set(rig.provider.launched)
     assert rig.tick().fleets == 0  # nothing left to do
 
@@ -414,8 +415,9 @@ def test_the_ledger_splits_each_instance_interval_over_its_leases_and_sums_to_th
         rig.worker_sync(w, [exited(j, rig.repo.job(j).holder_epoch, 1, 75) for j in held])  # type: ignore[union-attr]
     rig.tick()
     insts = rig.repo.instances(rig.fleet_id)
-    assert all(i.state is InstanceState.RELEASED and i.ended_at is not None for i in insts)
-    assert all(r.billed for r in rig.repo.rounds(rig.fleet_id))
+    assert insts and all(i.state is InstanceState.RELEASED and i.ended_at is not None for i in insts)
+    rounds = rig.repo.rounds(rig.fleet_id)
+    assert rounds and all(r.billed for r in rounds)
     report = ledger.costs(team="team-a")
     by_job = report.by("job_id")
     bill = 0

@@ -200,7 +200,7 @@ def test_money_is_exact_decimal_never_float(engine: Engine) -> None:
         assert isinstance(report.by("cloud")["azure"], Decimal)
     with engine.connect() as conn:
         prices = conn.execute(select(ledger_segments.c.usd_per_hour)).scalars().all()
-    assert all(isinstance(p, Decimal) for p in prices)
+    assert prices and all(isinstance(p, Decimal) for p in prices)
     assert sorted(prices) == [Decimal("0.1"), Decimal("0.2"), Decimal("0.9"), Decimal("2.0")]
 
 
@@ -297,3 +297,31 @@ def test_the_price_store_itself_can_price_the_ledger(engine: Engine) -> None:
     ledger = SqlLedger(engine, StorePriceView(store))
     assert ledger.record_interval(rec("a", 0.5, 3.25)).amount_usd == Decimal("3.05")
     assert ledger.costs(start=at(1.0), end=at(2.0)).total_usd == Decimal("1.05")
+
+
+def test_costs_group_by_every_attribute_with_additive_charges_and_without_memo_charges() -> None:
+    ledger = MemoryLedger(PRICES)
+    ledger.record_interval(rec("a", 0.0, 1.0, team="vision", provider="aws"))  # K at $1.20 for 1 h
+    ledger.record_interval(rec("b", 0.0, 1.0, offer=K2, job_id="job-2", team="nlp", provider="azure"))  # $0.10
+    egress = ChargeRecord(
+        "m:egress", "job-2", ChargeKind.EGRESS, at(0.5), team="nlp", quantity=Decimal("0.2"), rate_usd=Decimal("0.09")
+    )
+    ledger.record_charge(egress)  # $0.018, no offer: counted under ""
+    memo = ChargeRecord(
+        "p:lost", "job-1", ChargeKind.LOST_WORK, at(1.0), team="vision", offer=K, span=(at(0.0), at(1.0))
+    )
+    assert ledger.record_charge(memo).amount_usd == Decimal("1.2")  # a memo: never added to the totals
+    report = ledger.costs(start=at(0), end=at(2))
+    d = Decimal
+    assert report.total_usd == d("1.318")
+    assert report.by("job_id") == {"job-1": d("1.2"), "job-2": d("0.118")}
+    assert report.by("team") == {"nlp": d("0.118"), "vision": d("1.2")}
+    assert report.by("provider") == {"": d("0.018"), "aws": d("1.2"), "azure": d("0.1")}
+    assert report.by("cloud") == {"": d("0.018"), "aws": d("1.2"), "azure": d("0.1")}
+    assert report.by("region") == {"": d("0.018"), "eastus": d("0.1"), "us-east-1": d("1.2")}
+    assert report.by("zone") == {"": d("0.118"), "us-east-1a": d("1.2")}  # K2 has no zone
+    assert report.by("instance_type") == {"": d("0.018"), "Standard_NC6s_v2": d("0.1"), "p3.8xlarge": d("1.2")}
+    assert report.by("market") == {"": d("0.018"), "spot": d("1.3")}
+    assert list(report.by("team")) == ["nlp", "vision"]  # sorted
+    with pytest.raises(LedgerError, match="cannot group by 'gpu'; choose from job_id, team"):
+        report.by("gpu")

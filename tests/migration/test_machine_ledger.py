@@ -83,7 +83,8 @@ def test_moves_and_a_recovery_tile_the_jobs_lifetime_one_interval_per_epoch(
     closed = sum(ln.amount_micro_usd or 0 for ln in lines[:-1])
     assert report.instances_micro_usd >= closed  # plus the running copy up to now
     assert report.additive_micro_usd == 250_000
-    assert all(c.synced and c.ledger_error is None for c in mig.copies("job-1"))
+    copies = mig.copies("job-1")
+    assert copies and all(c.synced and c.ledger_error is None for c in copies)
 
     before = ledger_snapshot(ledger, "job-1")
     assert billed_migrator(engine, local, ledger).resume() == []
@@ -153,7 +154,8 @@ def test_a_ledger_failure_never_stops_a_move_and_is_recorded_once_prices_are_kno
     fixed = billed_migrator(engine, local, priced)
     assert fixed.resume() == []  # resume brings the ledger up to date
     assert fixed.sync_ledger().pending == 0
-    assert all(c.synced and c.ledger_error is None for c in fixed.copies("job-1"))
+    copies = fixed.copies("job-1")
+    assert copies and all(c.synced and c.ledger_error is None for c in copies)
     assert_ledger_consistent(engine, priced, local, "job-1")
 
 
