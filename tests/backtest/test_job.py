@@ -210,7 +210,7 @@ def test_resnet50_over_a_week_of_real_prices(week, catalog, hazards, policy: str
     bt = _run(prices, catalog, hazards, policy=policy, seed=0)
     _check_invariants(bt, prices)
     assert 48 < bt.hours < 60  # ~49 h of training, plus checkpoints, boots and any preemption
-    assert all(ln.record.offer.region == "us-east-1" for ln in bt.report.lines)
+    assert bt.report.lines and all(ln.record.offer.region == "us-east-1" for ln in bt.report.lines)
     assert bt.report.memo_usd(ChargeKind.EGRESS) == 0  # one region: no egress
     if policy == "static":
         assert bt.moves == 0
