@@ -25,4 +25,10 @@ class StoreError(CostoptError):
 
 
 class SourceUnavailable(CostoptError):
-    """A price source could not be reached or kept failing after retries."""
+    """A price source could not be reached or kept failing after retries.
+
+    ``refused_pages``: pages the source refused whole before giving up (a malformed first page: 1)."""
+
+    def __init__(self, message: str, *, refused_pages: int = 0) -> None:
+        super().__init__(message)
+        self.refused_pages = refused_pages

@@ -403,7 +403,8 @@ class AzureRetailPriceSource:
         if result.pages == 0:
             raise SourceUnavailable(
                 f"Azure Retail Prices API at {self.base_url} gave no usable page: {why}. Check network "
-                "access to it (proxy, firewall) and COSTOPT_AZURE_RETAIL_PRICES_URL, then retry."
+                "access to it (proxy, firewall) and COSTOPT_AZURE_RETAIL_PRICES_URL, then retry.",
+                refused_pages=result.refused_pages,
             )
         result.partial = True
         log.warning("%s: fetch stopped after %d pages, keeping what was read: %s", SOURCE, result.pages, why)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from costopt.errors import CostoptError
+from costopt.errors import CostoptError, SourceUnavailable
 from pricing.base import MAX_PROBLEMS_KEPT, FetchResult, PriceSource
 from pricing.screen import gpu_counts, screen_frame, screen_types
 from pricing.store import PriceStore, points_frame
@@ -53,7 +53,10 @@ def run_source(store: PriceStore, source: PriceSource, *, clock: Callable[[], da
     except Exception as exc:  # a failing source must never stop the scheduler or the others
         msg = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CostoptError) else str(exc)
         log.error("price source %s failed: %s", source.name, msg)
-        store.record_fetch(source.name, ok=False, at=at, error=msg)
+        refused = exc.refused_pages if isinstance(exc, SourceUnavailable) else 0
+        store.record_fetch(
+            source.name, ok=False, at=at, error=msg, refused_pages=refused, rejection=msg if refused else None
+        )
         return CollectOutcome(source.name, False, 0, 0, 0, 0, False, time.perf_counter() - started, msg)
     try:
         catalog = store.instance_types()

@@ -647,7 +647,8 @@ class GcpPriceSource:
                 result.refuse_page(f"page {result.pages + 1}", f"not a skus page: {exc}")
             if result.pages == 0:
                 raise SourceUnavailable(
-                    f"GCP {what}. " + _CHECK_HINT.format(endpoint=endpoint, api="Cloud Billing API")
+                    f"GCP {what}. " + _CHECK_HINT.format(endpoint=endpoint, api="Cloud Billing API"),
+                    refused_pages=result.refused_pages,
                 ) from exc
             log.warning("gcp: %s; keeping the SKUs already read (partial fetch)", what)
             result.partial = True

@@ -277,7 +277,9 @@ def test_a_malformed_first_azure_page_fails_the_run_and_stores_nothing(engine: E
     outcome = run_source(store, source)
 
     assert not outcome.ok and store.count_points() == 0
-    assert store.sources()[0].consecutive_failures == 1
+    status = store.sources()[0]
+    assert (status.consecutive_failures, status.last_refused_pages, status.total_refused_pages) == (1, 1, 1)
+    assert "ends early" in (status.last_rejection or "") or "not JSON" in (status.last_rejection or "")
 
 
 def test_an_azure_next_page_link_that_loops_stops_the_run(engine: Engine) -> None:
