@@ -4,7 +4,7 @@ exact rational references (written for mutation testing: each assertion pins a r
 from __future__ import annotations
 
 import itertools
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from fractions import Fraction
 
@@ -12,8 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from costopt.domain import Cloud, Market, OfferKey
 from costopt.reports.apportion import day_cuts, largest_remainder, split_by_days
-from costopt.reports.model import rate, usd
+from costopt.reports.errors import ReportError
+from costopt.reports.model import DIMENSIONS, Figures, ReportQuery, Row, rate, usd
 
 T0 = datetime(2020, 3, 1, tzinfo=UTC)
 
@@ -98,3 +100,67 @@ def test_report_money_and_rates() -> None:
     assert rate(3, 20_000) == Decimal("0.0002")  # 0.00015: half to even
     assert rate(5, 0) is None
     assert rate(0, 5) == Decimal("0.0000")
+
+
+def _row(amount: int, od: int | None, st: int | None, **kw: object) -> Row:
+    fields: dict[str, object] = {
+        "kind": "instance",
+        "job_id": "j",
+        "team": "t",
+        "ref": "r",
+        "instance_id": None,
+        "provider": None,
+        "offer": None,
+        "accelerator": None,
+        "starts_at": T0,
+        "ends_at": T0 + timedelta(hours=1),
+        "usd_per_hour": None,
+        "share": Decimal(1),
+        "amount_micro": amount,
+        "baseline_on_demand_micro": od,
+        "baseline_static_spot_micro": st,
+    }
+    fields.update(kw)
+    return Row(**fields)  # type: ignore[arg-type]
+
+
+def test_figures_count_savings_only_over_rows_that_have_the_baseline() -> None:
+    f = Figures()
+    for row in (_row(100, 400, 150), _row(50, None, 80), _row(30, 90, None), _row(7, None, None)):
+        f = f.add(row)
+    assert (f.actual_micro, f.rows) == (187, 4)
+    assert (f.baseline_on_demand_micro, f.covered_on_demand_actual_micro) == (490, 130)
+    assert (f.baseline_static_spot_micro, f.covered_static_spot_actual_micro) == (230, 150)
+    assert f.savings_on_demand_micro == 360 and f.savings_static_spot_micro == 80
+    assert f.uncovered_actual_micro == 57
+    assert f.savings_rate == Decimal("0.7347") and f.savings_rate_static_spot == Decimal("0.3478")
+    assert Figures().savings_rate is None
+
+
+def test_a_row_answers_each_dimension() -> None:
+    key = OfferKey(Cloud.GCP, "us-east1", "us-east1-b", "n1+v100x1", Market.SPOT)
+    row = _row(1, None, None, offer=key, accelerator="v100", starts_at=datetime(2020, 3, 9, 23, tzinfo=UTC))
+    assert [row.value(d) for d in DIMENSIONS] == ["t", "j", "gcp", "us-east1", "v100", "spot", "2020-03-09", "2020-03"]
+    bare = _row(1, None, None)
+    assert [bare.value(d) for d in ("cloud", "region", "market", "accelerator")] == ["", "", "", ""]
+    with pytest.raises(ReportError, match="unknown dimension 'zone'"):
+        row.value("zone")
+
+
+def test_a_report_query_refuses_a_bad_period_grouping_or_top() -> None:
+    ok = ReportQuery(T0, T0 + timedelta(days=1), group_by=("team", "month"), top=1)
+    assert ok.group_by == ("team", "month")
+    naive = datetime(2020, 3, 1)
+    for bad, message in [
+        ({"start": naive}, "from must be"),
+        ({"start": T0.astimezone(timezone(timedelta(hours=1)))}, "from must be a tz-aware UTC time"),
+        ({"end": naive}, "to must be"),
+        ({"end": T0}, "before or when it starts"),
+        ({"group_by": ()}, "cannot group by nothing; choose from team, job"),
+        ({"group_by": ("team", "zone")}, "cannot group by zone; choose from"),
+        ({"group_by": ("team", "team")}, "group_by repeats a dimension: team, team"),
+        ({"top": 0}, "top must be >= 1, got 0"),
+    ]:
+        args: dict[str, object] = {"start": T0, "end": T0 + timedelta(days=1), **bad}
+        with pytest.raises(ReportError, match=message):
+            ReportQuery(**args)  # type: ignore[arg-type]
