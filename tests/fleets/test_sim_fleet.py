@@ -54,9 +54,9 @@ TIMING = WorkloadTiming(
     checkpoint=timedelta(seconds=20),
     checkpoint_interval=timedelta(minutes=5),
 )
-POLL = timedelta(seconds=150)  # the simulated workers' heartbeat
+POLL = timedelta(seconds=300)  # the simulated workers' heartbeat
 ROUND_S = 360.0  # Gavel's six minutes
-TICK = timedelta(seconds=180)  # the executor's passes (rounds start on them)
+TICK = timedelta(seconds=360)  # the executor's passes (rounds start on them)
 STEPS = {"a": 3600, "b": 2400, "c": 3000, "d": 1800}
 
 
