@@ -173,7 +173,7 @@ class FuzzTarget:
 @contextmanager
 def fuzz_target(engine: Any, tmp_path: Path) -> Iterator[FuzzTarget]:
     """The service of the job API tests over ``engine`` (seeded, three teams), with one job and one fleet
-    of team alpha whose ids the fuzzer also draws; the 5xx log lines silenced (they are findings)."""
+    of team alpha, team beta and a spare key of beta, whose ids the fuzzer also draws."""
     from tests.api.jobs_helpers import BODY, service
 
     gen = service(engine, tmp_path)
@@ -188,7 +188,13 @@ def fuzz_target(engine: Any, tmp_path: Path) -> Iterator[FuzzTarget]:
         }
         fleet = svc.client.post("/v1/fleets", json=fleet_body, headers=svc.alpha)
         assert fleet.status_code == 201, fleet.text
-        known = {"job_id": [job["id"]], "fleet_id": [fleet.json()["id"]]}
+        spare = svc.teams.create_key(svc.beta_team, name="spare")  # a key the fuzzer may revoke
+        known = {
+            "job_id": [job["id"]],
+            "fleet_id": [fleet.json()["id"]],
+            "team_id": [svc.beta_team],
+            "key_id": [spare.key.id],
+        }
         keys = [svc.admin, svc.alpha, BAD_KEY, WRONG_SCHEME, {}]
         bodies: dict[str, list[Any]] = {
             "POST /v1/jobs": [BODY, {**BODY, "gpus": 4, "objective": {"name": "min-time"}}],
