@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 
+from api import hot_path
 from api.errors import BodyLimit, install_error_docs, install_error_handlers
 from api.routes import (
     admin,
@@ -102,6 +103,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if app.state.sim_clock is not None:
                 app.state.sim_clock.stop()
             app.state.job_service.close()
+            hot_path.shutdown(app)
             store.engine.dispose()
 
     app = FastAPI(

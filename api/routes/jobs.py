@@ -21,6 +21,7 @@ from sqlalchemy.engine import Connection
 from api.auth import Caller, CallerDep
 from api.deps import JobPlannerDep, JobsDep, SettingsDep
 from api.errors import ApiError
+from api.hot_path import blocking, json_of
 from api.job_planning import JobInfeasible, UnknownJobType
 from api.job_schemas import (
     EventPublic,
@@ -386,9 +387,13 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def show_job(job_id: JobId, request: Request, caller: CallerDep, jobs: JobsDep) -> JobPublic:
+async def show_job(job_id: JobId, request: Request, caller: CallerDep, jobs: JobsDep) -> Response:
     """One job, with its live figures: the job, its events and (when it launched) the ledger read on one
-    connection."""
+    connection (on the read pool; the hottest route, see api/hot_path.py)."""
+    return json_of(await blocking(request, _show_job, request, jobs, caller, job_id))
+
+
+def _show_job(request: Request, jobs: JobRepository, caller: Caller, job_id: str) -> JobPublic:
     with jobs.reading() as conn:
         return render_job(request, jobs, get_job(jobs, caller, job_id, conn), conn=conn)
 
