@@ -16,7 +16,9 @@ once exited); :meth:`WorkerSync.sync` records what they say and answers the desi
   elsewhere waits until that copy's exit is reported (never two writers).
 
 An instance that is ``lost`` or ``released`` gets ``release: true`` and nothing to run: its worker stops
-its copies and ends. A token that does not match is refused (:class:`WorkerRefused`).
+its copies and ends. A worker that reports ``stopping`` (it got SIGTERM, or its instance a preemption
+notice) gets nothing to run and no job is claimed for it: a job whose copy it stopped stays free for the
+next round elsewhere. A token that does not match is refused (:class:`WorkerRefused`).
 """
 
 from __future__ import annotations
@@ -123,7 +125,10 @@ class WorkerSync:
         if changed:
             mine_now = {fj.job_id: fj for fj in self.repo.holders(worker_id)}
         gone = inst.state in (InstanceState.LOST, InstanceState.RELEASED)
-        run, waiting = ([], 0) if gone else self._run(fleet.id, fleet.round, worker_id, inst.accelerator, mine_now)
+        stopping = bool(report.get("stopping"))  # SIGTERM, or its instance's preemption notice
+        run, waiting = (
+            ([], 0) if gone or stopping else self._run(fleet.id, fleet.round, worker_id, inst.accelerator, mine_now)
+        )
         return {
             "round": fleet.round,
             "round_ends_at": fleet.round_ends_at.isoformat() if fleet.round_ends_at else None,

@@ -255,3 +255,41 @@ def test_a_cloud_without_a_fleet_service_refuses_a_worker_and_the_instance_waits
         sim_fleet.cloud.launch(
             LaunchSpec(offer=V100, env={"COSTOPT_WORKER_ID": "fi-x", "COSTOPT_WORKER_TOKEN": "t"}), "tok"
         )
+
+
+def test_a_noticed_preemption_checkpoints_the_copies_in_time_and_the_worker_takes_no_new_lease(
+    sim_fleet: SimFleet,
+) -> None:
+    f = sim_fleet
+    f.run(START + 2 * TICK)
+    ids = {name: f.submit(name, steps) for name, steps in (("a", 2400), ("b", 2000))}
+    f.run(f.cloud.now() + 2 * TICK)
+    victim = next(j for j in f.repo.jobs(f.fleet_id) if j.holder is not None and j.steps_done > 0)
+    assert victim.holder is not None
+    inst = f.repo.instance(victim.holder)
+    assert inst is not None and inst.instance_id is not None
+    notice = f.repo.now()
+    # the cloud's notice (AWS: 2 minutes): the copy's 20 s checkpoint fits, then it exits
+    interruption = f.cloud.preempt(inst.instance_id)
+    assert interruption.deadline == notice + timedelta(minutes=2)
+    f.run(notice + timedelta(minutes=1))
+    fj = f.repo.job(victim.job_id)
+    assert fj is not None
+    assert fj.holder is None and fj.status is FleetJobStatus.WAITING  # freed before the end
+    assert fj.checkpoint_step == fj.steps_done >= victim.steps_done > 0  # its last step is durable
+    f.run(notice + 3 * TICK)
+    lost = f.repo.instance(inst.id)
+    assert lost is not None and lost.state is InstanceState.LOST
+    while any(not j.status.finished for j in f.repo.jobs(f.fleet_id)):
+        assert f.cloud.now() < notice + timedelta(hours=3)
+        f.run(f.cloud.now() + 2 * TICK)
+    for name, job_id in ids.items():
+        audit = control.audit_job(str(f.jobs.get(job_id).spec["checkpoint_uri"]), dict(a=2400, b=2000)[name])
+        assert audit.finished and audit.lost_steps == 0 and audit.repeated_steps == 0, audit
+        if job_id == victim.job_id:
+            assert audit.wasted_steps == 0  # nothing trained past its notice checkpoint was lost
+    # the doomed worker started no copy after the notice (its console, as the cloud shows it)
+    console = f.cloud.output(inst.instance_id).splitlines()
+    starts = [line.split()[0] for line in console if "started on GPUs" in line]
+    assert starts and all(datetime.fromisoformat(s.replace("Z", "+00:00")) < notice for s in starts)
+    assert any("preemption notice" in line for line in console)
