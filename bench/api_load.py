@@ -253,7 +253,11 @@ class Server:
 
 
 @contextmanager
-def server(url: str, *, workers: int, job_work: bool, log_dir: Path) -> Iterator[Server]:
+def server(
+    url: str, *, workers: int, job_work: bool, log_dir: Path, extra_env: dict[str, str] | None = None
+) -> Iterator[Server]:
+    """The service on a free 127.0.0.1 port, ready on every worker; ``extra_env`` overrides the COSTOPT_*
+    settings set here (bench/soak.py turns the collectors and the fleets' executor on)."""
     import httpx
 
     port = free_port()
@@ -268,6 +272,7 @@ def server(url: str, *, workers: int, job_work: bool, log_dir: Path) -> Iterator
         COSTOPT_RATE_LIMIT_PER_S="0",
         PYTHONPATH=f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}",
     )
+    env.update(extra_env or {})
     log = log_dir / f"server-{port}.log"
     cmd = [sys.executable, "-m", "uvicorn", "--factory", "bench.api_load:make_app", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"]

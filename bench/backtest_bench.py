@@ -7,6 +7,7 @@ Run: ``.venv/bin/python bench/backtest_bench.py [--repeats 3] [--skip-sweep]``. 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import statistics
 import sys
@@ -47,7 +48,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-sweep", action="store_true", help="leave out the hourly sweep (~20 s)")
+    ap.add_argument("--json", action="store_true", help="print the figures as one JSON object instead")
     args = ap.parse_args()
+    emit: Callable[..., None] = (lambda *a, **k: None) if args.json else print
+    figures: dict[str, float] = {}
     logging.basicConfig(level=logging.ERROR)
     settings = Settings(database_url=f"sqlite:///{Path(tempfile.mkdtemp()) / 'store.db'}")
     data = settings.data_dir
@@ -61,20 +65,24 @@ def main() -> None:
     t0 = time.perf_counter()
     inputs = load_paper_inputs(store, data / GAVEL_ORACLE_FILE)
     t_load = time.perf_counter() - t0
-    print(f"import the paper's prices into a scratch SQLite store: {t_import:.2f} s; load inputs: {t_load:.2f} s")
+    figures.update(import_s=t_import, load_inputs_s=t_load)
+    emit(f"import the paper's prices into a scratch SQLite store: {t_import:.2f} s; load inputs: {t_load:.2f} s")
 
     med, best, result = timed(lambda: paper_backtest(inputs, policies=PAPER_POLICIES), args.repeats)
     n_jobs = sum(len(f) for f in result.jobs.values())
-    print(
+    figures.update(paper_table_median_s=med, paper_table_best_s=best)
+    emit(
         f"paper table, 2 regions x 6 models x 7 lengths x 30 start days x 6 policies "
         f"({n_jobs * len(PAPER_POLICIES)} simulated jobs): median {med:.2f} s, best {best:.2f} s (target 120 s)"
     )
     med, best, _ = timed(lambda: paper_backtest(inputs), args.repeats)
-    print(f"paper table with the 3 extra policies (9 in all): median {med:.2f} s, best {best:.2f} s")
+    figures["paper_table_9_policies_median_s"] = med
+    emit(f"paper table with the 3 extra policies (9 in all): median {med:.2f} s, best {best:.2f} s")
 
     if not args.skip_sweep:
         med, best, sweep = timed(lambda: interval_sweep(inputs), 1)
-        print(
+        figures["hourly_sweep_s"] = med
+        emit(
             f"hourly sweep, 2 regions x 2 offer sets x (4 intervals x 3 modes + static) x 1,260 jobs "
             f"({len(sweep.cells)} cells): {med:.1f} s (target 600 s)"
         )
@@ -93,7 +101,8 @@ def main() -> None:
     }
     rule = MigrationRule()
     med, best, _ = timed(lambda: decide_many(rule=rule, **arrays), max(args.repeats, 5))
-    print(f"decide_many, {n_jobs:,} jobs x {n_cand} candidates: median {med * 1000:.0f} ms, best {best * 1000:.0f} ms")
+    figures["decide_many_median_ms"] = med * 1000
+    emit(f"decide_many, {n_jobs:,} jobs x {n_cand} candidates: median {med * 1000:.0f} ms, best {best * 1000:.0f} ms")
 
     here = OfferQuote(OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.SPOT), 0.918, 2.85)
     cands = [
@@ -106,7 +115,10 @@ def main() -> None:
     t0 = time.perf_counter()
     for _ in range(reps):
         choose(job, cands, now, rule)
-    print(f"choose (scalar, 60 candidates): {(time.perf_counter() - t0) / reps * 1e6:.0f} us per decision")
+    figures["choose_us"] = (time.perf_counter() - t0) / reps * 1e6
+    emit(f"choose (scalar, 60 candidates): {figures['choose_us']:.0f} us per decision")
+    if args.json:
+        print(json.dumps(figures))
 
 
 if __name__ == "__main__":

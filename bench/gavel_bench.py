@@ -9,6 +9,7 @@ window at 5 jobs/h on 36:36:36 <= 20 s per policy run (``--sim``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -118,10 +119,23 @@ def main() -> None:
     ap.add_argument("--sim-only", action="store_true", help="only the 1000-job window per policy (no solver cases)")
     ap.add_argument("--merge-sizes", default="16,64,128,256", help="sizes for the merged vs per-job check")
     ap.add_argument("--out", type=Path, help="write all results as JSON here")
+    ap.add_argument(
+        "--json", action="store_true", help="print all results as one JSON object (the table goes to stderr)"
+    )
     args = ap.parse_args()
     if args.one:
         print(json.dumps(one_case(args.one[0], int(args.one[1]), args.one[2] == "1")))
         return
+    if args.json:
+        with contextlib.redirect_stdout(sys.stderr):
+            results = run_all(args)
+        print(json.dumps(results))
+    else:
+        run_all(args)
+
+
+def run_all(args: argparse.Namespace) -> dict[str, object]:
+    """Run the cases ``args`` select, print their table, write ``args.out`` if given; return the results."""
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     results: dict[str, object] = {}
     rows = []
@@ -167,6 +181,7 @@ def main() -> None:
         results["sim"] = sims
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
+    return results
 
 
 if __name__ == "__main__":

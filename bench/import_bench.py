@@ -8,6 +8,7 @@ nothing), and the change points per source. Goal: first import <= 10 s on each b
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import tempfile
 import time
@@ -49,7 +50,8 @@ def drop_schema(schema: str | None) -> None:
         admin.dispose()
 
 
-def run(backend: str, paths: list[Path]) -> None:
+def run(backend: str, paths: list[Path], quiet: bool = False) -> dict[str, object]:
+    """Import ``paths`` twice into a fresh store; print a summary unless ``quiet``; return the figures."""
     tmp = Path(tempfile.mkdtemp(prefix="costopt-import-bench-"))
     eng, schema = fresh_engine(backend, tmp)
     try:
@@ -67,6 +69,18 @@ def run(backend: str, paths: list[Path]) -> None:
         statuses = Counter(r.status for r in reports)
         read = sum(r.points_read for r in reports)
         inserted = sum(r.inserted for r in reports)
+        figures: dict[str, object] = {
+            "first_import_s": first_s,
+            "reimport_s": second_s,
+            "files": len(reports),
+            "statuses": dict(statuses),
+            "points_read": read,
+            "change_points": inserted,
+            "reimport_new": sum(r.inserted for r in again),
+            "per_source": per_source,
+        }
+        if quiet:
+            return figures
         print(
             f"{backend:10s} import {first_s:5.2f} s: {len(reports)} files {dict(statuses)}, {read:,} points read, "
             f"{inserted:,} change points stored; re-import {second_s:5.2f} s, "
@@ -76,6 +90,7 @@ def run(backend: str, paths: list[Path]) -> None:
         for r in reports:
             if r.status in ("failed", "refused"):
                 print(f"{'':10s} {r.status}: {r.error}")
+        return figures
     finally:
         eng.dispose()
         drop_schema(schema)
@@ -85,13 +100,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--data", type=Path, default=Settings().data_dir)
     ap.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
+    ap.add_argument("--json", action="store_true", help="print the figures as one JSON object per backend instead")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)  # the data's known quirks are logged as warnings on every run
     if args.data is None:
         raise SystemExit("no data folder: pass --data ../shared/data")
     paths = [args.data / "prices", args.data / "raw" / "training_on_a_dime" / "logs" / "aws" / "cost"]
+    backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    if args.json:
+        print(json.dumps({b: run(b, paths, quiet=True) for b in backends}))
+        return
     print(f"import benchmark: {', '.join(str(p) for p in paths)}")
-    for backend in ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]:
+    for backend in backends:
         run(backend, paths)
 
 

@@ -6,9 +6,11 @@ Run: ``.venv/bin/python bench/plan_bench.py [--offers 10000] [--jobs 10000]``. P
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +32,10 @@ def main() -> None:
     ap.add_argument("--offers", type=int, default=10_000)
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=51)
+    ap.add_argument("--json", action="store_true", help="print the figures as one JSON object instead")
     args = ap.parse_args()
+    emit: Callable[..., None] = (lambda *a, **k: None) if args.json else print
+    figures: dict[str, float] = {"jobs": float(args.jobs)}
     data = Settings().data_dir
     if data is None:
         raise SystemExit("needs ../shared/data")
@@ -45,8 +50,11 @@ def main() -> None:
         t0 = time.perf_counter()
         plan_job(job, MinCost(), table, catalog)
         times.append(time.perf_counter() - t0)
-    print(f"offers table of {len(table):,} offers built in {build_ms:.1f} ms (once per price snapshot)")
-    print(f"one job over {len(table):,} offers (min-cost, top 10): {statistics.median(times) * 1000:.2f} ms median")
+    figures["offers"] = float(len(table))
+    figures["table_build_ms"] = build_ms
+    figures["one_job_median_ms"] = statistics.median(times) * 1000
+    emit(f"offers table of {len(table):,} offers built in {build_ms:.1f} ms (once per price snapshot)")
+    emit(f"one job over {len(table):,} offers (min-cost, top 10): {statistics.median(times) * 1000:.2f} ms median")
     rng = np.random.default_rng(0)
     multi = [jt for jt in types if catalog.get(jt, "v100", 2) is not None]
     jobs = []
@@ -61,11 +69,14 @@ def main() -> None:
             choices = replan(jobs, objective, table, catalog)
             runs.append(time.perf_counter() - t0)
         placed = sum(c.offer_index >= 0 for c in choices)
-        print(
+        figures[f"replan_{objective.name}_median_ms"] = statistics.median(runs) * 1000
+        emit(
             f"re-plan {len(jobs):,} running jobs ({len({(j.job_type, j.gpu_count) for j in jobs})} distinct type x "
             f"GPUs) over {len(table):,} offers, {objective.name}: {statistics.median(runs) * 1000:.0f} ms median "
             f"({placed:,} placed)"
         )
+    if args.json:
+        print(json.dumps(figures))
 
 
 if __name__ == "__main__":

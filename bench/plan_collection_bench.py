@@ -21,6 +21,7 @@ the pulp formulation of the same models, built and solved in a child process sto
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import time
 from decimal import Decimal
@@ -179,6 +180,11 @@ def main() -> None:
     parser.add_argument("--milp-timeout", type=float, default=30.0, help="time limit of the binary makespan MILP")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", type=Path, default=None, help="shared data folder (default ../shared/data)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="only the goal's figure (the default LP-guided pruned sweep, to proven optimality) as one JSON object",
+    )
     args = parser.parse_args()
 
     data = args.data or Settings().data_dir
@@ -192,17 +198,36 @@ def main() -> None:
     quotas = synthetic_quotas(offers, groups, rng)
     assumptions = Assumptions(per_gpu_packing=True)
     demand = sum(g.count * g.job.gpu_count for g in groups)
-    print(
-        f"instance: {sum(g.count for g in groups)} jobs in {len(groups)} groups ({demand} GPUs), "
-        f"{len(table)} offers in {offers['region'].nunique()} regions of {offers['cloud'].nunique()} clouds, "
-        f"{len(quotas)} quotas, deadline {args.deadline:g} h"
-    )
+    if not args.json:
+        print(
+            f"instance: {sum(g.count for g in groups)} jobs in {len(groups)} groups ({demand} GPUs), "
+            f"{len(table)} offers in {offers['region'].nunique()} regions of {offers['cloud'].nunique()} clouds, "
+            f"{len(quotas)} quotas, deadline {args.deadline:g} h"
+        )
 
     sweep = CollectionSpec(tuple(groups), SweepMinCost(args.deadline), quotas)
+    t0 = time.perf_counter()
     try:
         plan = plan_collection(sweep, table, catalog, assumptions)
     except CollectionInfeasible as exc:
-        print(f"sweep infeasible ({exc.binding}): {exc}")
+        print(
+            json.dumps({"error": f"sweep infeasible ({exc.binding}): {exc}"})
+            if args.json
+            else f"sweep infeasible ({exc.binding}): {exc}"
+        )
+        return
+    if args.json:
+        figures = {
+            "jobs": sum(g.count for g in groups),
+            "offers": len(table),
+            "quotas": len(quotas),
+            "sweep_total_s": time.perf_counter() - t0,
+            "build_s": plan.build_seconds,
+            "solve_s": plan.solve_seconds,
+            "status": str(plan.status),
+            "mip_gap": plan.mip_gap,
+        }
+        print(json.dumps(figures))
         return
     print(
         f"SweepMinCost (scipy, LP-guided, pruned): evaluate+build {plan.build_seconds:.3f} s, "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import statistics
 import tempfile
 import time
@@ -166,8 +167,12 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--backend", choices=["sqlite", "postgresql", "both"], default="both")
     ap.add_argument("--repeats", type=int, default=21)
+    ap.add_argument("--json", action="store_true", help="print the figures as one JSON object per backend instead")
     args = ap.parse_args()
     backends = ["sqlite", "postgresql"] if args.backend == "both" else [args.backend]
+    if args.json:
+        print(json.dumps({b: run(b, args.points, args.keys, args.repeats) for b in backends}))
+        return
     print(f"store benchmark: {args.points:,} points over {args.keys:,} keys ({datetime.now(UTC):%Y-%m-%d %H:%M} UTC)")
     for b in backends:
         r = run(b, args.points, args.keys, args.repeats)
