@@ -66,6 +66,7 @@ class Loops:
         self.driver.stop()
 
 
+@pytest.mark.slow  # wall-clock bound: ~50 simulated minutes at 600x, plus the release
 def test_a_fleet_leased_over_rest_on_the_simulated_cloud_runs_its_jobs_to_the_end(svc: Service) -> None:
     settings = svc.app.state.settings
     assert settings.provider == "sim"
