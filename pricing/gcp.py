@@ -297,13 +297,15 @@ def read_sku(
     components: ComponentPrices,
     problems: Problems,
     regions: frozenset[str] | None = None,
+    *,
+    where_prefix: str = "",
 ) -> None:
     """Record the core/RAM/GPU price of one SKU in ``components`` for each of its wanted regions.
 
     SKUs of no shape of :data:`MACHINE_SHAPES` (other families, unknown GPUs, commitments, regions not
     in ``regions``; None = all) are counted as skipped; invalid rates as bad records.
     """
-    where = f"SKU {sku.sku_id or sku.name or '?'} ({sku.description!r})"
+    where = f"{where_prefix}SKU {sku.sku_id or sku.name or '?'} ({sku.description!r})"
     category = sku.category
     if category.resource_family != "Compute":
         problems.skip(where, f"resourceFamily {category.resource_family!r}")
@@ -369,11 +371,19 @@ def read_sku(
 
 
 def parse_skus_page(
-    page: Any, *, source: str = "gcp", regions: frozenset[str] | None = None, where: str = "page"
+    page: Any,
+    *,
+    source: str = "gcp",
+    regions: frozenset[str] | None = None,
+    where: str = "page",
+    components: ComponentPrices | None = None,
+    problems: Problems | None = None,
 ) -> tuple[ComponentPrices, Problems, str | None]:
     """One recorded ``services.skus.list`` page (its JSON: ``{"skus": [...], "nextPageToken": ...}``) read
     by the live collector's own :func:`read_sku`: component prices, problems (a SKU that is not a valid
-    ``Sku`` message is a bad record) and the page's continuation token (None: the last page).
+    ``Sku`` message is a bad record; reasons start with ``where``) and the page's continuation token
+    (None: the last page). Pass the ``components`` and ``problems`` of earlier pages to read the pages of
+    one listing together (a component two pages price differently is refused, as within one page).
 
     Raises :class:`MalformedInput` when the page is not of that shape (no ``skus`` list).
     """
@@ -382,8 +392,8 @@ def parse_skus_page(
     token = page.get("nextPageToken")
     if token is not None and not isinstance(token, str):
         raise MalformedInput(f"{where}: nextPageToken is not text: {token!r:.80}")
-    components = ComponentPrices()
-    problems = Problems(source)
+    components = components if components is not None else ComponentPrices()
+    problems = problems if problems is not None else Problems(source)
     for i, raw in enumerate(page["skus"]):
         try:
             if not isinstance(raw, Mapping):
@@ -392,7 +402,7 @@ def parse_skus_page(
         except (BadRecord, json_format.ParseError, ValueError, TypeError) as exc:
             problems.bad_record(f"{where} SKU {i}", f"not a Sku: {exc}")
             continue
-        read_sku(sku, components, problems, regions)
+        read_sku(sku, components, problems, regions, where_prefix=f"{where} ")
     return components, problems, token or None
 
 

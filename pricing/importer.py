@@ -17,8 +17,9 @@ registry (:data:`KINDS`: name -> :class:`FileKind`, how it is told apart and par
 - ``list-prices``: the curated ``list_prices.csv`` (:func:`pricing.catalog.load_list_prices`).
 - ``gcp-skus-page``: a Cloud Billing Catalog ``services.skus.list`` response saved as a file (what the live
   GCP collector fetches), read by the collector's own :func:`pricing.gcp.parse_skus_page` and composed by
-  :func:`pricing.gcp.compose_prices` (source ``gcp``). Whole-VM prices are composed from the SKUs of that
-  one file: a shape whose core, RAM and GPU SKUs lie on different pages is not priced by it.
+  :func:`pricing.gcp.compose_prices` (source ``gcp``). The pages met while walking a folder are one
+  listing (a VM's core, RAM and GPU SKUs may lie on different pages): read together, composed once, all
+  or nothing for the listing; a page named explicitly is composed alone.
 - ``azure-retail-page``: an Azure Retail Prices API page (``{"Items": [...], "NextPageLink": ...}``) saved
   as a file, read by the live collector's :func:`pricing.azure.parse_retail_page` (source ``azure``); a
   ``retailPrice`` of 0, Windows, Low Priority and unknown sizes are skipped as by the collector.
@@ -780,20 +781,36 @@ def _bad_problems(problems: Problems) -> None:
         raise BadRecord(f"{problems.reasons[0]}{more}")
 
 
-def _parse_gcp_page(found: Detected) -> _Parsed:
-    from pricing.gcp import SHAPES_BY_NAME, compose_prices, parse_skus_page  # the Google SDK: only when needed
+def _parse_gcp_listing(founds: Sequence[Detected]) -> _Parsed:
+    """The pages of one Cloud Billing Catalog listing (one file, or the pages of one folder) read together
+    and composed once: a VM's core, RAM and GPU SKUs may lie on different pages. All or nothing: a bad
+    record on any page refuses every page. Partial when every page has a ``nextPageToken`` (the last
+    page is missing)."""
+    from pricing.gcp import SHAPES_BY_NAME, ComponentPrices, compose_prices, parse_skus_page  # SDK: when needed
 
-    path = found.path
-    components, problems, token = parse_skus_page(found.payload, source=GCP_PAGE_SOURCE, where=f"{path}:")
+    components = ComponentPrices()
+    problems = Problems(GCP_PAGE_SOURCE)
+    tokens = []
+    for found in founds:
+        _, _, token = parse_skus_page(
+            found.payload, source=GCP_PAGE_SOURCE, where=f"{found.path}:", components=components, problems=problems
+        )
+        tokens.append(token)
     points = compose_prices(components, None, None, problems, source=GCP_PAGE_SOURCE)
     _bad_problems(problems)
     frame = points_frame(points)
     names = sorted({p.key.instance_type for p in points})
     types = [SHAPES_BY_NAME[n].instance_type() for n in names if n in SHAPES_BY_NAME]
     warnings = []
-    if token:
-        warnings.append(f"{path.name}: the page has a nextPageToken: the catalog continues on another page")
-    return _Parsed(frame, types, skipped=problems.skipped, partial=bool(token), warnings=warnings)
+    partial = all(tokens)
+    if partial:
+        what = "the page has" if len(founds) == 1 else f"each of the {len(founds)} pages has"
+        warnings.append(f"{founds[-1].path.name}: {what} a nextPageToken: the catalog continues on a page not given")
+    return _Parsed(frame, types, skipped=problems.skipped, partial=partial, warnings=warnings)
+
+
+def _parse_gcp_page(found: Detected) -> _Parsed:
+    return _parse_gcp_listing([found])
 
 
 def _parse_azure_page(found: Detected) -> _Parsed:
@@ -961,6 +978,18 @@ def _import(
         _screen(store, path, parsed, gpus)
     except (BadRecord, MalformedInput) as exc:
         raise _named(path, exc) from exc
+    return _write(store, path, found.kind, parsed, known, gpus)
+
+
+def _write(
+    store: PriceStore,
+    path: Path,
+    kind: str,
+    parsed: _Parsed,
+    known: set[tuple[Cloud, str]],
+    gpus: dict[tuple[str, str], float],
+) -> ImportReport:
+    """Store a parsed and screened file (one write), add the instance types it reveals, report."""
     result = store.write(parsed.points)
     warnings = list(parsed.warnings)
     for w in [] if parsed.warnings_logged else parsed.warnings:
@@ -977,7 +1006,7 @@ def _import(
         gpus.update(gpu_counts(new_types.values()))
     report = ImportReport(
         path=path,
-        kind=found.kind,
+        kind=kind,
         status="partial" if parsed.partial else "imported",
         points_read=len(parsed.points),
         inserted=result.inserted,
@@ -988,7 +1017,7 @@ def _import(
     log.info(
         "imported %s (%s): %d points read, %d new, %d unchanged, %d skipped%s",
         path,
-        found.kind,
+        kind,
         report.points_read,
         report.inserted,
         report.unchanged,
@@ -1085,10 +1114,29 @@ def import_paths(
     folder and ``refused`` when named explicitly; a malformed or bad file is ``failed`` (nothing of
     it stored) and the others are still imported. Store errors (database down) propagate.
     ``progress`` is called with each report as soon as its file is done.
+
+    The GCP ``skus`` pages met while walking a folder are, per folder, one listing: read together,
+    composed once and stored with one write (all or nothing for the listing; :func:`_parse_gcp_listing`).
+    The first page's report carries the listing's counts, the others' say they were composed with it.
+    A page named explicitly is composed alone.
     """
     known, gpus = _known_types(store)
     reports: list[ImportReport] = []
-    for path, in_folder in _walk(paths):
+    items = list(_walk(paths))
+    listings = _gcp_listings([p for p, in_folder in items if in_folder])
+    done: set[Path] = set()
+    for path, in_folder in items:
+        if path in done:
+            continue
+        listing = listings.get(path)
+        if listing is not None:
+            for report, exc in _import_listing(store, listing, known, gpus):
+                _record(store, report, exc)
+                reports.append(report)
+                done.add(report.path)
+                if progress is not None:
+                    progress(report)
+            continue
         kind = "unknown"
         refusal: Exception | None = None
         try:
@@ -1111,6 +1159,43 @@ def import_paths(
         if progress is not None:
             progress(report)
     return reports
+
+
+def _gcp_listings(paths: Sequence[Path]) -> dict[Path, list[Detected]]:
+    """The GCP ``skus`` pages among ``paths`` grouped by folder, when a folder holds more than one,
+    keyed by the group's first path (an unreadable or malformed file is left to the per-file path)."""
+    groups: dict[Path, list[Detected]] = {}
+    for path in paths:
+        if path.suffix.lower() != ".json":
+            continue
+        try:
+            found = detect(path)
+        except OSError:
+            continue
+        if found.kind == GCP_PAGE and found.malformed is None:
+            groups.setdefault(path.parent, []).append(found)
+    return {group[0].path: group for group in groups.values() if len(group) > 1}
+
+
+def _import_listing(
+    store: PriceStore, listing: list[Detected], known: set[tuple[Cloud, str]], gpus: dict[tuple[str, str], float]
+) -> list[tuple[ImportReport, Exception | None]]:
+    """Import the pages of one GCP listing together; one report per page (see :func:`import_paths`)."""
+    first = listing[0].path
+    try:
+        parsed = _confirmed_at_file_time(_parse_gcp_listing(listing), first)
+        _screen(store, first, parsed, gpus)
+    except (BadRecord, MalformedInput) as exc:
+        pages = ", ".join(f.path.name for f in listing)
+        error = f"{exc} (the listing of {len(listing)} pages {pages} is refused whole)"
+        log.error("failed: %s", error)
+        # every page refused; the bad records counted once
+        refused = [ImportReport(f.path, GCP_PAGE, "failed", error=error) for f in listing]
+        return [(report, exc if i == 0 else None) for i, report in enumerate(refused)]
+    head = _write(store, first, GCP_PAGE, parsed, known, gpus)
+    note = f"composed together with {first.name} (one listing of {len(listing)} pages; counts on its report)"
+    rest = [ImportReport(f.path, GCP_PAGE, head.status, warnings=(note,)) for f in listing[1:]]
+    return [(head, None), *((r, None) for r in rest)]
 
 
 def seed_paths(data_dir: Path, catalog_dir: Path) -> list[Path]:

@@ -131,6 +131,59 @@ def test_a_saved_collector_page_imports_as_the_collector_reads_it(
     assert (health.last_points, health.total_refused_pages, health.consecutive_failures) == (points, 0, 0)
 
 
+def _clean_gcp_listing(folder: Path) -> list[dict[str, Any]]:
+    """The three fixture pages of one GCP listing without their two deliberately bad SKUs, saved in
+    ``folder`` as the collector fetched them (page1.json ... page3.json)."""
+    folder.mkdir()
+    pages = []
+    for n in (1, 2, 3):
+        page = json.loads((ROOT / "gcp" / f"skus_page{n}.json").read_text(encoding="utf-8"))
+        page["skus"] = [s for s in page["skus"] if s["skuId"] not in ("0BF4-7A31-2C6D", "6E2C-05BF-A4D9")]
+        (folder / f"page{n}.json").write_text(json.dumps(page), encoding="utf-8")
+        pages.append(page)
+    return pages
+
+
+def test_a_folder_of_saved_gcp_pages_is_one_listing_composed_as_the_collector_does(
+    tmp_path: Path, engine: Engine
+) -> None:
+    store = _store(engine)
+    folder = tmp_path / "listing"  # (the SQLite database lives in tmp_path)
+    pages = _clean_gcp_listing(folder)
+    live = _gcp_source(iter([_gcp_response(p, p["nextPageToken"]) for p in pages])).fetch(None)  # type: ignore[arg-type]
+    expected = {(p.key, p.valid_from): p.usd_per_hour for p in live.points}
+    alone = set()
+    for n in (1, 2, 3):
+        components, problems, _ = parse_skus_page(pages[n - 1])
+        alone |= {p.key for p in compose_prices(components, None, None, problems)}
+
+    reports = import_paths(store, [folder])
+
+    assert [(r.path.name, r.status) for r in reports] == [(f"page{n}.json", "imported") for n in (1, 2, 3)]
+    assert reports[0].points_read == len(expected) == reports[0].inserted
+    history = store.history_points(datetime(2000, 1, 1, tzinfo=UTC), NOW)
+    stored = {(p.key, p.valid_from): p.usd_per_hour for p in history}
+    assert stored.keys() == expected.keys()
+    assert all(stored[k] == pytest.approx(v) for k, v in expected.items())
+    across = {k for k, _ in expected} - alone  # e.g. N1 core/RAM on page 1, the K80 on page 2
+    assert any("k80" in k.instance_type for k in across)
+
+
+def test_one_bad_page_refuses_the_whole_saved_gcp_listing(tmp_path: Path, engine: Engine) -> None:
+    store = _store(engine)
+    folder = tmp_path / "listing"
+    _clean_gcp_listing(folder)
+    (folder / "page2.json").write_text((ROOT / "gcp" / "skus_page2.json").read_text(encoding="utf-8"))
+
+    reports = import_paths(store, [folder])
+
+    assert [r.status for r in reports] == ["failed"] * 3
+    assert all("negative unitPrice" in (r.error or "") and "page2.json" in (r.error or "") for r in reports)
+    assert store.count_points() == 0
+    (status,) = store.sources()
+    assert (status.total_refused_pages, status.total_bad_records) == (3, 1)
+
+
 @pytest.mark.parametrize("fixture", ["gcp/skus_page1.json", "azure/retail_prices_page2.json"])
 def test_a_saved_collector_page_with_one_bad_record_stores_nothing(engine: Engine, fixture: str) -> None:
     store = _store(engine)
