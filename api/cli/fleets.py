@@ -6,8 +6,7 @@ refused the key, 2 bad arguments (also input the service rejected: 400, 409, 413
 An offer is written ``cloud/region/zone/instance_type/market`` (an empty zone for a regional price, e.g.
 ``azure/eastus//Standard_NC6s_v3/spot``), optionally followed by ``*COUNT``; GPUs per accelerator for the
 planner are ``v100=4,k80=8``. A fleet can also be given as a YAML file holding the body of
-``POST /v1/fleets``; flags override its fields. Jobs go into a fleet with ``costopt jobs submit`` and the
-body's ``fleet_id`` (in the job's YAML file).
+``POST /v1/fleets``; flags override its fields. Jobs go into a fleet with ``costopt jobs submit --fleet ID``.
 """
 
 from __future__ import annotations

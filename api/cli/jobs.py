@@ -115,6 +115,8 @@ def build_body(file_doc: Mapping[str, Any], **flags: Any) -> dict[str, Any]:
     constraints: dict[str, Any] = dict(body.get("constraints") or {})
     simple = {k: flags[k] for k in ("name", "job_type", "steps", "gpus", "image", "checkpoint_uri", "checkpoint_gb")}
     body.update({k: v for k, v in simple.items() if v is not None})
+    fleet = {"fleet_id": flags.get("fleet"), "weight": flags.get("weight"), "slo_s": flags.get("slo_s")}
+    body.update({k: v for k, v in fleet.items() if v is not None})
     if flags.get("command") is not None:
         body["command"] = shlex.split(flags["command"])
     if flags.get("objective") is not None:
@@ -240,12 +242,18 @@ def submit(
     markets: Annotated[str | None, typer.Option(help="spot, on_demand or both (comma-separated).")] = None,
     accelerators: Annotated[str | None, typer.Option(help="Only these GPUs (comma-separated).")] = None,
     max_price: Annotated[float | None, typer.Option("--max-price", help="At most this many USD per hour.")] = None,
+    fleet: Annotated[
+        str | None, typer.Option("--fleet", help="Run in this leased fleet (its policy shares the GPUs).")
+    ] = None,
+    weight: Annotated[float | None, typer.Option(help="In a fleet: the job's priority weight.")] = None,
+    slo_s: Annotated[float | None, typer.Option("--slo-s", help="In a fleet: finish within (seconds).")] = None,
     idempotency_key: Annotated[
         str | None, typer.Option("--idempotency-key", help="Retries with the same key return the first job.")
     ] = None,
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table,
 ) -> None:
-    """Submit a job; the service plans it, launches it and moves it when prices change."""
+    """Submit a job; the service plans it, launches it and moves it when prices change (or, with --fleet,
+    queues it in the fleet)."""
     body = build_body(
         _load_file(job_file) if job_file is not None else {},
         name=name,
@@ -265,6 +273,9 @@ def submit(
         markets=markets,
         accelerators=accelerators,
         max_price=max_price,
+        fleet=fleet,
+        weight=weight,
+        slo_s=slo_s,
     )
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
     with _api() as api:

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from api.cli.fleets import build_create_body, build_scale_body, parse_gpus, parse_offer
 from api.cli.main import app
 from costopt.settings import get_settings
-from tests.api.jobs_helpers import Service, service
+from tests.api.jobs_helpers import JOB_TYPE, Service, service
 
 runner = CliRunner()
 V100 = "aws/us-east-1/us-east-1a/p3.2xlarge/spot"
@@ -159,6 +159,13 @@ def test_every_command_against_the_service(svc: Service, monkeypatch: pytest.Mon
     assert [r["id"] for r in rows] == [fid, planned["id"]] and rows[0]["policy"] == "max_min_fairness_perf"
     assert rows[0]["instances"] == "3" and rows[0]["jobs"] == "0/0"
     assert _json(["fleets", "list", "--limit", "1"])[0]["id"] == fid
+    # a job into the fleet with `costopt jobs submit --fleet`: queued there, its weight and SLO kept
+    body = ["--job-type", JOB_TYPE, "--steps", "500", "--command", "python t.py", "--weight", "2", "--slo-s", "3600"]
+    job = _json(["jobs", "submit", "--fleet", fid, *body])
+    assert job["fleet_id"] == fid and job["provider"] == "fleet" and job["state"] == "queued"
+    (fj,) = _json(["fleets", "show", fid])["jobs"]
+    assert (fj["job_id"], fj["weight"], fj["slo_s"], fj["steps_total"]) == (job["id"], 2.0, 3600.0, 500)
+    assert "0/500" in runner.invoke(app, ["fleets", "show", fid]).stdout  # the jobs table
     # scale: add one by offer, drain one
     drained = fleet["instances"][1]["id"]
     scaled = _json(["fleets", "scale", fid, "--add", K80, "--remove", drained])
