@@ -81,7 +81,8 @@ class JobCreate(_In):
     precision: Literal["fp32", "tf32", "amp"] = Field(
         default="fp32",
         description="fp32 (default, PyTorch's: matmuls strict FP32, cuDNN convolutions TF32), tf32 or amp: "
-        "which throughput estimates plan a catalog job_type (docs/throughput.md).",
+        "which throughput estimates plan a catalog job_type, and extend a job given by throughput to other "
+        "GPUs once its progress is measured (docs/throughput.md).",
     )
     objective: ObjectiveIn = Field(default_factory=ObjectiveIn)
     constraints: ConstraintsIn = Field(default_factory=ConstraintsIn)
