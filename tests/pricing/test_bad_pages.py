@@ -571,6 +571,28 @@ def test_prices_sources_shows_the_rejections(tmp_path: Path, monkeypatch: pytest
     assert "pages refused" in table.stdout and "import:azure-retail-page" in table.stdout
 
 
+def test_prices_import_reads_saved_gcp_and_azure_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from api.cli.main import app
+    from costopt.settings import get_settings
+
+    monkeypatch.setenv("COSTOPT_DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
+    folder = tmp_path / "skus"
+    _clean_gcp_listing(folder)
+    get_settings.cache_clear()
+    try:
+        result = CliRunner().invoke(
+            app, ["prices", "import", str(folder), str(ROOT / "azure" / "retail_prices_page1.json"), "-f", "json"]
+        )
+    finally:
+        get_settings.cache_clear()
+    assert result.exit_code == 0, result.stdout
+    rows = json.loads(result.stdout)
+    assert [(r["kind"], r["status"]) for r in rows] == [("gcp-skus-page", "imported")] * 3 + [
+        ("azure-retail-page", "partial")
+    ]
+    assert rows[0]["inserted"] > 0 and rows[3]["inserted"] == 4
+
+
 def test_zero_is_not_a_price_anywhere() -> None:
     from costopt.domain import OfferKey, PricePoint
 
