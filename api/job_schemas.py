@@ -167,6 +167,7 @@ class JobPublic(BaseModel):
     steps_total: int
     steps_done: int
     gpus: int
+    precision: str = Field(default="fp32", description="fp32, tf32 or amp: what the job was planned at")
     objective: dict[str, Any]
     constraints: dict[str, Any]
     command: list[str]

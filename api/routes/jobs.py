@@ -42,6 +42,7 @@ from costopt.jobs.records import JobEvent, JobNotFound, JobRecord, JobRepository
 from costopt.jobs.view import MoveView, job_view
 from costopt.planning.model import InvalidJob
 from costopt.settings import Settings
+from costopt.throughput.model import DEFAULT_PRECISION
 
 log = logging.getLogger("costopt.api")
 
@@ -179,6 +180,7 @@ def render_job(
         steps_total=job.steps_total,
         steps_done=view.steps_done,
         gpus=int(spec.get("gpus", 1)),
+        precision=str(spec.get("precision") or DEFAULT_PRECISION),
         objective={k: v for k, v in (spec.get("objective") or {}).items() if v is not None},
         constraints={k: v for k, v in (spec.get("constraints") or {}).items() if v is not None},
         command=list(spec.get("command") or []),

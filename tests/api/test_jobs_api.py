@@ -45,6 +45,9 @@ def test_submit_plans_and_queues_the_job(svc: Service, tmp_path: Path) -> None:
     assert stored.state is JobState.QUEUED and stored.spec["job_type"] == JOB_TYPE
     assert stored.quote is not None and stored.quote["candidates"][0]["offer"] == job["quote"]["offer"]
     assert [e.reason for e in svc.jobs.events(job["id"])] == ["submitted"]
+    assert job["precision"] == "fp32"  # PyTorch's default
+    amp = svc.submit(svc.alpha, precision="amp")
+    assert svc.client.get(f"/v1/jobs/{amp['id']}", headers=svc.alpha).json()["precision"] == "amp"
 
 
 def test_quote_is_the_whole_instance_price_times_expected_hours(svc: Service) -> None:
