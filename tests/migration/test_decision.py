@@ -18,6 +18,7 @@ from costopt.migration.decision import (
     Action,
     InvalidDecisionInput,
     MigrationRule,
+    MoveArrays,
     OfferQuote,
     Reason,
     RunningJob,
@@ -229,3 +230,95 @@ def test_the_vectorized_rule_agrees_with_the_scalar_rule_job_by_job() -> None:
             assert d.target == quotes[int(out.target[j])]
         reasons.add(d.reason)
     assert {Reason.SAVES_ENOUGH, Reason.PREEMPTED, Reason.BELOW_MARGIN, Reason.DWELL} <= reasons
+
+
+# --- written against the mutants that survived `make mutate` (docs/reliability.md) ------------------
+
+
+def _many(**kw: object) -> MoveArrays:
+    args: dict[str, object] = {
+        "remaining_steps": 1e6,
+        "here_usd_per_hour": 1.0,
+        "here_steps_per_s": 10.0,
+        "cand_usd_per_hour": [0.5, 0.4],
+        "cand_steps_per_s": 10.0,
+        "egress_usd_per_gb": 0.0,
+        "checkpoint_gb": 0.0,
+        "hours_since_move": np.inf,
+        "rule": MigrationRule(),
+    }
+    args.update(kw)
+    return decide_many(**args)  # type: ignore[arg-type]
+
+
+def test_the_vectorized_rule_broadcasts_one_candidate_row_over_the_jobs_and_defaults_to_no_current() -> None:
+    out = _many(remaining_steps=[1e6, 2e6, 3e6], cand_usd_per_hour=[0.5, 0.4])  # 3 jobs, 2 columns
+    assert out.move.tolist() == [True, True, True]
+    assert out.target.tolist() == [1, 1, 1]  # column 1 is no "current" by default
+    assert out.reason.tolist() == [Reason.SAVES_ENOUGH] * 3
+    saving = out.saving.tolist()
+    assert saving == pytest.approx([r * (1 / 36000 - 0.4 / 36000) for r in (1e6, 2e6, 3e6)], rel=1e-12)
+
+
+def test_the_valid_mask_takes_candidates_out() -> None:
+    out = _many(remaining_steps=[1e6, 1e6], valid=[[True, False], [False, False]])
+    assert out.target.tolist() == [0, -1]
+    assert out.reason.tolist() == [Reason.SAVES_ENOUGH, Reason.NO_CANDIDATE]
+    assert _many(valid=[False, True]).target.tolist() == [1]  # one row, broadcast
+    assert _many(valid=[True, False]).target.tolist() == [0]
+
+
+def test_a_net_saving_equal_to_the_margin_does_not_move() -> None:
+    d = decide(job(gb=0.0), quote(Cloud.AWS, "us-east-1", "us-east-1b", 0.5), NOW)
+    net = float(d.saving_usd) - float(d.move_cost_usd)
+    at_margin = MigrationRule(margin_fraction=0.0, margin_min_usd=net)
+    d = decide(job(gb=0.0), quote(Cloud.AWS, "us-east-1", "us-east-1b", 0.5), NOW, at_margin)
+    assert d.action is Action.STAY and d.reason is Reason.BELOW_MARGIN
+    below = MigrationRule(margin_fraction=0.0, margin_min_usd=net * (1 - 1e-9))
+    assert decide(job(gb=0.0), quote(Cloud.AWS, "us-east-1", "us-east-1b", 0.5), NOW, below).action is Action.MOVE
+
+
+def test_a_rule_of_zeros_is_valid_and_moves_on_any_net_saving() -> None:
+    free = MigrationRule(
+        margin_fraction=0.0, margin_min_usd=0.0, dwell_hours=0.0, restart_hours=0.0, checkpoint_overlap_hours=0.0
+    )
+    d = decide(job(gb=0.0, moved_hours_ago=0.0), quote(Cloud.AWS, "us-east-1", "us-east-1b", 0.999), NOW, free)
+    assert d.action is Action.MOVE and d.move_cost_usd == 0 and d.margin_usd == 0
+
+
+def test_nothing_left_to_run_stays_and_bad_amounts_are_refused() -> None:
+    d = decide(job(0.0), AZURE_HALF, NOW)
+    assert d.action is Action.STAY and d.saving_usd == 0
+    for bad in ({"remaining_steps": float("nan")}, {"remaining_steps": -1.0}, {"checkpoint_gb": -0.5}):
+        with pytest.raises(InvalidDecisionInput, match="remaining steps and checkpoint sizes must be numbers >= 0"):
+            _many(**bad)
+    with pytest.raises(InvalidDecisionInput, match="remaining steps and checkpoint size must be >= 0"):
+        decide(job(gb=-1.0), AZURE_HALF, NOW)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("remaining_steps", [[1.0, 2.0], [3.0, 4.0]]),
+        ("checkpoint_gb", [1.0, 2.0, 3.0]),
+        ("hours_since_move", [1.0, 2.0, 3.0]),
+        ("here_usd_per_hour", [1.0, 2.0, 3.0]),
+        ("here_steps_per_s", [1.0, 2.0, 3.0]),
+        ("preempted", [True, False, True]),
+        ("current", [0, 1, 0]),
+        ("cand_steps_per_s", [1.0, 2.0, 3.0]),
+        ("egress_usd_per_gb", [0.0, 0.0, 0.0]),
+    ],
+)
+def test_a_mis_shaped_input_is_named(name: str, value: object) -> None:
+    with pytest.raises(InvalidDecisionInput, match=f"^{name} has shape"):
+        _many(**{"remaining_steps": [1e6, 1e6], name: value})
+
+
+def test_decide_recovers_a_preempted_job_and_names_the_zone() -> None:
+    b = quote(Cloud.AWS, "us-east-1", "us-east-1b", 0.5)
+    d = decide(job(moved_hours_ago=1.0), b, NOW, preempted=True)
+    assert d.action is Action.MOVE and d.reason is Reason.PREEMPTED and d.margin_usd == 0
+    assert d.explanation.startswith("move to aws us-east-1/us-east-1b x (spot): preempted")
+    assert decide(job(), AZURE_HALF, NOW).explanation.startswith("move to azure eastus x (spot): the saving")
+    assert decide(job(), HERE, NOW).explanation == "stay: no candidate offer can run the job (no candidate)"
