@@ -196,7 +196,8 @@ def test_sigkill_at_each_transition_and_ledger_write_then_restart_leaves_one_cop
             # The ledger: every copy billed once, bounds = the copies' lifetimes, all synced.
             assert_ledger_consistent(engine, ledger, local, "job-1")
             assert len(ledger.intervals(job_id="job-1")) == n, point
-            assert all(c.synced for c in mig.copies("job-1")), point
+            copies = mig.copies("job-1")
+            assert copies and all(c.synced for c in copies), point
             before = ledger_snapshot(ledger, "job-1")
             assert billed_migrator(engine, local, ledger).resume() == [], point
             assert ledger_snapshot(ledger, "job-1") == before, point  # resuming again bills nothing
