@@ -44,13 +44,12 @@ fuzz: setup
 browser: setup
 	command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium)
 
+# Every benchmark (store, import, planner, collections, Gavel, backtest, preemption study, API, demo) in one
+# table: figure, target, measured, pass/fail, load average; exit 1 when a figure misses its target.
+# BENCH_ARGS=--quick for smaller sizes, BENCH_ARGS="--only soak" for the 10-minute soak, --no-fail to only
+# report. Not part of `make test` (it takes many minutes). See docs/benchmarks.md.
 bench: setup
-	$(BIN)/python bench/store_bench.py
-	$(BIN)/python bench/import_bench.py
-	$(BIN)/python bench/plan_bench.py
-	$(BIN)/python bench/plan_collection_bench.py
-	$(BIN)/python bench/backtest_bench.py
-	$(BIN)/python bench/api_load.py
+	$(BIN)/python bench/run_all.py $(BENCH_ARGS)
 
 # Mutation testing of the money and decision code ([tool.mutmut] in pyproject.toml: the modules and
 # their own tests, SQLite only). A clean run from scratch, two workers; not part of `make test`.

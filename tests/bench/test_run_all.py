@@ -1,0 +1,101 @@
+"""bench/run_all.py's reading and judging of benchmark outputs (no benchmark runs here)."""
+
+from __future__ import annotations
+
+import json
+
+from bench.run_all import (
+    ENTRIES,
+    FIGURES,
+    Figure,
+    Run,
+    exit_code,
+    figures_of,
+    flatten,
+    last_json,
+    read_offline,
+    rows,
+    verdict,
+)
+
+
+def test_every_figure_belongs_to_an_entry_and_every_default_entry_has_a_judged_figure() -> None:
+    names = {e.name for e in ENTRIES}
+    assert {f.entry for f in FIGURES} <= names
+    judged = {f.entry for f in FIGURES if f.target is not None}
+    assert {e.name for e in ENTRIES if not e.optional} <= judged
+    assert [e.name for e in ENTRIES if e.optional] == ["soak"]
+
+
+def test_verdict_compares_in_the_figures_direction_and_fails_a_missing_or_nan_value() -> None:
+    at_least = Figure("api", "submit.req_per_s", "submissions", ">=", 300, "req/s")
+    at_most = Figure("api", "submit.p99_ms", "p99", "<=", 100, "ms")
+    assert [verdict(at_least, v) for v in (300.0, 299.9, None, float("nan"))] == ["pass", "FAIL", "FAIL", "FAIL"]
+    assert [verdict(at_most, v) for v in (100.0, 100.1)] == ["pass", "FAIL"]
+    assert verdict(Figure("soak", "req_per_s", "x", "", None, "req/s"), 1.0) == "-"
+
+
+def test_json_outputs_are_flattened_and_the_last_json_line_is_read_after_other_lines() -> None:
+    stdout = 'noise\n{"sqlite": {"ingest_points_per_s": 150000, "ok": true, "name": "x"}}\n'
+    assert flatten(last_json(stdout)) == {"sqlite.ingest_points_per_s": 150000.0, "sqlite.ok": 1.0}
+    indented = json.dumps({"results": [{"backend": "sqlite"}]}, indent=2)
+    assert last_json(indented) == {"results": [{"backend": "sqlite"}]}
+
+
+def test_the_preemption_studys_printed_lines_are_read() -> None:
+    out = (
+        "126 runs of A3C in 40.2 s wall, 12.6 s CPU: 0.100 s of CPU per run\n"
+        "full study (11,340 runs) on 2 processes at this rate: 9.4 min\n"
+    )
+    assert read_offline(out) == {
+        "full_study_min": 9.4,
+        "sample_runs": 126.0,
+        "sample_wall_s": 40.2,
+        "sample_cpu_s": 12.6,
+    }
+    assert read_offline("Traceback ...") == {}
+
+
+def test_api_gavel_and_demo_figures_are_derived_and_judged() -> None:
+    api = {
+        "results": [
+            {"backend": "sqlite", "phases": {"submit": {"req_per_s": 900.0}}, "integrity": {}},
+            {
+                "backend": "postgres",
+                "phases": {
+                    "submit": {"req_per_s": 320.0, "p99_ms": 140.0},
+                    "get": {"req_per_s": 1100.0, "p99_ms": 40.0},
+                },
+                "integrity": {"missing": 0, "duplicated": 1, "unexpected": 0},
+            },
+        ]
+    }
+    got = figures_of("api", "json", json.dumps(api, indent=2), 10.0)
+    assert got["submit.req_per_s"] == 320.0 and got["integrity_problems"] == 1.0  # PostgreSQL's, not SQLite's
+    gavel = {"solver": [{"solve_s": 0.01, "target_s": 0.05}, {"solve_s": 6.0, "target_s": 5.0}]}
+    g = figures_of("gavel", "json", json.dumps(gavel), 1.0)
+    assert g["cases_over_target"] == 1.0 and g["worst_fraction_of_target"] == 1.2
+    assert figures_of("demo", "wall", "whatever", 95.5) == {"wall_s": 95.5}
+
+    table = rows([Run("api", "ok", 30.0, 14.0, 15.0, got)])
+    by_key = {r["key"]: r["verdict"] for r in table}
+    assert by_key == {
+        "submit.req_per_s": "pass",
+        "submit.p99_ms": "FAIL",
+        "get.req_per_s": "pass",
+        "get.p99_ms": "pass",
+        "integrity_problems": "FAIL",
+    }
+    assert table[0]["load_1m"] == [14.0, 15.0]
+
+
+def test_the_exit_code_fails_on_a_missed_target_or_a_run_that_did_not_finish_unless_no_fail() -> None:
+    good = [Run("demo", "ok", 50.0, figures={"wall_s": 50.0})]
+    assert exit_code(rows(good), good, no_fail=False) == 0
+    slow = [Run("demo", "ok", 150.0, figures={"wall_s": 150.0})]
+    assert exit_code(rows(slow), slow, no_fail=False) == 1
+    assert exit_code(rows(slow), slow, no_fail=True) == 0
+    timed_out = [Run("demo", "timeout after 900 s")]
+    table = rows(timed_out)
+    assert [r["verdict"] for r in table] == ["FAIL"]
+    assert exit_code(table, timed_out, no_fail=False) == 1
