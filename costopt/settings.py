@@ -294,6 +294,12 @@ class Settings(BaseSettings):
         default=timedelta(milliseconds=200),
         description="How often (wall clock) the service moves its simulated cloud's clock forward.",
     )
+    sim_state_file: Path | None = Field(
+        default=None,
+        description="Where the service's simulated cloud keeps its state (clock, instances, their agents, "
+        "draws), written at every change and read back at start, so a restarted service (even after kill -9) "
+        "finds its instances as on a real cloud. None: the simulated cloud lives and dies with the process.",
+    )
     local_provider_dir: Path = Field(
         default=PROJECT_ROOT / "var" / "local-provider",
         description="State folder of the local provider (instances, tokens, events): a restarted service finds "

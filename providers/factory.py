@@ -61,7 +61,13 @@ def _sim(
             "the simulated cloud needs prices: build it with api.wiring.build_cloud_provider (the price "
             "store's view), or pass prices=...; or choose another provider with COSTOPT_PROVIDER"
         )
-    return SimCloud.from_settings(settings, prices=prices, hazards=hazards, **extra)
+    state = settings.sim_state_file
+    if state is not None and state.exists() and "clock" not in extra:
+        return SimCloud.restore(state, prices, hazards, config=extra.get("config"), rate=extra.get("rate"))
+    cloud = SimCloud.from_settings(settings, prices=prices, hazards=hazards, **extra)
+    if state is not None and "clock" not in extra:
+        cloud.persist_to(state)
+    return cloud
 
 
 @PROVIDERS.register("local")

@@ -42,7 +42,10 @@ import builtins
 import functools
 import hashlib
 import heapq
+import logging
 import math
+import os
+import pickle
 import tempfile
 import threading
 from bisect import bisect_right
@@ -93,6 +96,25 @@ _R = TypeVar("_R")
 
 _US_PER_S = 1_000_000
 _US = timedelta(microseconds=1)
+
+log = logging.getLogger("costopt.sim")
+
+_STATE_FIELDS = (
+    "clock",
+    "_seed",
+    "_instances",
+    "_tokens",
+    "_live",
+    "_processes",
+    "_failure_rngs",
+    "_rates",
+    "launch_failures",
+    "saves",
+    "_agenda",
+    "_scheduled",
+    "_agents",
+    "_seq",
+)
 
 DEFAULT_NOTICE_LEAD: Mapping[Cloud, timedelta] = MappingProxyType(
     {
@@ -344,12 +366,20 @@ class _Inst:
 
 
 def _locked(method: Callable[Concatenate[SimCloud, _P], _R]) -> Callable[Concatenate[SimCloud, _P], _R]:
-    """Run the method under the cloud's lock (the clock driver's thread and the service's jobs share it)."""
+    """Run the method under the cloud's lock (the clock driver's thread and the service's jobs share it); with
+    a state file (:meth:`SimCloud.persist_to`), the outermost call saves the state before it returns when
+    it changed it (a caller never sees a change the cloud would forget in a crash)."""
 
     @functools.wraps(method)
     def wrapper(self: SimCloud, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         with self._lock:
-            return method(self, *args, **kwargs)
+            self._depth += 1
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self._depth -= 1
+                if self._depth == 0 and self._state_file is not None:
+                    self._save_if_changed()
 
     return wrapper
 
@@ -389,6 +419,7 @@ class SimCloud:
         self._failure_rngs: dict[OfferKey, np.random.Generator] = {}
         self._rates: dict[OfferKey, tuple[float, str | None, float | None]] = {}
         self.launch_failures = 0
+        self.saves = 0  # state files written (persist_to)
         self.rate = rate
         self._lock = threading.RLock()
         self._agenda: list[tuple[int, int, str]] = []  # (time, sequence, instance id): agents' next events
@@ -396,6 +427,99 @@ class SimCloud:
         self._agents: set[str] = set()  # instances whose agent still runs
         self._seq = 0
         self.fleet_transport: FleetTransport | None = None
+        self._depth = 0  # nesting of locked calls (the outermost one saves)
+        self._state_file: Path | None = None
+        self._mutations = 0  # changes that move neither the clock nor the agenda's sequence
+        self._saved: tuple[int, int, int, int] | None = None
+
+    # --- durable state -------------------------------------------------------------------------------
+
+    def __getstate__(self) -> dict[str, object]:
+        """What a real cloud keeps on its side: the clock, the instances (with their agents and what was
+        reported), the idempotency tokens, the offers' reclaim draws and random streams, the agenda. Not
+        the caller's parts (prices, hazards, config, throughput, fleet transport: given again at
+        :meth:`restore`)."""
+        return {k: self.__dict__[k] for k in _STATE_FIELDS}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._state_file = None
+        self._mutations = 0
+        self._saved = None
+        self.fleet_transport = None
+
+    def persist_to(self, path: Path) -> None:
+        """Keep this cloud's state in ``path`` from now on: written now, then after every locked call
+        that changed it (a pickle written to a temporary file and renamed over ``path``: a reader finds
+        the old state or the new one, never half of one). It survives the death of the process (kill -9);
+        it is not fsynced, so a power loss may take the last writes. :meth:`restore` reads it back."""
+        with self._lock:
+            self._state_file = Path(path)
+            self._state_file.parent.mkdir(parents=True, exist_ok=True)
+            self._save()
+
+    def _mark(self) -> tuple[int, int, int, int]:
+        return (self.clock.micros(), self._seq, self._mutations, len(self._instances))
+
+    def _save_if_changed(self) -> None:
+        if self._saved != self._mark():
+            self._save()
+
+    def _save(self) -> None:
+        path = self._state_file
+        assert path is not None
+        try:
+            data = pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise SimError(
+                f"the simulated cloud cannot save its state to {path}: {exc} (a fleet worker's instance is not "
+                "persisted yet; unset COSTOPT_SIM_STATE_FILE to run without a durable simulated cloud)"
+            ) from exc
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+        self._saved = self._mark()
+        self.saves += 1
+
+    @classmethod
+    def restore(
+        cls,
+        path: Path,
+        prices: PriceView,
+        hazards: HazardModel | None = None,
+        *,
+        config: SimConfig | None = None,
+        rate: ThroughputFn | None = None,
+    ) -> SimCloud:
+        """The cloud saved in ``path`` (:meth:`persist_to`), as it was at its last change: its clock, its
+        instances (their agents resume from where they were), its tokens and draws; over ``prices``,
+        ``hazards``, ``config`` and ``rate`` given now (a restarted service's). It keeps saving to
+        ``path``. :class:`SimError` when the file cannot be read as a simulated cloud's state."""
+        try:
+            with open(path, "rb") as f:
+                cloud = pickle.load(f)  # the service's own state file
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError) as exc:
+            raise SimError(
+                f"cannot read the simulated cloud's state from {path}: {exc} (delete the file to start an empty "
+                "simulated cloud)"
+            ) from exc
+        if not isinstance(cloud, cls):
+            raise SimError(f"{path} does not hold a simulated cloud's state")
+        cloud.prices = prices
+        cloud.hazards = hazards or HazardModel()
+        cloud.config = config or SimConfig()
+        cloud.rate = rate
+        log.info(
+            "simulated cloud restored from %s: %d instances (%d alive) at %s",
+            path,
+            len(cloud._instances),
+            len(cloud._live),
+            cloud.now(),
+        )
+        cloud.persist_to(path)
+        return cloud
 
     def attach_fleet(self, transport: FleetTransport | None) -> None:
         """Let this cloud's instances run fleet workers (:mod:`providers.sim_worker`), each syncing through
@@ -489,6 +613,7 @@ class SimCloud:
             rng = self._failure_rngs.get(key)
             if rng is None:
                 rng = self._failure_rngs[key] = self._rng(key, 1)
+            self._mutations += 1  # a draw: the stream moved
             if rng.random() < p_fail:
                 self.launch_failures += 1
                 raise CapacityError(f"no capacity for {key.instance_type} in {key.zone or key.region} now (simulated)")
@@ -647,6 +772,7 @@ class SimCloud:
             inst.terminated = t
             self._live.discard(instance_id)
             self._kill_agent(inst, t)
+            self._mutations += 1
 
     @_locked
     def preempt(self, instance_id: str, *, notice: timedelta | None = None) -> Interruption:
@@ -667,6 +793,7 @@ class SimCloud:
         if lead < timedelta(0):
             raise ValueError(f"the notice must be >= 0, got {lead}")
         deadline = now + lead // _US
+        self._mutations += 1
         if inst.preempt is None or deadline < inst.preempt:
             noticed = inst.notice if inst.notice is not None and inst.notice <= now else now  # one notice only
             inst.preempt, inst.notice = deadline, noticed
@@ -899,6 +1026,7 @@ class SimCloud:
             self.clock.advance_to_micros(t)
             inst = self._instances[iid]
             inst.reported.add((kind.value, t))
+            self._mutations += 1
             reported.append(SimEvent(self._dt(t), iid, kind))
             if kind is SimEventKind.NOTICE:
                 self._on_notice(inst, t)
@@ -908,6 +1036,7 @@ class SimCloud:
                     self._kill_agent(inst, t)
                 return reported
 
+    @_locked
     def run_to(self, at: datetime) -> builtins.list[SimEvent]:
         """Advance the clock to ``at`` through every event on the way (:meth:`run_until` stops at each
         preemption or finish); returns them all."""
@@ -993,6 +1122,7 @@ class SimCloud:
         unless a preemption notice is running: the cloud then takes the instance at its deadline)."""
         agent = inst.agent
         assert agent is not None
+        self._mutations += 1
         if isinstance(agent, SimWorker) and agent.handed_over:
             agent.handed_over = False
             self._poke_fleet(agent, t)
@@ -1019,6 +1149,7 @@ class SimCloud:
                 self._schedule(other)
 
     def _kill_agent(self, inst: _Inst, t: int) -> None:
+        self._mutations += 1
         if inst.agent is not None and inst.agent.running:
             inst.agent.kill(t)
         self._agents.discard(inst.instance_id)
