@@ -367,7 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     ap.add_argument("--no-fail", action="store_true", help="exit 0 even when a figure misses its target")
     ap.add_argument("--logs", type=Path, default=None, help="folder for each benchmark's output (default: temp)")
+    ap.add_argument("--from-json", type=Path, default=None, help="print the table of a saved --json run (nothing runs)")
     args = ap.parse_args(argv)
+    if args.from_json is not None:
+        saved = json.loads(args.from_json.read_text())
+        runs = [Run(**r) for r in saved["runs"]]
+        table = rows(runs)
+        render(table, runs, bool(saved["quick"]), Path(saved["logs"]))
+        return exit_code(table, runs, args.no_fail)
     known = {e.name: e for e in ENTRIES}
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]

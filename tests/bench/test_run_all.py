@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+import pytest
 
 from bench.run_all import (
     ENTRIES,
@@ -13,6 +16,7 @@ from bench.run_all import (
     figures_of,
     flatten,
     last_json,
+    main,
     read_offline,
     rows,
     verdict,
@@ -99,3 +103,17 @@ def test_the_exit_code_fails_on_a_missed_target_or_a_run_that_did_not_finish_unl
     table = rows(timed_out)
     assert [r["verdict"] for r in table] == ["FAIL"]
     assert exit_code(table, timed_out, no_fail=False) == 1
+
+
+def test_a_saved_json_run_is_judged_again_from_its_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    saved = {
+        "quick": True,
+        "logs": str(tmp_path),
+        "runs": [vars(Run("demo", "ok", 130.0, 14.5, 16.0, {"wall_s": 130.0}))],
+    }
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(saved))
+    assert main(["--from-json", str(path)]) == 1  # 130 s > the demo's 120 s
+    assert main(["--from-json", str(path), "--no-fail"]) == 0
+    out = capsys.readouterr().out
+    assert "costopt demo --teams 3 --days 30 --seed 0" in out and "FAIL" in out and "14.5-16.0" in out
