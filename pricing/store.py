@@ -449,6 +449,20 @@ class PriceStore:
                 " FROM offers o LEFT JOIN instance_types it ON it.cloud = o.cloud AND it.name = o.instance_type"
                 " WHERE o.current_valid_from IS NOT NULL"
             )
+        elif self.dialect == "postgresql":
+            # LATERAL: one backward probe of the (offer_id, valid_from) key per offer, whatever the
+            # table's size. The correlated max() below made PostgreSQL hash-join a sequential scan of
+            # every point (O(points) per snapshot: see docs/benchmarks.md "Scale").
+            params["at"] = self._ts(at)
+            sql = (
+                "SELECT o.id, o.cloud, o.region, o.zone, o.instance_type, o.market,"
+                " p.usd_per_hour, p.valid_from, p.source, o.last_confirmed_at, it.accelerator, it.gpu_count"
+                " FROM offers o"
+                " CROSS JOIN LATERAL (SELECT p2.usd_per_hour, p2.valid_from, p2.source FROM price_points p2"
+                "   WHERE p2.offer_id = o.id AND p2.valid_from <= :at"
+                "   ORDER BY p2.valid_from DESC LIMIT 1) p"
+                " LEFT JOIN instance_types it ON it.cloud = o.cloud AND it.name = o.instance_type"
+            )
         else:
             params["at"] = self._ts(at)
             sql = (
