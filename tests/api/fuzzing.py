@@ -3,7 +3,8 @@
 Every operation of ``app.openapi()`` gets ``examples`` generated requests, drawn from schemathesis'
 positive (valid by the schema) and negative (breaking it) strategies, and for the routes that take an id
 also valid requests naming a real job or fleet of team alpha. Each request carries one of: an admin key,
-a member key (alpha), a well-formed unknown key, a key of the wrong scheme, or none. Each answer must
+a member key of alpha, one of beta (another team's, on alpha's ids), a well-formed unknown key, a key of
+the wrong scheme, or none. Each answer must
 pass schemathesis' response checks: no 5xx (``not_a_server_error``), a status the document declares,
 its declared content type, headers and body schema. A failing check is a finding; the run collects them
 all (no stop at the first, no shrinking) and groups them by operation, check and status.
@@ -195,7 +196,7 @@ def fuzz_target(engine: Any, tmp_path: Path) -> Iterator[FuzzTarget]:
             "team_id": [svc.beta_team],
             "key_id": [spare.key.id],
         }
-        keys = [svc.admin, svc.alpha, BAD_KEY, WRONG_SCHEME, {}]
+        keys = [svc.admin, svc.alpha, svc.beta, BAD_KEY, WRONG_SCHEME, {}]  # beta: on alpha's ids, a 404
         bodies: dict[str, list[Any]] = {
             "POST /v1/jobs": [BODY, {**BODY, "gpus": 4, "objective": {"name": "min-time"}}],
             "POST /v1/plans": [{"job_type": BODY["job_type"], "steps": 1000}],
