@@ -43,6 +43,7 @@ from sqlalchemy.pool import StaticPool
 from costopt.agent.storage import drop_memory
 from costopt.db.jobs_schema import jobs as jobs_table
 from costopt.db.migration_schema import migration_copies
+from costopt.db.readcache import WriteTracker, track
 from costopt.domain import Cloud, utc
 from costopt.jobs.engine import JobEngine
 from costopt.jobs.model import ACTIVE_STATES, JobState
@@ -126,7 +127,12 @@ def memory_database() -> Engine:
     import costopt.db.schema  # noqa: F401  (declares every table)
     from costopt.db.metadata import metadata
 
-    db = create_engine("sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False})
+    tracker = WriteTracker()  # this process is its only writer: reads of unchanged tables come from memory
+    db = create_engine(
+        "sqlite://",
+        poolclass=StaticPool,
+        connect_args={"check_same_thread": False, "factory": tracker.sqlite_factory()},
+    )
 
     @event.listens_for(db, "connect")
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -135,6 +141,7 @@ def memory_database() -> Engine:
         cur.close()
 
     metadata.create_all(db)
+    track(db, tracker)
     return db
 
 
