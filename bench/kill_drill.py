@@ -1,0 +1,386 @@
+"""kill -9 mid-run (issue 14): the service, run as ``costopt serve`` on the simulated cloud, is killed with
+SIGKILL at random moments while it runs a batch of jobs, and restarted each time.
+
+The simulated cloud keeps its state in a file of its own (``COSTOPT_SIM_STATE_FILE``: clock, instances,
+their agents, drawn preemptions, written at every change, read back at start), as a real cloud outlives
+its client: a restarted service finds its instances where they were. The jobs' checkpoints are files
+under the run's folder. While the service is down nothing moves the simulated clock (it is the service's
+clock driver that moves it), so a kill costs simulated time only through what the restart does.
+
+One run:
+
+1. a fresh SQLite database (or ``--database-url``, e.g. a PostgreSQL database you created) migrated, with
+   the instance catalog and the replayed 2020 AWS spot prices; a team and a member key;
+2. ``costopt serve`` in a subprocess: the simulated cloud at ``--time-scale`` (3600x: a simulated hour per
+   wall second), the service's own job engine, interruption watcher, reconciler, rebalancer (every 15
+   simulated minutes, so jobs move when another zone is cheaper) and fleet rounds;
+3. ``--jobs`` ResNet-50 jobs on AWS spot (steps drawn from ``--seed``); spot preemptions are drawn by the
+   simulated cloud from the hazard model;
+4. ``--kills`` times: wait a random up-time (uniform in ``--up``), SIGKILL the server, restart it (the
+   up-times are drawn from ``--seed`` too); the kills stop when every job has ended;
+5. wait until every job has ended, stop the server, then check: every job ``succeeded`` with exactly its
+   steps (``costopt.agent.control.audit_job`` over its checkpoint location: no step lost or run twice
+   across copies), zero instances left alive in the simulated cloud's saved state (orphans), and the
+   ledger's total (the jobs' ``cost_so_far_usd``) against the run without kills (``--baseline``, default
+   on: the same jobs, no kill) within one boot interval (``timing.boot``, 3 min) of the dearest
+   instance's price per kill.
+
+    .venv/bin/python bench/kill_drill.py --jobs 50 --kills 20 --seed 1
+    .venv/bin/python bench/kill_drill.py --jobs 5 --kills 3 --no-baseline     # a small version
+
+Exit 0 when every check passes, 1 otherwise. The sim clock follows wall time, so two runs (even without
+kills) differ a little: the comparison's tolerance is the issue's (a boot interval per kill).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+START = datetime(2020, 2, 29, tzinfo=UTC)
+AWS_SPOT_FILE = "aws_spot_price_history_2019-12_2020-03_p2_p3.csv"
+BODY: dict[str, Any] = {
+    "job_type": "ResNet-50 (batch size 128)",
+    "command": ["python", "train.py"],
+    "constraints": {"clouds": ["aws"], "markets": ["spot"]},
+}
+TERMINAL = ("succeeded", "failed", "cancelled")
+BOOT = timedelta(minutes=3)  # providers.sim's default WorkloadTiming.boot
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunResult:
+    """One run's figures."""
+
+    kills: int = 0
+    restarts_s: list[float] = field(default_factory=list)  # kill to /readyz 200 after the restart
+    wall_s: float = 0.0
+    jobs: int = 0
+    succeeded: int = 0
+    exact: int = 0  # audit ok with exactly the steps asked for
+    problems: list[str] = field(default_factory=list)
+    orphans: list[str] = field(default_factory=list)
+    instances: int = 0
+    preemptions: int = 0
+    moves: int = 0
+    recoveries: int = 0
+    total_usd: Decimal = Decimal(0)
+    max_usd_per_hour: float = 0.0
+    sim_hours: float = 0.0
+    state_saves: int = 0
+
+
+class Service:
+    """``costopt serve`` in a subprocess over the run's folder; :meth:`start`, :meth:`kill`, :meth:`stop`."""
+
+    def __init__(self, folder: Path, env: dict[str, str], port: int) -> None:
+        self.folder = folder
+        self.env = env
+        self.port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self, timeout_s: float = 120.0) -> float:
+        """Start the server and wait for ``/readyz`` 200; returns the seconds that took."""
+        import httpx
+
+        self.starts += 1
+        log = open(self.folder / f"serve-{self.starts:03d}.log", "wb")  # noqa: SIM115 - the child's
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            [str(ROOT / ".venv" / "bin" / "costopt"), "serve", "--no-collect", "--port", str(self.port)],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self.folder,
+        )
+        log.close()
+        url = f"http://127.0.0.1:{self.port}/readyz"
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the service exited with {self.proc.returncode}: see {log.name}")
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - t0 > timeout_s:
+                raise RuntimeError(f"the service was not ready within {timeout_s:.0f} s: see {log.name}")
+            time.sleep(0.05)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no shutdown, nothing flushed."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+
+
+def _prepare(folder: Path, database_url: str | None, data_dir: Path | None) -> tuple[dict[str, str], str]:
+    """The run's database and the server's environment; returns (env, a member key)."""
+    from api.wiring import build_store, seed_catalog
+    from costopt.jobs.teams import Role, TeamRepository
+    from costopt.settings import Settings
+    from pricing.importer import import_paths
+
+    url = database_url or f"sqlite:///{folder / 'costopt.db'}"
+    base = Settings() if data_dir is None else Settings(data_dir=data_dir)
+    if base.data_dir is None:
+        raise RuntimeError("the drill replays the 2020 AWS spot prices: set COSTOPT_DATA_DIR to the shared data")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("COSTOPT_")},
+        "COSTOPT_DATABASE_URL": url,
+        "COSTOPT_DATA_DIR": str(base.data_dir),
+        "COSTOPT_SEED_ON_START": "false",
+        "COSTOPT_COLLECTORS_ENABLED": "false",
+        "COSTOPT_PROVIDER": "sim",
+        "COSTOPT_SIM_START": START.isoformat(),
+        "COSTOPT_SIM_STATE_FILE": str(folder / "sim-cloud.state"),
+        "COSTOPT_REBALANCE_CRON": "*/15 * * * *",
+        "COSTOPT_CHECKPOINT_ROOT": f"file://{folder / 'checkpoints'}",
+        "COSTOPT_RATE_LIMIT_PER_S": "0",
+    }
+    settings = Settings(database_url=url, data_dir=base.data_dir)
+    store = build_store(settings)
+    try:
+        seed_catalog(store, settings)
+        reports = import_paths(store, [base.data_dir / "prices" / AWS_SPOT_FILE])
+        bad = [r for r in reports if r.status in ("failed", "refused")]
+        if bad:
+            raise RuntimeError(f"the replayed AWS spot prices did not import: {bad}")
+        teams = TeamRepository(store.engine)
+        team = teams.create_team("kill-drill")
+        key = teams.create_key(team.id, Role.MEMBER).secret
+    finally:
+        store.engine.dispose()
+    return env, key
+
+
+def _saved_cloud(path: Path) -> Any:
+    """The simulated cloud as its state file holds it (read only: nothing is written back)."""
+    with open(path, "rb") as f:
+        return pickle.load(f)  # the run's own state file
+
+
+def run(
+    *,
+    jobs: int,
+    kills: int,
+    seed: int,
+    time_scale: float,
+    up: tuple[float, float],
+    steps: tuple[int, int],
+    folder: Path,
+    database_url: str | None = None,
+    data_dir: Path | None = None,
+    timeout_s: float = 2400.0,
+    say: Any = print,
+) -> RunResult:
+    """One run (module docstring) in ``folder``; ``kills`` 0: the baseline."""
+    import httpx
+
+    from costopt.agent import control
+    from costopt.cloud import InstanceState
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    sizes = [rng.randrange(steps[0], steps[1] + 1, 1000) for _ in range(jobs)]
+    ups = [rng.uniform(*up) for _ in range(kills)]
+    env, key = _prepare(folder, database_url, data_dir)
+    env["COSTOPT_SIM_TIME_SCALE"] = str(time_scale)
+    env["COSTOPT_SIM_TICK"] = "PT0.1S"
+    port = _free_port()
+    service = Service(folder, env, port)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    res = RunResult(jobs=jobs)
+    t0 = time.monotonic()
+    try:
+        service.start()
+        ids = []
+        for i, n in enumerate(sizes):
+            r = client.post(
+                "/v1/jobs", json={**BODY, "name": f"k{i}", "steps": n}, headers={"Idempotency-Key": f"k{i}"}
+            )
+            if r.status_code not in (200, 201):
+                raise RuntimeError(f"submission {i} answered {r.status_code}: {r.text}")
+            ids.append(r.json()["id"])
+
+        def docs() -> list[dict[str, Any]]:
+            listed = client.get("/v1/jobs", params={"limit": 500}).json()["items"]
+            return [d for d in listed if d["id"] in set(ids)]
+
+        for k, wait in enumerate(ups):
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+            if all(d["state"] in TERMINAL for d in docs()):
+                say(f"  every job ended after {k} kills: no more kills")
+                break
+            t_kill = time.monotonic()
+            service.kill()
+            res.kills += 1
+            service.start()
+            res.restarts_s.append(time.monotonic() - t_kill)
+            say(f"  kill {res.kills}/{kills} after {wait:.2f} s up; ready again in {res.restarts_s[-1]:.2f} s")
+        while True:
+            current = docs()
+            if len(current) == jobs and all(d["state"] in TERMINAL for d in current):
+                break
+            if time.monotonic() - t0 > timeout_s:
+                left = [(d["name"], d["state"]) for d in current if d["state"] not in TERMINAL]
+                raise RuntimeError(f"the jobs did not end within {timeout_s:.0f} s: {left}")
+            time.sleep(0.2)
+        final = [client.get(f"/v1/jobs/{i}").json() for i in ids]
+        time.sleep(1.0)  # the engine's next tick: instances of finished copies terminated
+    finally:
+        client.close()
+        service.stop()
+    res.wall_s = time.monotonic() - t0
+    for d in final:
+        if d["state"] == "succeeded":
+            res.succeeded += 1
+        else:
+            res.problems.append(f"{d['name']}: {d['state']} ({d['reason']})")
+            continue
+        audit = control.audit_job(d["checkpoint_uri"], d["steps_total"])
+        if audit.ok and audit.steps_done == d["steps_total"] == d["steps_done"]:
+            res.exact += 1
+        else:
+            res.problems.append(f"{d['name']}: audit {audit.steps_done}/{d['steps_total']} {audit.problems}")
+        res.total_usd += Decimal(d["cost_so_far_usd"] or "0")
+        for m in d["moves"]:
+            kind = m["kind"]
+            res.moves += kind == "move"
+            res.preemptions += kind == "preemption"
+            res.recoveries += kind == "recovery"
+        prices = [(d.get("quote") or {}).get("usd_per_hour"), (d.get("placement") or {}).get("usd_per_hour")]
+        res.max_usd_per_hour = max([res.max_usd_per_hour, *(p for p in prices if p)])
+    cloud = _saved_cloud(Path(env["COSTOPT_SIM_STATE_FILE"]))
+    everything = cloud.list({})
+    res.instances = len(cloud._instances)
+    res.orphans = [i.instance_id for i in everything if i.state in (InstanceState.PENDING, InstanceState.RUNNING)]
+    res.sim_hours = (cloud.now() - START).total_seconds() / 3600
+    res.state_saves = cloud.saves
+    return res
+
+
+def _table(rows: list[tuple[str, str, str, str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--jobs", type=int, default=50)
+    p.add_argument("--kills", type=int, default=20)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--time-scale", type=float, default=3600.0, help="simulated s per wall s (default 3600)")
+    p.add_argument("--up-min", type=float, default=1.0, help="shortest up-time between kills (wall s)")
+    p.add_argument("--up-max", type=float, default=4.0, help="longest up-time between kills (wall s)")
+    p.add_argument("--steps-min", type=int, default=100_000)
+    p.add_argument("--steps-max", type=int, default=400_000)
+    p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True, help="also run without kills")
+    p.add_argument("--database-url", default=None, help="default: a SQLite file in the run's folder")
+    p.add_argument("--folder", type=Path, default=None, help="default: a temporary folder")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    folder = a.folder or Path(tempfile.mkdtemp(prefix="costopt-kill-drill-"))
+    common = {
+        "jobs": a.jobs,
+        "seed": a.seed,
+        "time_scale": a.time_scale,
+        "up": (a.up_min, a.up_max),
+        "steps": (a.steps_min, a.steps_max),
+    }
+    load0 = os.getloadavg()
+    cpu0 = os.times()
+    print(f"kill drill in {folder}: {a.jobs} jobs, {a.kills} kills, seed {a.seed}, {a.time_scale:g}x")
+    killed = run(kills=a.kills, folder=folder / "killed", database_url=a.database_url, **common)
+    base = None
+    if a.baseline:
+        print("baseline (no kill):")
+        base = run(kills=0, folder=folder / "baseline", **common)
+    cpu1 = os.times()
+    tolerance = Decimal(str(round(killed.kills * BOOT.total_seconds() / 3600 * killed.max_usd_per_hour, 6)))
+    diff = None if base is None else killed.total_usd - base.total_usd
+    checks = {
+        "every job succeeded": killed.succeeded == a.jobs,
+        "exactly its steps (audit)": killed.exact == a.jobs,
+        "zero orphaned instances": not killed.orphans,
+        "ledger within a boot interval per kill": diff is None or abs(diff) <= tolerance,
+    }
+    rows = [("figure", "killed run", "baseline", "check")]
+
+    def row(name: str, f: Any, check: str = "") -> None:
+        rows.append((name, str(f(killed)), "-" if base is None else str(f(base)), check))
+
+    row("kills (SIGKILL, restarted)", lambda r: r.kills)
+    row(
+        "restart to /readyz 200, mean s",
+        lambda r: f"{sum(r.restarts_s) / len(r.restarts_s):.2f}" if r.restarts_s else "-",
+    )
+    row("jobs succeeded", lambda r: f"{r.succeeded}/{r.jobs}", "pass" if checks["every job succeeded"] else "FAIL")
+    row(
+        "exact steps (audit)",
+        lambda r: f"{r.exact}/{r.jobs}",
+        "pass" if checks["exactly its steps (audit)"] else "FAIL",
+    )
+    row("orphaned instances", lambda r: len(r.orphans), "pass" if checks["zero orphaned instances"] else "FAIL")
+    row("instances launched", lambda r: r.instances)
+    row("moves / preemptions / recoveries", lambda r: f"{r.moves} / {r.preemptions} / {r.recoveries}")
+    row(
+        "ledger total USD",
+        lambda r: r.total_usd,
+        "pass" if checks["ledger within a boot interval per kill"] else "FAIL",
+    )
+    if diff is not None:
+        rows.append(("ledger difference USD (tolerance)", f"{diff:+} ({tolerance})", "", ""))
+    row("simulated hours", lambda r: f"{r.sim_hours:.1f}")
+    row("sim state files written", lambda r: r.state_saves)
+    row("wall s", lambda r: f"{r.wall_s:.0f}")
+    print(_table(rows))
+    cpu = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system) + (cpu1.children_user - cpu0.children_user)
+    cpu += cpu1.children_system - cpu0.children_system
+    print(f"CPU s (drill + servers): {cpu:.0f}; load average at start {load0[0]:.1f}, at end {os.getloadavg()[0]:.1f}")
+    for pr in killed.problems:
+        print("  problem:", pr)
+    if killed.orphans:
+        print("  orphans:", killed.orphans)
+    if a.json:
+        print(
+            json.dumps({"checks": checks, "killed": killed.__dict__, "baseline": base and base.__dict__}, default=str)
+        )
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
