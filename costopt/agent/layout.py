@@ -32,6 +32,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, TypeVar
 
 from costopt.agent.errors import AgentError, CheckpointError
@@ -99,6 +100,7 @@ def checkpoint_name(epoch: int, step: int) -> str:
     return f"{CHECKPOINT_DIR}/ckpt-e{epoch:010d}-s{step:015d}.ckpt"
 
 
+@lru_cache(maxsize=1024)
 def progress_name(epoch: int) -> str:
     return f"{PROGRESS_DIR}/e{epoch:010d}.jsonl"
 
@@ -116,6 +118,23 @@ def temp_epoch(name: str) -> int | None:
     """The epoch an agent's temporary file was written by (None: not an agent's temporary file)."""
     m = _TEMP_EPOCH_RE.match(name.rsplit("/", 1)[-1])
     return int(m.group(1)) if m else None
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+_FAST = (
+    None
+    if c_make_encoder is None
+    else c_make_encoder(None, _COMPACT.default, encode_basestring_ascii, None, ":", ",", False, False, True)
+)
+
+
+def compact_json(doc: Any) -> str:
+    """``json.dumps(doc, separators=(",", ":"))`` for the agent's own documents (records, headers,
+    manifests: plain values, never circular), without building an encoder per call (``json.dumps``
+    with separators does, and that is most of its cost on a small dict)."""
+    if _FAST is None:  # pragma: no cover - CPython has the C encoder
+        return _COMPACT.encode(doc)
+    return "".join(_FAST(doc, 0))
 
 
 def encode_state(state: Any) -> tuple[bytes, str]:
@@ -138,7 +157,9 @@ def payload_digest(payload: bytes) -> str:
 def encode_checkpoint(header: dict[str, Any], payload: bytes, *, sha256: str | None = None) -> bytes:
     """A checkpoint file; ``sha256``: the payload's digest when the caller already computed it."""
     full = dict(header, size=len(payload), sha256=sha256 or payload_digest(payload))
-    return MAGIC + json.dumps(full, separators=(",", ":")).encode() + b"\n" + payload
+    # a caller's ``meta`` may hold anything json.dumps refuses (or a cycle): it gets json.dumps's checks
+    text = json.dumps(full, separators=(",", ":")) if full.get("meta") else compact_json(full)
+    return MAGIC + text.encode() + b"\n" + payload
 
 
 def manifest_name(checkpoint: str) -> str:
@@ -170,7 +191,7 @@ class Manifest:
 
     def encode(self) -> bytes:
         doc = {"format": MANIFEST_FORMAT, **{k: getattr(self, k) for k in self.__slots__}}  # as asdict, flat
-        return json.dumps(doc, separators=(",", ":")).encode()
+        return compact_json(doc).encode()
 
     @classmethod
     def decode(cls, data: bytes, name: str) -> Manifest:

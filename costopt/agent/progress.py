@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from costopt.agent.layout import PROGRESS_DIR, progress_name
+from costopt.agent.layout import PROGRESS_DIR, compact_json, progress_name
 from costopt.agent.storage import Storage
 
 log = logging.getLogger("costopt.agent")
@@ -57,10 +57,9 @@ _PLAIN = (str, int, float, bool, type(None))
 def record_line(rec: dict[str, Any]) -> str:
     """The log line of a progress record (compact JSON). A record of plain values (what a JSON round
     trip gives back unchanged) travels with its line, for a reader in the same process."""
-    text = json.dumps(rec, separators=(",", ":"))
     if not all(type(v) in _PLAIN for v in rec.values()) or not all(type(k) is str for k in rec):
-        return text
-    line = RecordLine(text)
+        return json.dumps(rec, separators=(",", ":"))
+    line = RecordLine(compact_json(rec))
     line.record = dict(rec)
     return line
 
