@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -206,7 +206,8 @@ def _settings(folder: Path, port: int, setup: ValidationSetup, base: Settings) -
 
 
 def _prepare_store(settings: Settings) -> str:
-    """Migrate and seed the run's store (instance types, the labels' prices); returns an admin key."""
+    """Migrate and seed the run's store (instance types, the labels' prices); returns an admin key, its team
+    allowed the local provider."""
     from api.wiring import build_store, seed_catalog
     from costopt.gavel.simulator import DEFAULT_PRICES_USD_PER_H
     from costopt.jobs.teams import TeamRepository
@@ -221,9 +222,12 @@ def _prepare_store(settings: Settings) -> str:
                 for t in LABELS
             ]
         )
-        issued = TeamRepository(store.engine).bootstrap_admin()
+        teams = TeamRepository(store.engine)
+        issued = teams.bootstrap_admin()
         if issued is None:  # pragma: no cover - a fresh database has no admin key
             raise RuntimeError("the run's database already has an admin key")
+        # the run's fleet is of local workers: the service's own host, enabled for the run's team (api/tenancy.py)
+        teams.set_policy(issued.key.team_id, replace(teams.policy(issued.key.team_id), allow_local_provider=True))
         return issued.secret
     finally:
         store.engine.dispose()
