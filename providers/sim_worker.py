@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
@@ -61,6 +62,10 @@ AgentFactory = Callable[[AgentEnv, int, int], SimAgent]
 (raises :class:`~providers.sim_agent.AgentEnvError` when its throughput is unknown)."""
 
 _US_PER_S = 1_000_000
+CONSOLE_COPIES = 64
+"""The copies whose agent lines the instance's console keeps (the latest), so a simulated month stays small."""
+CONSOLE_LINES = 2_000
+"""The worker's own console lines kept (the latest)."""
 
 
 class _Protocol(Worker):
@@ -113,7 +118,7 @@ class SimWorker:
         self.poll_us = poll_us
         self.make_agent = make_agent
         self.agents: dict[tuple[str, int], SimAgent] = {}
-        self.history: list[tuple[str, SimAgent]] = []  # every copy's agent, for the console
+        self.history: deque[tuple[str, SimAgent]] = deque(maxlen=CONSOLE_COPIES)  # the console's copies
         self.booted = False
         self.next_sync_us: int | None = None
         self.last_sync_us: int | None = None
@@ -122,9 +127,10 @@ class SimWorker:
         self.dead = False
         self.exit_code: int | None = None
         self.exited_at: int | None = None
-        self._lines: list[tuple[int, str]] = [
+        self._lines: deque[tuple[int, str]] = deque(maxlen=CONSOLE_LINES)
+        self._lines.append(
             (launched, f"boot: fleet worker {config.worker_id} of {config.fleet_id}, {config.gpus} GPU(s)")
-        ]
+        )
 
     def clock(self) -> float:
         """Unix seconds of the simulated time the worker stands at."""
@@ -145,7 +151,7 @@ class SimWorker:
 
     def lines(self) -> list[str]:
         """The console: the worker's own lines and each copy's agent lines (prefixed by job and epoch), in
-        time order."""
+        time order (the latest :data:`CONSOLE_COPIES` copies and :data:`CONSOLE_LINES` lines of its own)."""
         out = [(self._to_dt(t).strftime("%Y-%m-%dT%H:%M:%SZ"), text) for t, text in self._lines]
         for who, agent in self.history:
             for line in agent.lines():
