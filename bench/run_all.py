@@ -266,7 +266,7 @@ def rows(runs: list[Run]) -> list[dict[str, Any]]:
                     "benchmark": run.entry,
                     "figure": f.label,
                     "key": f.key,
-                    "target": None if f.target is None else f"{f.op} {f.target:g} {f.unit}",
+                    "target": None if f.target is None else f"{f.op} {f.target:,g} {f.unit}",
                     "measured": measured,
                     "unit": f.unit,
                     "verdict": verdict(f, measured) if run.status == "ok" or measured is not None else "FAIL",
