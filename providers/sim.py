@@ -474,8 +474,8 @@ class SimCloud:
             data = pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise SimError(
-                f"the simulated cloud cannot save its state to {path}: {exc} (a fleet worker's instance is not "
-                "persisted yet; unset COSTOPT_SIM_STATE_FILE to run without a durable simulated cloud)"
+                f"the simulated cloud cannot save its state to {path}: {exc} (unset COSTOPT_SIM_STATE_FILE to run "
+                "without a durable simulated cloud)"
             ) from exc
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(data)
@@ -523,9 +523,15 @@ class SimCloud:
 
     def attach_fleet(self, transport: FleetTransport | None) -> None:
         """Let this cloud's instances run fleet workers (:mod:`providers.sim_worker`), each syncing through
-        ``transport`` (the service's: ``api.fleet_service``); None: launching a fleet worker is refused."""
+        ``transport`` (the service's: ``api.fleet_service``); None: launching a fleet worker is refused.
+        The workers already running (a restored cloud's: their transport is not saved) sync through it
+        from now on."""
         with self._lock:
             self.fleet_transport = transport
+            if transport is not None:
+                for inst in self._instances.values():
+                    if isinstance(inst.agent, SimWorker) and inst.agent.running:
+                        inst.agent.protocol.transport = transport(inst.agent.config)
 
     @classmethod
     def from_settings(
@@ -686,29 +692,32 @@ class SimCloud:
         return replace(config, workdir=Path(tempfile.gettempdir()))  # no process, no output files
 
     def _copy_agent(self, inst: _Inst) -> Callable[[AgentEnv, int, int], SimAgent]:
-        """How the instance's worker starts a copy: a simulated agent at ``t`` on ``gpus`` GPUs, at the job's
-        throughput (its env's, else this cloud's rate for its type there), ready at once (no boot)."""
+        """How the instance's worker starts a copy (:meth:`copy_agent`); a picklable callable, so the
+        worker is saved with the cloud (:meth:`persist_to`)."""
+        return _CopyAgents(self, inst.instance_id)
 
-        def make(job: AgentEnv, gpus: int, t: int) -> SimAgent:
-            timing = self.timing
-            return SimAgent(
-                job,
-                instance_id=inst.instance_id,
-                steps_per_s=job.resolve_rate(self.rate, gpus, inst.spec.offer),
-                launched=t,
-                ready=t,
-                notice=None,
-                deadline=None,
-                restore_us=timing.restore // _US,
-                checkpoint_us=timing.checkpoint // _US,
-                interval_us=timing.checkpoint_interval // _US,
-                report_every_us=self.config.report_every // _US,
-                to_seconds=self._unix_seconds,
-                to_datetime=self._dt,
-                notice_source=inst.spec.offer.cloud.value,
-            )
-
-        return make
+    def copy_agent(self, instance_id: str, job: AgentEnv, gpus: int, t: int) -> SimAgent:
+        """A copy of ``job`` started by the fleet worker of ``instance_id`` at ``t`` on ``gpus`` GPUs: a
+        simulated agent at the job's throughput (its env's, else this cloud's rate for its type there), ready
+        at once (no boot)."""
+        inst = self._get(instance_id)
+        timing = self.timing
+        return SimAgent(
+            job,
+            instance_id=instance_id,
+            steps_per_s=job.resolve_rate(self.rate, gpus, inst.spec.offer),
+            launched=t,
+            ready=t,
+            notice=None,
+            deadline=None,
+            restore_us=timing.restore // _US,
+            checkpoint_us=timing.checkpoint // _US,
+            interval_us=timing.checkpoint_interval // _US,
+            report_every_us=self.config.report_every // _US,
+            to_seconds=self._unix_seconds,
+            to_datetime=self._dt,
+            notice_source=inst.spec.offer.cloud.value,
+        )
 
     def _instance_id(self, token: str) -> str:
         """``sim-`` and 12 hex digits of the token's hash: deterministic, and distinct across simulated
@@ -1195,6 +1204,17 @@ class SimServiceClock:
 
     def sleep(self, seconds: float) -> None:
         self.cloud.sleeper()(seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class _CopyAgents:
+    """The fleet worker's way to start a copy on its instance (:meth:`SimCloud.copy_agent`), picklable."""
+
+    cloud: SimCloud
+    instance_id: str
+
+    def __call__(self, job: AgentEnv, gpus: int, t: int) -> SimAgent:
+        return self.cloud.copy_agent(self.instance_id, job, gpus, t)
 
 
 def sim_factory(config: SimConfig | None = None) -> _Factory:

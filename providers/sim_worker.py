@@ -85,6 +85,13 @@ class _Protocol(Worker):
     def reap(self) -> bool:
         return self.owner.reap()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Saved with the simulated cloud without its transport (the service's: given again by
+        :meth:`SimCloud.attach_fleet` after a restore)."""
+        state = dict(self.__dict__)
+        state["transport"] = None
+        return state
+
 
 class SimWorker:
     """The worker of one simulated fleet instance (module docstring). The cloud calls :meth:`next_event` /
@@ -238,6 +245,9 @@ class SimWorker:
         for agent in self.agents.values():
             agent.flush(t)
         self.last_sync_us = t
+        if proto.transport is None:  # a restored cloud whose service has not attached yet: try at the next poll
+            self.next_sync_us = t + self.poll_us
+            return
         try:
             answer: Mapping[str, Any] = proto.sync()
         except WorkerError as exc:

@@ -293,3 +293,55 @@ def test_a_noticed_preemption_checkpoints_the_copies_in_time_and_the_worker_take
     starts = [line.split()[0] for line in console if "started on GPUs" in line]
     assert starts and all(datetime.fromisoformat(s.replace("Z", "+00:00")) < notice for s in starts)
     assert any("preemption notice" in line for line in console)
+
+
+def _restarted(f: SimFleet, state: Path) -> SimFleet:
+    """A service restarted after kill -9: its simulated cloud read back from its state file, its fleet
+    objects built anew over the same database, the workers' transport attached again."""
+    cloud = SimCloud.restore(
+        state,
+        f.prices,
+        HazardModel(defaults=dict.fromkeys(Cloud, 0.0)),
+        config=SimConfig(timing=TIMING, worker_poll=POLL),
+    )
+    repo = FleetRepository(f.repo.engine, now=cloud.now)
+    jobs = JobRepository(f.repo.engine, now=cloud.now)
+    cloud.attach_fleet(in_process_transport(WorkerSync(repo, jobs)))
+    ledger = SqlLedger(f.repo.engine, f.prices)
+    executor = FleetExecutor(
+        repo,
+        jobs,
+        {"sim": cloud},
+        worker_command=lambda p: ["python3", "-m", "costopt.agent.worker"],
+        service_url="http://127.0.0.1:8000",
+        dead_after_s=3 * POLL.total_seconds(),
+        boot_timeout_s=600,
+        billing=FleetBilling(repo, ledger, f.prices),
+        full_every_s=0.0,
+    )
+    return SimFleet(cloud, repo, jobs, executor, ledger, f.prices, f.fleet_id, f.tmp)
+
+
+def test_a_sim_fleet_survives_a_restart_of_the_service_with_its_durable_simulated_cloud(
+    sim_fleet: SimFleet, tmp_path: Path
+) -> None:
+    f = sim_fleet
+    state = tmp_path / "sim-state.pickle"
+    f.cloud.persist_to(state)  # COSTOPT_SIM_STATE_FILE: saved at every change, fleet workers included
+    f.run(START + 2 * TICK)
+    ids = {name: f.submit(name, steps) for name, steps in (("a", 2400), ("b", 2000), ("c", 1600))}
+    f.run(f.cloud.now() + 3 * TICK)
+    before = {j.job_id: j.steps_done for j in f.repo.jobs(f.fleet_id)}
+    assert sum(1 for v in before.values() if v > 0) >= 2
+    at = f.cloud.now()
+    g = _restarted(f, state)  # kill -9: the old cloud and its workers are never used again
+    assert g.cloud.now() == at and len(g.cloud.list({"costopt:fleet": f.fleet_id})) == 3
+    while any(not j.status.finished for j in g.repo.jobs(g.fleet_id)):
+        assert g.cloud.now() < at + timedelta(hours=3)
+        g.run(g.cloud.now() + 2 * TICK)
+    assert all(i.state is InstanceState.RUNNING for i in g.repo.instances(g.fleet_id))  # none lost
+    for name, job_id in ids.items():
+        steps = dict(a=2400, b=2000, c=1600)[name]
+        assert g.jobs.get(job_id).state is JobState.SUCCEEDED and g.repo.job(job_id).steps_done == steps  # type: ignore[union-attr]
+        audit = control.audit_job(str(g.jobs.get(job_id).spec["checkpoint_uri"]), steps)
+        assert audit.finished and audit.lost_steps == 0 and audit.repeated_steps == 0, audit
