@@ -433,17 +433,26 @@ def _sources_summary(body: bytes) -> Any:
     return [{k: s.get(k) for k in keep} for s in items if isinstance(s, dict)]
 
 
-def job_states(url: str) -> dict[str, int]:
-    """Jobs per state in the database at the end (the engine's tick moved them)."""
+def background(url: str) -> dict[str, Any]:
+    """What the background work did, from the database at the end: jobs per state (the engine's tick moved
+    them), the runs of each scheduled job (engine tick, rebalancer, reconciler, collectors, fleets'
+    executor: ``scheduler_leases.runs``) and the fleets' rounds started."""
     from sqlalchemy import func, select
 
     from costopt.db.engine import make_engine
-    from costopt.db.jobs_schema import jobs
+    from costopt.db.fleets_schema import fleet_rounds
+    from costopt.db.jobs_schema import jobs, scheduler_leases
 
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
-            return {str(s): int(n) for s, n in conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state))}
+            states = conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state))
+            runs = conn.execute(select(scheduler_leases.c.name, scheduler_leases.c.runs))
+            return {
+                "job_states": {str(s): int(n) for s, n in states},
+                "scheduled_runs": {str(name): int(n) for name, n in runs},
+                "fleet_rounds": int(conn.execute(select(func.count()).select_from(fleet_rounds)).scalar_one()),
+            }
     finally:
         engine.dispose()
 
@@ -488,7 +497,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             load_avg_before=[round(x, 2) for x in load_before],
             load_avg_after=[round(x, 2) for x in load_after],
             collector_page_fetches=prices.hits,
-            job_states=job_states(url),
+            **background(url),
             server_log_errors=len(errors_in_log),
             server_log_error_lines=errors_in_log[:10],
         )
@@ -525,7 +534,8 @@ def render(r: dict[str, Any]) -> None:
     )
     console.print(
         f"fleet changes {r['fleet_changes']}; jobs submitted {r['jobs_submitted']}, by state at the end "
-        f"{r['job_states']}; collector page fetches {r['collector_page_fetches']}; server log error lines "
+        f"{r['job_states']}; scheduled runs {r['scheduled_runs']}; fleet rounds {r['fleet_rounds']}; "
+        f"collector page fetches {r['collector_page_fetches']}; server log error lines "
         f"{r['server_log_errors']}; load average {r['load_avg_before']} before, {r['load_avg_after']} after"
     )
     for src in r["price_sources"] if isinstance(r["price_sources"], list) else []:
