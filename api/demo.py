@@ -106,8 +106,8 @@ def demo_jobs(
 ) -> list[DemoJob]:
     """The seeded job mix: each team submits about ``jobs_per_day`` jobs a day (at least one), at uniform
     times over the first ``days`` days, each 2 to 30 hours of training on one V100 (steps from the job
-    type's catalog throughput are not needed: the planner quotes whatever is asked); a third of the jobs
-    allow any cloud and market, the rest spot only on AWS (where the real 2020 spot history is)."""
+    type's catalog throughput are not needed: the planner quotes whatever is asked); all on AWS (the only
+    cloud whose real spot history covers the period), two thirds spot only, a third any market."""
     if teams < 1 or teams > len(_TEAM_NAMES):
         raise DemoError(f"--teams must be 1 to {len(_TEAM_NAMES)}, got {teams}")
     if days < 1:
