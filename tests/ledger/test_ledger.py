@@ -325,3 +325,22 @@ def test_costs_group_by_every_attribute_with_additive_charges_and_without_memo_c
     assert list(report.by("team")) == ["nlp", "vision"]  # sorted
     with pytest.raises(LedgerError, match="cannot group by 'gpu'; choose from job_id, team"):
         report.by("gpu")
+
+
+def test_period_bounds_of_charges_and_an_open_shared_interval() -> None:
+    ledger = MemoryLedger(PRICES)
+    ledger.record_interval(rec("o", 0.0, None, share=Decimal("0.25")))  # open, a quarter of K at $1.20/h
+    for key, hours in (("c-start", 1.0), ("c-mid", 1.5), ("c-asof", 2.0), ("c-end", 3.0)):
+        ledger.record_charge(ChargeRecord(key, "job-1", ChargeKind.EGRESS, at(hours), amount_usd=Decimal("0.01")))
+    report = ledger.costs(start=at(1.0), end=at(3.0), as_of=at(2.0))
+    assert (report.start, report.end, report.as_of) == (at(1.0), at(3.0), at(2.0))
+    # at start: in; at as_of: in; at the period end: out (half-open period, charges up to as_of)
+    assert [c.record.charge_key for c in report.charges] == ["c-start", "c-mid", "c-asof"]
+    # 1:00-1:30 at $1.20 and 1:30-2:00 at $0.90, each x 0.25 -> 0.15 + 0.1125
+    assert report.instances_micro_usd == 262_500 and report.lines[0].open
+    assert report.total_usd == Decimal("0.2925")
+    assert ledger.costs(start=at(1.0), end=at(3.0)).charges[-1].record.charge_key == "c-asof"  # as_of: the end
+    empty = ledger.costs(start=at(1.0), end=at(1.0))  # an empty period is a period
+    assert empty.total_micro_usd == 0 and empty.lines == () and empty.charges == ()
+    with pytest.raises(LedgerError, match="the period ends"):
+        ledger.costs(start=at(1.0), end=at(0.5))
