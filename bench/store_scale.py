@@ -414,7 +414,8 @@ def run_size(
         out["history_month_ms"], hist = median_ms(month, repeats)
         out["history_month_rows"] = len(hist)
         if explain_plans:
-            out["explain_history"] = _explain_history(store, engine, key, start, end)
+            out["explain_history"] = _explain_history(engine, key, start, end, legacy=False)
+            out["explain_history_legacy"] = _explain_history(engine, key, start, end, legacy=True)
             out["explain_asof_legacy"] = explain(engine, LEGACY_ASOF_SQL, {"at": at_mid})
             out["explain_asof_lateral"] = explain(engine, LATERAL_ASOF_SQL, {"at": at_mid})
         out["load_after"] = load_avg()
@@ -427,8 +428,10 @@ def run_size(
     return out
 
 
-def _explain_history(store: PriceStore, engine: Engine, key: Any, start: datetime, end: datetime) -> str:
-    """EXPLAIN ANALYZE of the statement :meth:`PriceStore.history` runs for one offer."""
+def _explain_history(engine: Engine, key: Any, start: datetime, end: datetime, *, legacy: bool) -> str:
+    """EXPLAIN ANALYZE of one offer's history statement: what :meth:`PriceStore.history` runs now
+    (range from the prior point, correlated on the offer) or, with ``legacy``, the earlier
+    ``valid_from >= start OR valid_from = (prior)`` form."""
     from sqlalchemy import func, select
     from sqlalchemy.dialects import postgresql
 
@@ -437,19 +440,20 @@ def _explain_history(store: PriceStore, engine: Engine, key: Any, start: datetim
     from pricing.ingest import KEY_COLUMNS
 
     p2 = t_points.alias("p2")
-    prior = (
-        select(func.max(p2.c.valid_from))
-        .where(p2.c.offer_id == t_points.c.offer_id, p2.c.valid_from <= start)
-        .scalar_subquery()
-    )
+    owner = t_points.c.offer_id if legacy else t_offers.c.id
+    prior = select(func.max(p2.c.valid_from)).where(p2.c.offer_id == owner, p2.c.valid_from <= start).scalar_subquery()
+    lower: Any
+    if legacy:
+        lower = (t_points.c.valid_from >= start) | (t_points.c.valid_from == prior)
+    else:
+        lower = t_points.c.valid_from >= func.coalesce(prior, start)
     stmt = (
         select(t_points.c.valid_from, t_points.c.usd_per_hour)
         .select_from(t_points.join(t_offers, t_offers.c.id == t_points.c.offer_id))
         .where(
-            (t_points.c.valid_from >= start) | (t_points.c.valid_from == prior),
-            t_points.c.valid_from <= end,
-            *[t_offers.c[c] == v for c, v in zip(KEY_COLUMNS, key, strict=True)],
+            lower, t_points.c.valid_from <= end, *[t_offers.c[c] == v for c, v in zip(KEY_COLUMNS, key, strict=True)]
         )
+        .order_by(t_points.c.valid_from)
     )
     compiled = stmt.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True})  # type: ignore[no-untyped-call]
     with engine.connect() as conn:
@@ -541,7 +545,7 @@ def main(argv: list[str] | None = None) -> None:
             f"LATERAL {r['asof_query_lateral_ms']:.1f} ms ({r['asof_query_lateral_rows']:,} rows)",
             flush=True,
         )
-        for k in ("explain_history", "explain_asof_legacy", "explain_asof_lateral"):
+        for k in ("explain_history", "explain_history_legacy", "explain_asof_legacy", "explain_asof_lateral"):
             if k in r:
                 print(f"--- {k}\n{r[k]}")
 

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, literal, select, text
 
 from costopt.db.schema import instance_types as t_instance_types
 from costopt.db.schema import offers as t_offers
@@ -538,13 +538,17 @@ class PriceStore:
         joined = t_points.join(t_offers, t_offers.c.id == t_points.c.offer_id)
         lower = t_points.c.valid_from >= start
         if include_prior:
+            # The range starts at the point in effect at ``start`` (found by one backward probe per
+            # offer, correlated on the offer so it bounds the index scan): the earlier form
+            # ``valid_from >= start OR valid_from = (prior)`` read, and probed for, every point of the
+            # offer before ``start`` (see docs/benchmarks.md "Scale").
             p2 = t_points.alias("p2")
             prior = (
                 select(func.max(p2.c.valid_from))
-                .where(p2.c.offer_id == t_points.c.offer_id, p2.c.valid_from <= start)
+                .where(p2.c.offer_id == t_offers.c.id, p2.c.valid_from <= start)
                 .scalar_subquery()
             )
-            lower = (t_points.c.valid_from >= start) | (t_points.c.valid_from == prior)
+            lower = t_points.c.valid_from >= func.coalesce(prior, literal(start, t_points.c.valid_from.type))
         stmt = (
             select(*cols)
             .select_from(joined)
