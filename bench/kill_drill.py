@@ -15,7 +15,9 @@ One run:
    wall second), the service's own job engine, interruption watcher, reconciler, rebalancer (every 15
    simulated minutes, so jobs move when another zone is cheaper) and fleet rounds;
 3. ``--jobs`` ResNet-50 jobs on AWS spot (steps drawn from ``--seed``); spot preemptions are drawn by the
-   simulated cloud from the hazard model;
+   simulated cloud from the hazard model; with ``--fleet-jobs N``, a fleet of three sim spot instances
+   (2 V100, 1 K80) is leased first and the first N jobs (an eighth of their drawn steps) go into it (its
+   simulated workers run them; it is released at the end);
 4. ``--kills`` times: wait a random up-time (uniform in ``--up``), SIGKILL the server, restart it (the
    up-times are drawn from ``--seed`` too); the kills stop when every job has ended;
 5. wait until every job has ended, stop the server, then check: every job ``succeeded`` with exactly its
@@ -60,6 +62,14 @@ BODY: dict[str, Any] = {
     "constraints": {"clouds": ["aws"], "markets": ["spot"]},
 }
 TERMINAL = ("succeeded", "failed", "cancelled")
+_V100 = {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1b", "instance_type": "p3.2xlarge", "market": "spot"}
+_K80 = {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1b", "instance_type": "p2.xlarge", "market": "spot"}
+FLEET: dict[str, Any] = {
+    "name": "kill-drill",
+    "policy": "max_min_fairness_perf",
+    "instances": [{"offer": _V100, "count": 2}, {"offer": _K80}],
+}
+FLEET_JOB: dict[str, Any] = {"job_type": BODY["job_type"], "command": BODY["command"]}
 BOOT = timedelta(minutes=3)  # providers.sim's default WorkloadTiming.boot
 
 
@@ -85,7 +95,9 @@ class RunResult:
     preemptions: int = 0
     moves: int = 0
     recoveries: int = 0
-    total_usd: Decimal = Decimal(0)
+    total_usd: Decimal = Decimal(0)  # the jobs' ledger costs (the fleet's jobs' too)
+    fleet_usd: Decimal = Decimal(0)  # the fleet's cost (its jobs' and its idle time)
+    fleet_idle_usd: Decimal = Decimal(0)  # not compared: it lasts until the drill sees the jobs end (wall time)
     max_usd_per_hour: float = 0.0
     sim_hours: float = 0.0
     state_saves: int = 0
@@ -203,6 +215,7 @@ def run(
     database_url: str | None = None,
     data_dir: Path | None = None,
     timeout_s: float = 2400.0,
+    fleet_jobs: int = 0,
     say: Any = print,
 ) -> RunResult:
     """One run (module docstring) in ``folder``; ``kills`` 0: the baseline."""
@@ -217,26 +230,40 @@ def run(
     ups = [rng.uniform(*up) for _ in range(kills)]
     env, key = _prepare(folder, database_url, data_dir)
     env["COSTOPT_SIM_TIME_SCALE"] = str(time_scale)
-    env["COSTOPT_SIM_TICK"] = "PT0.1S"
+    env["COSTOPT_SIM_TICK"] = "PT0.25S"
     port = _free_port()
     service = Service(folder, env, port)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=60)
     res = RunResult(jobs=jobs)
     t0 = time.monotonic()
     try:
         service.start()
+        fleet_id = None
+        if fleet_jobs:
+            r = client.post("/v1/fleets", json=FLEET, headers={"Idempotency-Key": "fleet"})
+            if r.status_code not in (200, 201):
+                raise RuntimeError(f"the fleet's lease answered {r.status_code}: {r.text}")
+            fleet_id = str(r.json()["id"])
         ids = []
         for i, n in enumerate(sizes):
-            r = client.post(
-                "/v1/jobs", json={**BODY, "name": f"k{i}", "steps": n}, headers={"Idempotency-Key": f"k{i}"}
-            )
+            body: dict[str, Any] = {**BODY, "name": f"k{i}", "steps": n}
+            if i < fleet_jobs:  # a fleet job: no constraints (the fleet's instances), a fraction of the steps
+                body = {**FLEET_JOB, "name": f"f{i}", "steps": max(1000, n // 8), "fleet_id": fleet_id}
+            r = client.post("/v1/jobs", json=body, headers={"Idempotency-Key": f"k{i}"})
             if r.status_code not in (200, 201):
                 raise RuntimeError(f"submission {i} answered {r.status_code}: {r.text}")
             ids.append(r.json()["id"])
 
         def docs() -> list[dict[str, Any]]:
-            listed = client.get("/v1/jobs", params={"limit": 500}).json()["items"]
-            return [d for d in listed if d["id"] in set(ids)]
+            for attempt in range(10):  # a loaded machine may answer slowly: retry rather than give up
+                try:
+                    listed = client.get("/v1/jobs", params={"limit": 500}).json()["items"]
+                    return [d for d in listed if d["id"] in set(ids)]
+                except httpx.TransportError:
+                    if attempt == 9:
+                        raise
+                    time.sleep(1.0)
+            raise AssertionError("unreachable")
 
         for k, wait in enumerate(ups):
             deadline = time.monotonic() + wait
@@ -260,6 +287,21 @@ def run(
                 raise RuntimeError(f"the jobs did not end within {timeout_s:.0f} s: {left}")
             time.sleep(0.2)
         final = [client.get(f"/v1/jobs/{i}").json() for i in ids]
+        if fleet_id is not None:
+            r = client.post(f"/v1/fleets/{fleet_id}/release")
+            if r.status_code != 202:
+                raise RuntimeError(f"the fleet's release answered {r.status_code}: {r.text}")
+            while True:  # every instance ends, every round is billed
+                fleet = client.get(f"/v1/fleets/{fleet_id}").json()
+                if all(i["state"] in ("released", "lost") for i in fleet["instances"]):
+                    break
+                if time.monotonic() - t0 > timeout_s:
+                    raise RuntimeError(f"the fleet's instances did not end: {fleet['instances']}")
+                time.sleep(0.2)
+            time.sleep(2.0)  # the executor's next pass bills what ended
+            fleet = client.get(f"/v1/fleets/{fleet_id}").json()
+            res.fleet_usd = Decimal(fleet["cost_so_far_usd"] or "0")
+            res.fleet_idle_usd = Decimal(fleet["idle_cost_usd"] or "0")
         time.sleep(1.0)  # the engine's next tick: instances of finished copies terminated
     finally:
         client.close()
@@ -308,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--up-max", type=float, default=4.0, help="longest up-time between kills (wall s)")
     p.add_argument("--steps-min", type=int, default=100_000)
     p.add_argument("--steps-max", type=int, default=400_000)
+    p.add_argument("--fleet-jobs", type=int, default=0, help="jobs (of --jobs) submitted into a leased sim fleet")
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True, help="also run without kills")
     p.add_argument("--database-url", default=None, help="default: a SQLite file in the run's folder")
     p.add_argument("--folder", type=Path, default=None, help="default: a temporary folder")
@@ -320,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         "time_scale": a.time_scale,
         "up": (a.up_min, a.up_max),
         "steps": (a.steps_min, a.steps_max),
+        "fleet_jobs": a.fleet_jobs,
     }
     load0 = os.getloadavg()
     cpu0 = os.times()
@@ -357,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     row("orphaned instances", lambda r: len(r.orphans), "pass" if checks["zero orphaned instances"] else "FAIL")
     row("instances launched", lambda r: r.instances)
     row("moves / preemptions / recoveries", lambda r: f"{r.moves} / {r.preemptions} / {r.recoveries}")
+    if a.fleet_jobs:
+        row("fleet cost USD (its jobs + idle)", lambda r: f"{r.fleet_usd} (idle {r.fleet_idle_usd})")
     row(
         "ledger total USD",
         lambda r: r.total_usd,
