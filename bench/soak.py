@@ -42,6 +42,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -458,12 +459,29 @@ def background(url: str) -> dict[str, Any]:
 
 
 def log_errors(log: Path) -> list[str]:
-    """The server log's error lines (tracebacks, ERROR and CRITICAL records)."""
+    """The server log's errors: each traceback as its exception line (the first unindented line after it,
+    with the last frame's location), and each ERROR or CRITICAL record not inside a traceback."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         return []
-    return [line for line in lines if any(m in line for m in LOG_ERROR_MARKERS)]
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("Traceback"):
+            j, where = i + 1, ""
+            while j < len(lines) and (lines[j].startswith(" ") or not lines[j].strip()):
+                if lines[j].strip().startswith("File "):
+                    where = lines[j].strip()
+                j += 1
+            out.append(f"{lines[j] if j < len(lines) else '(cut)'} [{where}]")
+            i = j + 1
+            continue
+        if any(m in line for m in LOG_ERROR_MARKERS):
+            out.append(line)
+        i += 1
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -499,7 +517,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             collector_page_fetches=prices.hits,
             **background(url),
             server_log_errors=len(errors_in_log),
-            server_log_error_lines=errors_in_log[:10],
+            server_log_error_lines=[f"{n} x {line}" for line, n in Counter(errors_in_log).most_common(10)],
         )
     mem = result["memory"]
     result["ok"] = result["errors"] == 0 and result["server_log_errors"] == 0 and bool(mem["flat"])
