@@ -6,9 +6,13 @@ from decimal import Decimal
 
 import pytest
 
+from costopt.domain import Cloud
 from costopt.planning.collection import MinMakespanWithinBudget, MinTotalCost, SweepMinCost
 from costopt.planning.model import (
+    Assumptions,
+    EgressRates,
     InvalidJob,
+    JobSpec,
     MinCost,
     MinCostByDeadline,
     MinTime,
@@ -23,6 +27,7 @@ from costopt.planning.objectives import (
     build_objective,
 )
 from costopt.registry import UnknownName
+from costopt.throughput.model import JobType
 
 
 @pytest.mark.parametrize(
@@ -174,3 +179,25 @@ def test_a_refused_parameter_names_the_objective_that_takes_it(
     with pytest.raises(InvalidJob) as info:
         build(name, params)
     assert str(info.value) == message  # the whole hint, word for word: it tells the user what to do
+
+
+def test_the_model_bounds_are_inclusive_where_documented_and_egress_has_defaults() -> None:
+    job_type = JobType.parse("A3C")
+    with pytest.raises(InvalidJob, match="steps must be > 0"):
+        JobSpec(job_type, 0.0)
+    with pytest.raises(InvalidJob):
+        MinCostByDeadline(0.0)
+    assert MinCostByDeadline(1.0, 0.5).confidence == 0.5  # 0.5 is allowed, 1.0 is not
+    with pytest.raises(InvalidJob):
+        MinCostByDeadline(1.0, 1.0)
+    assert Assumptions(restart_hours=0.0).restart_hours == 0.0
+    with pytest.raises(InvalidJob, match="checkpoint interval must be > 0"):
+        Assumptions(checkpoint_interval_hours=0.0)
+    with pytest.raises(InvalidJob, match="restart time >= 0"):
+        Assumptions(restart_hours=-0.1)
+    bare = EgressRates()  # a cloud without a listed rate: $0.02/GB between regions, $0.09/GB out
+    assert bare.rate(Cloud.AWS, "us-east-1", Cloud.AWS, "us-west-2") == 0.02
+    assert bare.rate(Cloud.AWS, "us-east-1", Cloud.GCP, "us-east1") == 0.09
+    assert bare.rate(Cloud.AWS, "us-east-1", Cloud.AWS, "us-east-1") == 0.0
+    own = EgressRates(inter_region={Cloud.GCP: 0.01}, internet={Cloud.GCP: 0.12})
+    assert own.rate(Cloud.GCP, "a", Cloud.GCP, "b") == 0.01 and own.rate(Cloud.GCP, "a", Cloud.AWS, "b") == 0.12
