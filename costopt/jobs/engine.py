@@ -72,6 +72,7 @@ from costopt.jobs.view import JobView, job_view
 from costopt.ledger.book import Ledger
 from costopt.ledger.model import LedgerError
 from costopt.migration.machine import Migrator
+from costopt.migration.records import RACES as MIGRATION_RACES
 from costopt.migration.records import (
     CopyRecord,
     JobStatus,
@@ -337,6 +338,9 @@ class JobEngine:
                     if snap is None:
                         snap = snaps[id(migrator.engine)] = _snapshot(migrator, self._working())
                     self._step(job, migrator, snap, out, first=first)
+                except MIGRATION_RACES as exc:  # another actor advanced the job first: look again next tick
+                    log.warning("engine: job %s: %s: %s", job.id, type(exc).__name__, exc)
+                    out.errors.append(f"{job.id}: {type(exc).__name__}: {exc}")
                 except (CostoptError, CloudError, OSError, ValueError) as exc:
                     msg = f"{job.id}: {type(exc).__name__}: {exc}"
                     log.exception("engine: job %s", job.id)
@@ -986,6 +990,10 @@ class JobEngine:
         if self._pool is None:
             try:
                 fn()
+            except MIGRATION_RACES as exc:
+                self._orphaned.add(job_id)
+                log.warning("engine: job %s: migration step lost a race: %s: %s", job_id, type(exc).__name__, exc)
+                self.repo.add_event(job_id, "engine_error", f"{type(exc).__name__}: {exc}"[:2000], at=self.now())
             except (CostoptError, CloudError, OSError, ValueError) as exc:
                 self._orphaned.add(job_id)
                 log.exception("engine: job %s: migration failed", job_id)

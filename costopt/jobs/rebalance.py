@@ -44,6 +44,7 @@ from costopt.jobs.model import JobState
 from costopt.jobs.placement import Placement, Placements
 from costopt.jobs.records import JobRecord, JobRepository
 from costopt.migration.decision import Action, MigrationRule, OfferQuote, RunningJob, choose, decide
+from costopt.migration.records import RACES as MIGRATION_RACES
 from costopt.planning.model import Location
 
 __all__ = [
@@ -241,6 +242,9 @@ class Rebalancer:
         net = item.net_saving_usd if item.net_saving_usd is not None else Decimal(0)
         try:
             after = self.engine_move(job.id, chosen, reason=item.reason, expected_saving_usd=net)
+        except MIGRATION_RACES as exc:  # the job finished or another actor moved it meanwhile
+            log.warning("rebalancer: job %s: not moved: %s: %s", job.id, type(exc).__name__, exc)
+            return replace(item, outcome=Outcome.FAILED, reason=f"the move failed: {type(exc).__name__}: {exc}")
         except Exception as exc:
             log.exception("rebalancer: job %s: the move failed", job.id)
             return replace(item, outcome=Outcome.FAILED, reason=f"the move failed: {type(exc).__name__}: {exc}")

@@ -103,6 +103,7 @@ from costopt.migration.records import (
     CopyRecord,
     CopyStart,
     EndReason,
+    JobFinished,
     JobRecord,
     JobStatus,
     Kind,
@@ -362,7 +363,7 @@ class Migrator:
                 raise MigrationError(f"unknown job {job_id!r}")
             job = JobRecord.of(row)
             if job.status is JobStatus.FINISHED:
-                raise MigrationError(f"job {job_id!r} has finished")
+                raise JobFinished(f"job {job_id!r} has finished")
             if kind is Kind.MOVE and (job.status is not JobStatus.RUNNING or job.instance_id is None):
                 raise MigrationError(f"job {job_id!r} is {job.status.value}, not running: recover it instead")
             marker = control.current_epoch(job.checkpoint_uri)

@@ -78,6 +78,15 @@ class ConcurrentTransition(MigrationError):
     """The row was not in the expected state: another migrator advanced it."""
 
 
+class JobFinished(MigrationError):
+    """A move or recovery was asked of a job that finished meanwhile (a race with its last step)."""
+
+
+RACES = (ConcurrentTransition, JobFinished)
+"""What a step of one actor (engine, watcher, rebalancer) raises when another advanced the same job first:
+handled, logged in one line without a traceback; the next pass looks at the job afresh."""
+
+
 class EndReason(StrEnum):
     """Why a copy's interval ended (the ledger's ``end_reason``)."""
 

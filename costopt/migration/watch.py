@@ -51,7 +51,7 @@ from costopt.cloud import CloudProvider, Interruption, NotFoundError
 from costopt.db.schema import store_meta
 from costopt.domain import OfferKey, utc
 from costopt.migration.machine import Migrator
-from costopt.migration.records import ALIVE_STATES, JobRecord, JobStatus, State
+from costopt.migration.records import ALIVE_STATES, RACES, JobRecord, JobStatus, State
 from costopt.migration.unavailable import REASON_PREEMPTED, UnavailableOffers
 
 log = logging.getLogger("costopt.migration.watch")
@@ -476,6 +476,11 @@ class InterruptionWatcher:
             )
             try:
                 rec = self.migrator.recover(job_id, offers)
+            except RACES as exc:  # the job finished, or another actor advanced its recovery, meanwhile
+                log.warning("watch %s: job %s: %s: %s", self.provider.name, job_id, type(exc).__name__, exc)
+                self._back_off(job_id)
+                waiting.append(Waiting(job_id, f"recovery failed: {type(exc).__name__}: {exc}"))
+                continue
             except Exception as exc:
                 log.exception("watch %s: the recovery of job %s failed", self.provider.name, job_id)
                 self._back_off(job_id)

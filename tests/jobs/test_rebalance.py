@@ -4,6 +4,7 @@ reason), and one job's failure never stops the pass."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -17,6 +18,7 @@ from costopt.jobs.placement import Placement
 from costopt.jobs.rebalance import Outcome, Rebalancer
 from costopt.jobs.records import JobRecord, JobRepository, NewJob
 from costopt.migration.decision import MigrationRule, Reason
+from costopt.migration.records import JobFinished
 
 T0 = datetime(2020, 3, 1, 12, tzinfo=UTC)
 
@@ -75,6 +77,7 @@ class FakeMove:
     calls: list[tuple[str, list[OfferKey], str, Decimal]] = field(default_factory=list)
     roll_back: set[str] = field(default_factory=set)
     explode: set[str] = field(default_factory=set)
+    finished: set[str] = field(default_factory=set)
 
     def __call__(
         self, job_id: str, placements: Sequence[Placement], *, reason: str, expected_saving_usd: Decimal
@@ -82,6 +85,8 @@ class FakeMove:
         self.calls.append((job_id, [p.offer for p in placements], reason, expected_saving_usd))
         if job_id in self.explode:
             raise RuntimeError("provider unreachable")
+        if job_id in self.finished:  # the job's last step landed between the decision and the move
+            raise JobFinished(f"job {job_id!r} has finished")
         self.repo.transition(job_id, JobState.MIGRATING, "moving", expect=JobState.RUNNING)
         if job_id in self.roll_back:
             return self.repo.transition(job_id, JobState.RUNNING, "every launch failed: rolled back")
@@ -207,22 +212,30 @@ def test_only_running_jobs_not_cancel_requested_are_weighed(repo, clock):
     assert repo.get(queued.id).state is JobState.QUEUED
 
 
-def test_one_jobs_failure_never_stops_the_pass(repo, clock):
+def test_one_jobs_failure_never_stops_the_pass(repo, clock, caplog: pytest.LogCaptureFixture):
     planner_down = _running(repo, name="planner down")
     explodes = _running(repo, name="move explodes")
     rolls_back = _running(repo, name="move rolls back")
     fine = _running(repo, name="fine")
     no_price = _running(repo, offer=FAR, name="no price here")
+    raced = _running(repo, name="finished meanwhile")
     placements = FakePlacements({HERE: (3.0, 10.0), CHEAP: (1.0, 10.0)}, broken={planner_down})
-    move = FakeMove(repo, explode={explodes}, roll_back={rolls_back})
-    report = _rebalancer(repo, placements, move, clock).run_once(dry_run=False)
+    move = FakeMove(repo, explode={explodes}, roll_back={rolls_back}, finished={raced})
+    with caplog.at_level(logging.WARNING, logger="costopt.jobs.rebalance"):
+        report = _rebalancer(repo, placements, move, clock).run_once(dry_run=False)
     by_id = {i.job_id: i for i in report.items}
+    # a race with the job's end is a handled outcome: one line, no traceback; a real fault keeps its traceback
+    assert by_id[raced].outcome is Outcome.FAILED and "JobFinished" in by_id[raced].reason
+    race_logs = [r for r in caplog.records if raced in r.getMessage()]
+    fault_logs = [r for r in caplog.records if explodes in r.getMessage()]
+    assert len(race_logs) == 1 and race_logs[0].exc_info is None and race_logs[0].levelno == logging.WARNING
+    assert len(fault_logs) == 1 and fault_logs[0].exc_info is not None
     assert by_id[planner_down].outcome is Outcome.FAILED and "the planner is down" in by_id[planner_down].reason
     assert by_id[explodes].outcome is Outcome.FAILED and "provider unreachable" in by_id[explodes].reason
     assert by_id[rolls_back].outcome is Outcome.FAILED and "rolled back" in by_id[rolls_back].reason
     assert by_id[fine].outcome is Outcome.MOVED
     assert by_id[no_price].outcome is Outcome.STAYED and "no price" in by_id[no_price].reason
-    assert len(report.failed) == 3
+    assert len(report.failed) == 4
     assert repo.get(fine).offer == CHEAP
     assert repo.get(rolls_back).offer == HERE
 
