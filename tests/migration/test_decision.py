@@ -322,3 +322,27 @@ def test_decide_recovers_a_preempted_job_and_names_the_zone() -> None:
     assert d.explanation.startswith("move to aws us-east-1/us-east-1b x (spot): preempted")
     assert decide(job(), AZURE_HALF, NOW).explanation.startswith("move to azure eastus x (spot): the saving")
     assert decide(job(), HERE, NOW).explanation == "stay: no candidate offer can run the job (no candidate)"
+
+
+def test_the_overlap_is_billed_at_the_current_price_and_a_free_or_slow_candidate_counts() -> None:
+    here = OfferQuote(HERE.key, 2.0, 10.0)  # $2/h here: 5 min of overlap costs $2/12
+    running = RunningJob(1e6, here, Location(Cloud.AWS, "us-east-1"), 0.0)
+    d = decide(running, quote(Cloud.AWS, "us-east-1", "us-east-1b", 1.0), NOW)
+    assert close(d.move_cost_usd, 1.0 / 6 + 2.0 / 12)
+    free = decide(running, quote(Cloud.AWS, "us-east-1", "us-east-1b", 0.0), NOW)  # a $0 offer is a candidate
+    assert free.action is Action.MOVE and close(free.move_cost_usd, 2.0 / 12)
+    slow = decide(running, quote(Cloud.AWS, "us-east-1", "us-east-1b", 0.05, 0.5), NOW)  # 0.5 steps/s
+    assert slow.reason is not Reason.NO_CANDIDATE
+    at_no_cost = RunningJob(1e6, OfferQuote(HERE.key, 0.0, 10.0), Location(Cloud.AWS, "us-east-1"), 0.0)
+    assert decide(at_no_cost, AZURE_HALF, NOW).reason is Reason.NO_SAVING  # a free place is a valid place
+    stuck = RunningJob(1e6, OfferQuote(HERE.key, 1.0, 0.0), Location(Cloud.AWS, "us-east-1"), 0.0)
+    with pytest.raises(InvalidDecisionInput, match="a throughput > 0 where it runs"):
+        decide(stuck, AZURE_HALF, NOW)
+
+
+def test_a_dwelling_job_without_a_saving_is_not_reported_as_dwelling() -> None:
+    d = decide(job(moved_hours_ago=1.0), quote(Cloud.AWS, "us-east-1", "us-east-1b", 0.995), NOW)
+    assert d.action is Action.STAY and d.reason is Reason.NO_SAVING
+    d = decide(job(moved_hours_ago=1.0), quote(Cloud.AWS, "us-east-1", "us-east-1b", 0.98), NOW)
+    assert d.reason is Reason.BELOW_MARGIN
+    assert d.explanation.startswith("stay: the net saving does not clear the margin (saving $0.56, move $0.25")
