@@ -77,7 +77,7 @@ from costopt.risk.availability import LaunchStats
 from costopt.risk.hazard import HazardModel
 from costopt.settings import Settings
 from costopt.simulated import SimEvent, SimEventKind, WorkloadProgress, WorkloadTiming
-from providers.sim_agent import AgentEnv, AgentEnvError, SimAgent, ThroughputFn
+from providers.sim_agent import UNDO, AgentEnv, AgentEnvError, SimAgent, ThroughputFn
 from providers.sim_worker import FleetTransport, SimWorker
 
 __all__ = [
@@ -114,6 +114,7 @@ _STATE_FIELDS = (
     "_scheduled",
     "_agents",
     "_seq",
+    "_generation",
 )
 
 DEFAULT_NOTICE_LEAD: Mapping[Cloud, timedelta] = MappingProxyType(
@@ -374,12 +375,18 @@ def _locked(method: Callable[Concatenate[SimCloud, _P], _R]) -> Callable[Concate
     def wrapper(self: SimCloud, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         with self._lock:
             self._depth += 1
+            outer = self._depth == 1 and self._state_file is not None
+            if outer:
+                UNDO.journal = self._journal
             try:
                 return method(self, *args, **kwargs)
             finally:
                 self._depth -= 1
-                if self._depth == 0 and self._state_file is not None:
-                    self._save_if_changed()
+                if outer:
+                    try:
+                        self._save_if_changed()
+                    finally:
+                        UNDO.journal = None
 
     return wrapper
 
@@ -431,6 +438,7 @@ class SimCloud:
         self._state_file: Path | None = None
         self._mutations = 0  # changes that move neither the clock nor the agenda's sequence
         self._saved: tuple[int, int, int, int] | None = None
+        self._generation = 0  # saves of the state file so far (the undo journal's entries are tagged with it)
 
     # --- durable state -------------------------------------------------------------------------------
 
@@ -470,6 +478,7 @@ class SimCloud:
     def _save(self) -> None:
         path = self._state_file
         assert path is not None
+        self._generation += 1
         try:
             data = pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
@@ -480,8 +489,56 @@ class SimCloud:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
+        self._undo_path().write_bytes(b"")  # what it recorded is in the saved state now
         self._saved = self._mark()
         self.saves += 1
+
+    def _undo_path(self) -> Path:
+        assert self._state_file is not None
+        return self._state_file.with_name(self._state_file.name + ".undo")
+
+    def _journal(self, path: Path, old: bytes | int | None) -> None:
+        """Record, before an agent's write to ``path``, how to undo it (``providers.sim_agent.UNDO``), tagged
+        with the generation the next save writes."""
+        entry = pickle.dumps((self._generation + 1, os.fspath(path), old), protocol=pickle.HIGHEST_PROTOCOL)
+        fd = os.open(self._undo_path(), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, len(entry).to_bytes(8, "big") + entry)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _undo(journal: Path, generation: int) -> int:
+        """Undo, newest first, the agents' writes recorded in ``journal`` after the save of ``generation``
+        (the state file does not hold them: the process died before its next save); returns how many."""
+        try:
+            raw = journal.read_bytes()
+        except FileNotFoundError:
+            return 0
+        entries: list[tuple[int, str, bytes | int | None]] = []
+        at = 0
+        while at + 8 <= len(raw):
+            n = int.from_bytes(raw[at : at + 8], "big")
+            if at + 8 + n > len(raw):
+                break  # torn last entry: its write never happened
+            entries.append(pickle.loads(raw[at + 8 : at + 8 + n]))
+            at += 8 + n
+        undone = 0
+        for gen, name, old in reversed(entries):
+            if gen <= generation:
+                continue
+            target = Path(name)
+            if old is None:
+                target.unlink(missing_ok=True)
+            elif isinstance(old, int):
+                if target.exists():
+                    os.truncate(target, old)
+            else:
+                tmp = target.with_name(target.name + ".undo-tmp")
+                tmp.write_bytes(old)
+                os.replace(tmp, target)
+            undone += 1
+        return undone
 
     @classmethod
     def restore(
@@ -507,6 +564,9 @@ class SimCloud:
             ) from exc
         if not isinstance(cloud, cls):
             raise SimError(f"{path} does not hold a simulated cloud's state")
+        undone = cls._undo(path.with_name(path.name + ".undo"), cloud._generation)
+        if undone:
+            log.info("simulated cloud: %d agent writes after its last save undone", undone)
         cloud.prices = prices
         cloud.hazards = hazards or HazardModel()
         cloud.config = config or SimConfig()

@@ -45,10 +45,12 @@ import contextlib
 import math
 import os
 import secrets
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from costopt.agent import Agent, AgentError, Notice
@@ -205,6 +207,24 @@ def format_record(rec: Mapping[str, Any], when: datetime) -> str:
     return f"{stamp} {text}"
 
 
+UNDO = threading.local()
+"""``UNDO.journal``: set by a durable simulated cloud (``SimCloud.persist_to``) while one of its calls runs in
+this thread: each storage write of a simulated agent first records, through it, how to undo the write
+(``journal(path, old)``: the file's old bytes, or None when it did not exist, or its old size as an int
+for an append), so a restored cloud can put its agents' files back where its saved state left them."""
+
+
+def _undo_record(path: Path, *, append: bool) -> None:
+    journal = getattr(UNDO, "journal", None)
+    if journal is None:
+        return
+    try:
+        old: bytes | int | None = path.stat().st_size if append else path.read_bytes()
+    except FileNotFoundError:
+        old = None
+    journal(path, old)
+
+
 class SimLocalStorage(LocalStorage):
     """A local checkpoint location written by a simulated agent: the same files and atomic renames as
     :class:`LocalStorage`, without the ``fsync`` calls (a simulation has no power cuts to survive; the
@@ -216,12 +236,22 @@ class SimLocalStorage(LocalStorage):
 
     def write_atomic(self, name: str, data: bytes, *, temp_tag: str = "") -> None:
         final = self._path(name)
+        _undo_record(final, append=False)
         final.parent.mkdir(parents=True, exist_ok=True)
         tag = f"{temp_tag}-" if temp_tag else ""
         temp = final.parent / f"{TEMP_PREFIX}{tag}{final.name}-{os.getpid()}-{secrets.token_hex(4)}"
         with open(temp, "xb") as f:
             f.write(data)
         os.replace(temp, final)
+
+    def append_lines(self, name: str, lines: list[str]) -> None:
+        if lines:
+            _undo_record(self._path(name), append=True)
+        super().append_lines(name, lines)
+
+    def delete(self, name: str) -> None:
+        _undo_record(self._path(name), append=False)
+        super().delete(name)
 
     def fingerprint(self) -> tuple[tuple[int, int, int] | None, ...]:
         """What changes when the migrator writes the request file or claims an epoch (inode, size,

@@ -66,3 +66,39 @@ def test_an_unreadable_state_file_says_what_to_do(tmp_path: Path) -> None:
     bad.write_bytes(b"not a pickle")
     with pytest.raises(SimError, match="delete the file"):
         SimCloud.restore(bad, make_cloud().prices)
+
+
+def test_a_kill_inside_a_tick_undoes_the_agents_writes_the_saved_state_does_not_hold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process dies after the agents wrote records and checkpoints in a tick but before the state file
+    was saved: the restored cloud puts their files back (the undo journal), so no step is counted twice."""
+    state = tmp_path / "sim.state"
+    ref = make_cloud()
+    ref_uri = str(tmp_path / "ref")
+    ref.launch(spec(ref_uri, steps=12_000), "tok")
+    _run(ref, 4)
+
+    cloud = make_cloud()
+    cloud.persist_to(state)
+    uri = str(tmp_path / "mine")
+    cloud.launch(spec(uri, steps=12_000), "tok")
+    _run(cloud, 0.5)
+    before = control.progress(uri, 1)
+
+    def die() -> None:
+        raise RuntimeError("killed before the save")
+
+    monkeypatch.setattr(cloud, "_save", die)
+    with pytest.raises(RuntimeError):
+        _run(cloud, 1.2)  # the agent wrote a checkpoint and step records: the state file does not hold them
+    assert control.progress(uri, 1).checkpoints != before.checkpoints
+    del cloud
+
+    back = SimCloud.restore(state, make_cloud().prices, config=make_cloud().config)
+    assert back.now() == START + timedelta(hours=0.5)
+    assert control.progress(uri, 1).checkpoints == before.checkpoints  # the files are where the state is
+    _run(back, 4)
+    audit = control.audit_job(uri, 12_000)
+    assert audit.ok and audit.steps_done == 12_000 and audit.repeated_steps == 0, audit.problems
+    assert control.progress(uri, 1).checkpoints == control.progress(ref_uri, 1).checkpoints
