@@ -723,8 +723,9 @@ class Migrator:
                 if prog.progressing or prog.done:
                     continue
                 why = "exited" if gone else f"did not progress within {self.verify_timeout:g} s"
-                # The new epoch is claimed: the old copy is fenced and can only waste work. Stop both;
-                # the job is recovered from the last checkpoint by a new epoch.
+                # The new epoch is claimed: the old copy is fenced and can only waste work (an agent exits by
+                # itself once it sees the newer epoch, so it may be gone already: fenced by this migration,
+                # not lost). Stop both; the job is recovered from the last checkpoint by a new epoch.
                 ended = []
                 for iid, epoch in ((mig.new_instance_id, mig.to_epoch), (mig.old_instance_id, mig.from_epoch)):
                     if iid is not None:
@@ -734,7 +735,7 @@ class Migrator:
                                 epoch,
                                 iid,
                                 alive_reason=EndReason.FAILED_VERIFICATION,
-                                dead_reason=EndReason.FAILED_VERIFICATION if iid == mig.new_instance_id else None,
+                                dead_reason=EndReason.FAILED_VERIFICATION,
                             )
                         )
                 return self._rollback(
