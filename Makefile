@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup run test lint typecheck unit bench clean browser fuzz mutate
+.PHONY: setup run test lint typecheck unit bench clean browser fuzz mutate drills
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ test: lint typecheck unit
 # `make test` runs a short version (tests/api/test_fuzz.py). Figures: docs/reliability.md.
 fuzz: setup
 	$(BIN)/python -m tests.api.fuzzing --examples 250 --min-requests 5000
+
+# Fault drills kept out of `make test` for time (the service killed and restarted); bench/kill_drill.py is the full one.
+drills: setup
+	$(BIN)/pytest -q -m drill
 
 # Headless Chromium for the web page's browser test (tests/api/test_savings_page.py; Playwright comes
 # with the dev dependencies and drives Debian's chromium, never a browser build of its own).

@@ -11,7 +11,7 @@ import pytest
 from bench.kill_drill import run
 
 
-@pytest.mark.slow  # two starts of `costopt serve` (~4 s of CPU each: its imports); 190 s at load 15 with 2 kills
+@pytest.mark.drill  # two starts of `costopt serve` (~4 s of CPU each: its imports); 190 s at load 15 with 2 kills
 def test_the_service_killed_mid_run_restarts_and_every_job_ends_exactly(tmp_path: Path, shared_data: Path) -> None:
     res = run(
         jobs=2,
