@@ -87,6 +87,25 @@ class ApiClient:
             return None
         return resp.json()
 
+    def pages(
+        self, path: str, *, params: Mapping[str, Any] | None = None, limit: int, page_size: int
+    ) -> tuple[list[dict[str, Any]], int]:
+        """Follow a listing's ``next_cursor`` until ``limit`` items (at most ``page_size`` a request):
+        the items in the listing's order and its ``total`` (as the last page said)."""
+        items: list[dict[str, Any]] = []
+        total = 0
+        cursor: str | None = None
+        while len(items) < limit:
+            page = self.request(
+                "GET", path, params={**(params or {}), "limit": min(page_size, limit - len(items)), "cursor": cursor}
+            )
+            items += page["items"]
+            total = int(page.get("total", len(items)))
+            cursor = page.get("next_cursor")
+            if not cursor:
+                break
+        return items, total
+
     def download(self, path: str, *, params: Mapping[str, Any] | None = None) -> bytes:
         """The raw body of a GET (an export: CSV, Parquet); errors as :meth:`request`."""
         return self._send("GET", path, params=params, headers={"Accept": "*/*"}).content

@@ -331,19 +331,8 @@ def list_(
     """Fleets, oldest first."""
     if limit < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--limit")
-    items: list[dict[str, Any]] = []
-    total = 0
     with _api() as api:
-        cursor: str | None = None
-        while len(items) < limit:
-            page = api.request(
-                "GET", "/v1/fleets", params={"team": team, "limit": min(100, limit - len(items)), "cursor": cursor}
-            )
-            items += page["items"]
-            total = int(page.get("total", len(items)))
-            cursor = page.get("next_cursor")
-            if not cursor:
-                break
+        items, total = api.pages("/v1/fleets", params={"team": team}, limit=limit, page_size=100)
     if fmt is OutputFormat.json:
         emit(items, _FLEET_COLUMNS, fmt)
     else:

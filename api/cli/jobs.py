@@ -294,27 +294,9 @@ def list_(
     """Jobs, oldest first."""
     if limit < 1:
         raise typer.BadParameter("must be at least 1", param_hint="--limit")
-    items: list[dict[str, Any]] = []
-    total = 0
     with _api() as api:
-        cursor: str | None = None
-        while len(items) < limit:
-            page = api.request(
-                "GET",
-                "/v1/jobs",
-                params={
-                    "state": state,
-                    "team": team,
-                    "batch": batch,
-                    "limit": min(500, limit - len(items)),
-                    "cursor": cursor,
-                },
-            )
-            items += page["items"]
-            total = int(page.get("total", len(items)))
-            cursor = page.get("next_cursor")
-            if not cursor:
-                break
+        params = {"state": state, "team": team, "batch": batch}
+        items, total = api.pages("/v1/jobs", params=params, limit=limit, page_size=500)
     if fmt is OutputFormat.json:
         emit(items, _JOB_COLUMNS, fmt)
     else:
