@@ -28,8 +28,9 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy costopt pricing providers api
 
+# One BLAS thread per test process (two xdist workers on two cores; tests/conftest.py sets it too).
 unit: setup browser
-	$(BIN)/pytest -n 2 -q
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest -n 2 -q
 
 test: lint typecheck unit
 

@@ -14,11 +14,17 @@ from pathlib import Path
 from queue import Queue
 from typing import Any
 
-import pytest
-from sqlalchemy import Engine, event, text
+# One BLAS thread per process, set before numpy loads (the xdist workers and the services tests start inherit
+# it): two test workers each running OpenBLAS on both cores oversubscribed the machine; tests/throughput and
+# tests/planning took 49 s (93 s of CPU) with the default threads, 25 s (45 s of CPU) with one.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
-from costopt.db.engine import make_engine, migrate
-from costopt.settings import Settings
+import pytest  # noqa: E402
+from sqlalchemy import Engine, event, text  # noqa: E402
+
+from costopt.db.engine import make_engine, migrate  # noqa: E402
+from costopt.settings import Settings  # noqa: E402
 
 PG_ADMIN_URL = os.environ.get("COSTOPT_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
