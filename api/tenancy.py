@@ -69,8 +69,21 @@ def _unsafe(uri: str) -> str | None:
     return None
 
 
-def _allowed(value: str, prefixes: Sequence[str]) -> bool:
-    return any(value.startswith(p) for p in prefixes)
+def _check_prefixed(value: str, prefixes: Sequence[str], field: str, what: str, may: str, otherwise: str) -> None:
+    """422 ``<what>_not_allowed`` unless ``value`` (the body's ``field``) is safe (:func:`_unsafe`) and starts
+    with one of ``prefixes``; the message says what the team ``may`` do, or ``otherwise`` when no prefix is
+    allowed."""
+    why = _unsafe(value)
+    if why is None and any(value.startswith(p) for p in prefixes):
+        return
+    allowed = ", ".join(prefixes) if prefixes else otherwise
+    problem = why or "not under an allowed prefix"
+    raise ApiError(
+        422,
+        f"{what}_not_allowed",
+        f"{field} {value[:200]!r} is refused ({problem}); {may}: {allowed}. To allow another prefix, {_HOW}",
+        [{"field": field, "problem": problem, "allowed": list(prefixes)}],
+    )
 
 
 def check_checkpoint(uri: str | None, policy: TeamPolicy, settings: Settings) -> None:
@@ -81,17 +94,13 @@ def check_checkpoint(uri: str | None, policy: TeamPolicy, settings: Settings) ->
     prefixes = (
         policy.checkpoint_prefixes if policy.checkpoint_prefixes is not None else settings.allowed_checkpoint_prefixes
     )
-    why = _unsafe(uri)
-    if why is None and _allowed(uri, prefixes):
-        return
-    allowed = ", ".join(prefixes) if prefixes else "none (omit checkpoint_uri: the service chooses where)"
-    problem = why or "not under an allowed prefix"
-    raise ApiError(
-        422,
-        "checkpoint_not_allowed",
-        f"checkpoint_uri {uri[:200]!r} is refused ({problem}); this team may checkpoint under: {allowed}. "
-        f"To allow another prefix, {_HOW}",
-        [{"field": "checkpoint_uri", "problem": problem, "allowed": list(prefixes)}],
+    _check_prefixed(
+        uri,
+        prefixes,
+        "checkpoint_uri",
+        "checkpoint",
+        "this team may checkpoint under",
+        "none (omit checkpoint_uri: the service chooses where)",
     )
 
 
@@ -101,17 +110,13 @@ def check_image(image: str | None, policy: TeamPolicy, settings: Settings) -> No
     if image is None:
         return
     prefixes = policy.image_prefixes if policy.image_prefixes is not None else settings.allowed_image_prefixes
-    why = _unsafe(image)
-    if why is None and _allowed(image, prefixes):
-        return
-    allowed = ", ".join(prefixes) if prefixes else "none (omit image: the provider's image runs the command)"
-    problem = why or "not under an allowed prefix"
-    raise ApiError(
-        422,
-        "image_not_allowed",
-        f"image {image[:200]!r} is refused ({problem}); this team's images may start with: {allowed}. "
-        f"To allow another prefix, {_HOW}",
-        [{"field": "image", "problem": problem, "allowed": list(prefixes)}],
+    _check_prefixed(
+        image,
+        prefixes,
+        "image",
+        "image",
+        "this team's images may start with",
+        "none (omit image: the provider's image runs the command)",
     )
 
 
@@ -121,8 +126,9 @@ def valid_prefix(prefix: str, kind: str) -> str | None:
     ``s3://alpha-other/``."""
     if not prefix or len(prefix) > 500:
         return "give 1-500 characters"
-    if _unsafe(prefix):
-        return f"it is unsafe: {_unsafe(prefix)}"
+    unsafe = _unsafe(prefix)
+    if unsafe:
+        return f"it is unsafe: {unsafe}"
     ends = ("/",) if kind == "checkpoint" else ("/", ":", "@")
     if not prefix.endswith(ends):
         return f"end it with {' or '.join(repr(e) for e in ends)} (a prefix must stop at a boundary)"
