@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from api.errors import ApiError
 from costopt.jobs.teams import TeamPolicy
@@ -33,6 +34,8 @@ __all__ = [
     "check_checkpoint",
     "check_image",
     "check_local",
+    "patched_policy",
+    "refused_prefixes",
     "valid_prefix",
 ]
 
@@ -135,6 +138,35 @@ def valid_prefix(prefix: str, kind: str) -> str | None:
     if kind == "checkpoint" and "://" not in prefix:
         return "give a URI with its scheme (s3://bucket/team/, gs://..., file:///...)"
     return None
+
+
+def refused_prefixes(changes: Mapping[str, Any]) -> list[tuple[str, int, str, str]]:
+    """The prefixes of a team policy's ``changes`` (the fields given to ``PATCH /v1/admin/teams/{id}``)
+    that :func:`valid_prefix` refuses: ``(kind, index, prefix, why)`` each, kind ``checkpoint`` or ``image``."""
+    return [
+        (kind, i, prefix, why)
+        for kind in ("checkpoint", "image")
+        for i, prefix in enumerate(changes.get(f"{kind}_prefixes") or ())
+        if (why := valid_prefix(prefix, kind)) is not None
+    ]
+
+
+def patched_policy(old: TeamPolicy, changes: Mapping[str, Any]) -> TeamPolicy:
+    """``old`` with the fields given in ``changes`` (a field left out keeps its value):
+    ``allow_local_provider`` (None: unchanged), ``checkpoint_prefixes`` / ``image_prefixes`` (None: back
+    to the service's defaults). The prefixes are not checked here (:func:`refused_prefixes`)."""
+
+    def prefixes(name: str, was: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if name not in changes:
+            return was
+        return None if changes[name] is None else tuple(changes[name])
+
+    allow = changes.get("allow_local_provider")
+    return TeamPolicy(
+        old.allow_local_provider if allow is None else bool(allow),
+        prefixes("checkpoint_prefixes", old.checkpoint_prefixes),
+        prefixes("image_prefixes", old.image_prefixes),
+    )
 
 
 @dataclass

@@ -168,35 +168,19 @@ def team_policy(
 
 def _local_policy(team_id: str, body: dict[str, Any]) -> dict[str, Any]:
     """``PATCH /v1/admin/teams/{id}`` on the configured database directly (the same checks)."""
-    from api.tenancy import valid_prefix
-    from costopt.jobs.teams import TeamPolicy
+    from api.tenancy import patched_policy, refused_prefixes
 
-    for kind in ("checkpoint", "image"):
-        for prefix in body.get(f"{kind}_prefixes") or []:
-            why = valid_prefix(prefix, kind)
-            if why is not None:
-                raise typer.BadParameter(f"{prefix!r}: {why}", param_hint=f"--{kind}-prefix")
+    refused = refused_prefixes(body)
+    if refused:
+        kind, _, prefix, why = refused[0]
+        raise typer.BadParameter(f"{prefix!r}: {why}", param_hint=f"--{kind}-prefix")
     with failures():
         teams = _local_teams()
         team = teams.team(team_id)
         if team is None:
             note(f"[red]error:[/red] no team {team_id}: costopt admin teams --local lists them")
             raise typer.Exit(Exit.NOT_FOUND)
-        old = team.policy
-
-        def pick(name: str, was: tuple[str, ...] | None) -> tuple[str, ...] | None:
-            if name not in body:
-                return was
-            return None if body[name] is None else tuple(body[name])
-
-        team = teams.set_policy(
-            team_id,
-            TeamPolicy(
-                body.get("allow_local_provider", old.allow_local_provider),
-                pick("checkpoint_prefixes", old.checkpoint_prefixes),
-                pick("image_prefixes", old.image_prefixes),
-            ),
-        )
+        team = teams.set_policy(team_id, patched_policy(team.policy, body))
     p = team.policy
     return {
         "id": team.id,

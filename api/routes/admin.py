@@ -22,8 +22,8 @@ from api.job_schemas import (
     TeamPublic,
     TeamsListPublic,
 )
-from api.tenancy import valid_prefix
-from costopt.jobs.teams import ApiKey, Role, Team, TeamError, TeamPolicy
+from api.tenancy import patched_policy, refused_prefixes
+from costopt.jobs.teams import ApiKey, Role, Team, TeamError
 
 log = logging.getLogger("costopt.api")
 
@@ -81,25 +81,12 @@ def set_team_policy(team_id: TeamId, body: TeamPolicyUpdate, caller: AdminDep, t
     team = teams.team(team_id)
     if team is None:
         raise ApiError(404, "not_found", f"no team {team_id!r}: GET /v1/admin/teams lists them")
-    problems = [
-        {"field": f"{kind}_prefixes[{i}]", "problem": why}
-        for kind, given in (("checkpoint", body.checkpoint_prefixes), ("image", body.image_prefixes))
-        for i, prefix in enumerate(given or [])
-        if (why := valid_prefix(prefix, kind)) is not None
-    ]
+    changes = body.model_dump(exclude_unset=True)
+    problems = [{"field": f"{kind}_prefixes[{i}]", "problem": why} for kind, i, _, why in refused_prefixes(changes)]
     if problems:
         first = problems[0]
         raise ApiError(422, "invalid_request", f"{first['field']}: {first['problem']}", problems)
-    old, fields = team.policy, body.model_fields_set
-    policy = TeamPolicy(
-        body.allow_local_provider if body.allow_local_provider is not None else old.allow_local_provider,
-        tuple(body.checkpoint_prefixes) if body.checkpoint_prefixes is not None else (
-            None if "checkpoint_prefixes" in fields else old.checkpoint_prefixes
-        ),
-        tuple(body.image_prefixes) if body.image_prefixes is not None else (
-            None if "image_prefixes" in fields else old.image_prefixes
-        ),
-    )  # fmt: skip
+    policy = patched_policy(team.policy, changes)
     updated = teams.set_policy(team_id, policy)
     log.info("admin key %s set the policy of team %s: %s", caller.key_id, team_id, policy)
     return _team(updated)
