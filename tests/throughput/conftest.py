@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,13 @@ def estimated(catalog: ThroughputCatalog, specs: dict[str, AcceleratorSpec]) -> 
 def calibrated(catalog: ThroughputCatalog, specs: dict[str, AcceleratorSpec]) -> ThroughputCatalog:
     """Gavel's catalog completed by the default, family-calibrated estimator."""
     return estimate_catalog(catalog, specs)
+
+
+@pytest.fixture
+def fresh_planner() -> Iterator[None]:
+    """The planner's catalogs are cached per process: start and end the test from the files and its database."""
+    from api.planning import reset
+
+    reset()
+    yield
+    reset()

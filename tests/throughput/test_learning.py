@@ -3,36 +3,26 @@ measurements per precision, and a job on the simulated cloud whose true speed is
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import Engine
 
-from api.job_planning import JobPlanner
-from api.planning import catalog_at, learn, reset
-from costopt.domain import Cloud, InstanceType, Market, OfferKey, PricePoint
-from costopt.jobs.engine import JobEngine
+from api.planning import catalog_at, learn
+from costopt.domain import Cloud, Market, OfferKey
 from costopt.jobs.model import JobState
 from costopt.jobs.rebalance import Outcome, Rebalancer
-from costopt.jobs.records import JobRepository, NewJob
-from costopt.ledger.sql import SqlLedger
+from costopt.jobs.records import NewJob
 from costopt.migration.decision import MigrationRule
-from costopt.migration.machine import Migrator
-from costopt.migration.unavailable import UnavailableOffers
-from costopt.risk.hazard import HazardModel
-from costopt.settings import Settings
-from costopt.simulated import WorkloadTiming
 from costopt.throughput import ThroughputCatalog, estimate_catalog
 from costopt.throughput.estimate import AcceleratorSpec
 from costopt.throughput.learning import CopyLook, ThroughputLearner, engine_observer
 from costopt.throughput.model import JobType
 from costopt.throughput.registry import Measurement, MeasurementRegistry, own_job_type, source_precision
 from pricing.store import PriceStore
-from providers.sim import SimCloud, SimConfig
-from tests.price_support import step_prices
+from tests.throughput.sim_support import A100, SHAPES, V100, planner_settings, priced, sim_rig
 
 JT = JobType("Transformer", 64)
 
@@ -97,28 +87,11 @@ def test_the_engine_observer_skips_what_it_cannot_attribute() -> None:
 
 # --- a job whose true speed on the A100 is half the estimate, on the simulated cloud -------------------------
 
-START = datetime(2020, 3, 1, tzinfo=UTC)
-V100 = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.ON_DEMAND)
-A100 = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "x.a100", Market.ON_DEMAND)
-SHAPES = {("aws", "p3.2xlarge"): ("v100", 1.0), ("aws", "x.a100"): ("a100", 1.0)}
-
-
-@pytest.fixture
-def fresh_planner() -> Iterator[None]:
-    reset()  # the planner's catalogs are cached per process: start and end from the files and this database
-    yield
-    reset()
-
 
 def test_a_job_slower_than_its_estimate_is_measured_and_moved(
     engine: Engine, tmp_path: Path, shared_data: Path, fresh_planner: None
 ) -> None:
-    settings = Settings(
-        database_url=engine.url.render_as_string(hide_password=False),
-        data_dir=shared_data,
-        seed_on_start=False,
-        collectors_enabled=False,
-    )
+    settings = planner_settings(engine, shared_data)
     store = PriceStore(engine)
     estimated = catalog_at(settings, store)
     v100_rate = estimated.get(JT, "v100").steps_per_s  # type: ignore[union-attr]  # measured (Gavel)
@@ -127,34 +100,12 @@ def test_a_job_slower_than_its_estimate_is_measured_and_moved(
     # the A100 looks 10% cheaper per step than the V100 under the estimate; it truly runs at half the estimate
     price = {V100: 3.06, A100: round(3.06 * a100_cell.steps_per_s / v100_rate * 0.9, 4)}
     truth = {"v100": v100_rate, "a100": a100_cell.steps_per_s / 2}
-    store.upsert_instance_types([InstanceType(Cloud.AWS, t, acc, g, 8, 61) for (_, t), (acc, g) in SHAPES.items()])
-    store.write([PricePoint(k, START - timedelta(days=1), p, "test") for k, p in price.items()])
-    prices = step_prices(((k, START - timedelta(days=1), p) for k, p in price.items()), SHAPES)
+    prices = priced(store, price, SHAPES)
 
     def true_rate(job_type: str, gpus: int, offer: OfferKey, precision: str) -> float | None:
         shape = prices.shape(offer)
         return truth[shape[0]] if shape is not None else None
 
-    cloud = SimCloud(
-        prices,
-        HazardModel(defaults=dict.fromkeys(Cloud, 0.0)),
-        start=START,
-        config=SimConfig(timing=WorkloadTiming(checkpoint_interval=timedelta(minutes=30))),
-        rate=true_rate,
-    )
-    unavailable = UnavailableOffers(engine, clock=cloud.now)
-    migrator = Migrator(
-        engine,
-        cloud,
-        sleep=cloud.sleeper(),
-        now=cloud.now,
-        poll_seconds=2.0,
-        hook=lambda point: None,
-        ledger=SqlLedger(engine, prices),
-        unavailable=unavailable,
-        **cloud.migrator_timeouts(),  # type: ignore[arg-type]
-    )
-    planner = JobPlanner(store, settings, unavailable=unavailable, now=cloud.now)
     learnt: list[Measurement] = []
 
     def on_measurement(m: Measurement) -> None:
@@ -162,27 +113,13 @@ def test_a_job_slower_than_its_estimate_is_measured_and_moved(
         learn(m)  # as the service does: the next plan, placement or rebalance reads the measurement
 
     learner = ThroughputLearner(MeasurementRegistry(engine), window_s=1800, on_measurement=on_measurement)
-    repo = JobRepository(engine, now=cloud.now)
-    jobs = JobEngine(
-        repo,
-        {"sim": migrator},
-        planner,
-        cloud.now,
-        tmp_path / "ckpt",
-        workers=0,
-        retry_base=0,
-        progress_observer=engine_observer(learner, prices.shape),
-    )
+    rig = sim_rig(engine, store, settings, prices, learner, tmp_path / "ckpt", rate=true_rate)
+    cloud, planner, repo, jobs = rig.cloud, rig.planner, rig.repo, rig.jobs
     spec = {"command": ["python", "train.py"], "job_type": JT.name, "gpus": 1, "checkpoint_gb": 10}
     job, _ = repo.create(NewJob(team_id="t", spec=spec, steps_total=400_000, provider="sim"))
 
-    def run(until: object) -> None:
-        for _ in range(100):
-            jobs.tick()
-            if until():  # type: ignore[operator]
-                return
-            cloud.run_to(cloud.now() + timedelta(minutes=10))
-        raise AssertionError(repo.events(job.id))
+    def run(until: Callable[[], bool]) -> None:
+        rig.run(until, lambda: repo.events(job.id))
 
     run(lambda: repo.get(job.id).state is JobState.RUNNING)
     assert repo.get(job.id).offer == A100  # right only under the wrong estimate
@@ -221,12 +158,7 @@ def test_a_model_measured_on_one_gpu_only_is_extended_to_the_others(specs: dict[
 def test_learn_folds_into_the_cached_catalog_or_drops_it_for_a_new_job_type(
     engine: Engine, shared_data: Path, fresh_planner: None
 ) -> None:
-    settings = Settings(
-        database_url=engine.url.render_as_string(hide_password=False),
-        data_dir=shared_data,
-        seed_on_start=False,
-        collectors_enabled=False,
-    )
+    settings = planner_settings(engine, shared_data)
     store = PriceStore(engine)
     registry = MeasurementRegistry(engine)
     before = catalog_at(settings, store)
@@ -253,12 +185,7 @@ def test_learn_folds_into_the_cached_catalog_or_drops_it_for_a_new_job_type(
 def test_an_amp_measurement_is_kept_at_amp_never_averaged_with_the_fp32_file(
     engine: Engine, shared_data: Path, fresh_planner: None
 ) -> None:
-    settings = Settings(
-        database_url=engine.url.render_as_string(hide_password=False),
-        data_dir=shared_data,
-        seed_on_start=False,
-        collectors_enabled=False,
-    )
+    settings = planner_settings(engine, shared_data)
     store = PriceStore(engine)
     MeasurementRegistry(engine).add(Measurement(JT, "v100", 1, 20.0, source="job:j1:amp"))
     amp = catalog_at(settings, store, "amp").get(JT, "v100")

@@ -3,55 +3,24 @@ extended to the other GPUs by the estimator; a registered job type's learnt meas
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
-from api.job_planning import JobPlanner
 from api.planning import catalog_at, learn, own_job_catalog, reset
-from costopt.domain import Cloud, InstanceType, Market, OfferKey, PricePoint
-from costopt.jobs.engine import JobEngine
 from costopt.jobs.model import JobState
 from costopt.jobs.rebalance import Outcome, Rebalancer
-from costopt.jobs.records import JobRepository, NewJob
-from costopt.ledger.sql import SqlLedger
+from costopt.jobs.records import NewJob
 from costopt.migration.decision import MigrationRule
-from costopt.migration.machine import Migrator
-from costopt.migration.unavailable import UnavailableOffers
-from costopt.risk.hazard import HazardModel
-from costopt.settings import Settings
-from costopt.simulated import WorkloadTiming
 from costopt.throughput.estimate import AcceleratorSpec
-from costopt.throughput.learning import ThroughputLearner, engine_observer, own_catalog
+from costopt.throughput.learning import ThroughputLearner, own_catalog
 from costopt.throughput.model import JobType
 from costopt.throughput.registry import Measurement, MeasurementRegistry, own_job_type
 from pricing.store import PriceStore
-from providers.sim import SimCloud, SimConfig
-from tests.price_support import step_prices
-
-START = datetime(2020, 3, 1, tzinfo=UTC)
-V100 = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.ON_DEMAND)
-A100 = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "x.a100", Market.ON_DEMAND)
-SHAPES = {("aws", "p3.2xlarge"): ("v100", 1.0), ("aws", "x.a100"): ("a100", 1.0)}
-
-
-@pytest.fixture
-def fresh_planner() -> Iterator[None]:
-    reset()  # the planner's catalogs are cached per process: start and end from the files and this database
-    yield
-    reset()
-
-
-def _settings(engine: Engine, data: Path) -> Settings:
-    return Settings(
-        database_url=engine.url.render_as_string(hide_password=False),
-        data_dir=data,
-        seed_on_start=False,
-        collectors_enabled=False,
-    )
+from tests.throughput.sim_support import A100, SHAPES, V100, planner_settings, priced, sim_rig
 
 
 def test_own_catalog_replaces_the_users_figure_and_extends_only_what_was_learnt(
@@ -88,34 +57,12 @@ def test_a_job_given_by_its_own_throughput_is_learnt_extended_and_moved(
     ``COSTOPT_STEPS_PER_SECOND``). The job runs there; after its first hour of progress the V100 cell is its
     measured speed and the A100 (30% cheaper per step under the estimate) has an estimate with an interval:
     the planner ranks it first and the rebalancer moves the job."""
-    settings = _settings(engine, shared_data)
+    settings = planner_settings(engine, shared_data)
     store = PriceStore(engine)
     probe = own_job_type("probe")
     ratio = own_catalog(probe, {}, [Measurement(probe, "v100", 1, 1.0)], gpus=1, precision="fp32", specs=specs)
     a100_per_v100 = ratio.get(probe, "a100").steps_per_s  # type: ignore[union-attr]
-    price = {V100: 3.06, A100: round(3.06 * a100_per_v100 * 0.7, 4)}
-    store.upsert_instance_types([InstanceType(Cloud.AWS, t, acc, g, 8, 61) for (_, t), (acc, g) in SHAPES.items()])
-    store.write([PricePoint(k, START - timedelta(days=1), p, "test") for k, p in price.items()])
-    prices = step_prices(((k, START - timedelta(days=1), p) for k, p in price.items()), SHAPES)
-    cloud = SimCloud(
-        prices,
-        HazardModel(defaults=dict.fromkeys(Cloud, 0.0)),
-        start=START,
-        config=SimConfig(timing=WorkloadTiming(checkpoint_interval=timedelta(minutes=30))),
-    )
-    unavailable = UnavailableOffers(engine, clock=cloud.now)
-    migrator = Migrator(
-        engine,
-        cloud,
-        sleep=cloud.sleeper(),
-        now=cloud.now,
-        poll_seconds=2.0,
-        hook=lambda point: None,
-        ledger=SqlLedger(engine, prices),
-        unavailable=unavailable,
-        **cloud.migrator_timeouts(),  # type: ignore[arg-type]
-    )
-    planner = JobPlanner(store, settings, unavailable=unavailable, now=cloud.now)
+    prices = priced(store, {V100: 3.06, A100: round(3.06 * a100_per_v100 * 0.7, 4)}, SHAPES)
     learnt: list[Measurement] = []
 
     def on_measurement(m: Measurement) -> None:
@@ -123,27 +70,13 @@ def test_a_job_given_by_its_own_throughput_is_learnt_extended_and_moved(
         learn(m)  # as the service does
 
     learner = ThroughputLearner(MeasurementRegistry(engine), window_s=3600, on_measurement=on_measurement)
-    repo = JobRepository(engine, now=cloud.now)
-    jobs = JobEngine(
-        repo,
-        {"sim": migrator},
-        planner,
-        cloud.now,
-        tmp_path / "ckpt",
-        workers=0,
-        retry_base=0,
-        progress_observer=engine_observer(learner, prices.shape),
-    )
+    rig = sim_rig(engine, store, settings, prices, learner, tmp_path / "ckpt")
+    cloud, planner, repo, jobs = rig.cloud, rig.planner, rig.repo, rig.jobs
     spec = {"command": ["python", "train.py"], "throughput": {"v100": 4.0}, "gpus": 1, "checkpoint_gb": 10}
     job, _ = repo.create(NewJob(team_id="t", spec=spec, steps_total=200_000, provider="sim"))
 
-    def run(until: object) -> None:
-        for _ in range(100):
-            jobs.tick()
-            if until():  # type: ignore[operator]
-                return
-            cloud.run_to(cloud.now() + timedelta(minutes=10))
-        raise AssertionError(repo.events(job.id))
+    def run(until: Callable[[], bool]) -> None:
+        rig.run(until, lambda: repo.events(job.id))
 
     run(lambda: repo.get(job.id).state is JobState.RUNNING)
     assert repo.get(job.id).offer == V100  # the only GPU it has a figure for
@@ -181,7 +114,7 @@ def test_a_registered_job_types_learnt_measurement_moves_its_estimates(
     """A job type registered on one GPU only (no file cell): a job's measurement there moves the estimates
     of the other GPUs with it at once, as a rebuild would; a measurement on a second GPU refits them (the
     catalog is rebuilt at its next use). A file job type's estimates wait for the next rebuild."""
-    settings = _settings(engine, shared_data)
+    settings = planner_settings(engine, shared_data)
     store = PriceStore(engine)
     mynet = JobType("MyNet", 32)
     registry = MeasurementRegistry(engine)
