@@ -9,7 +9,19 @@ class CostoptError(Exception):
 
 class BadRecord(CostoptError, ValueError):
     """One record holds an invalid value (missing field, non-numeric, negative/NaN/absurd price,
-    unknown timestamp format). Live collectors skip and count it; imports refuse the whole file."""
+    unknown timestamp format). Live collectors skip and count it; imports refuse the whole file.
+
+    ``count``: how many bad records the refusal stands for (its message names the first)."""
+
+    def __init__(self, message: str, *, count: int = 1) -> None:
+        super().__init__(message)
+        self.count = count
+
+    @classmethod
+    def first_of(cls, first: str, count: int, what: str = "bad records") -> BadRecord:
+        """The refusal of ``count`` bad records, told by the first one's reason (``first``)."""
+        more = f" (first of {count} {what})" if count > 1 else ""
+        return cls(f"{first}{more}", count=count)
 
 
 class MalformedInput(CostoptError, ValueError):

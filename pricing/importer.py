@@ -467,9 +467,7 @@ class _Checks:
         if not self.first:
             return
         i, why = min(self.first)
-        n = int(self.bad.sum())
-        more = f" (first of {n} bad records)" if n > 1 else ""
-        raise BadRecord(f"{self.path}: line {int(self.table.lines[i])}: {why}{more}")
+        raise BadRecord.first_of(f"{self.path}: line {int(self.table.lines[i])}: {why}", int(self.bad.sum()))
 
     def text(self, name: str) -> np.ndarray:
         values = self.table[name]
@@ -634,9 +632,7 @@ def _azure_size(arm: str) -> tuple[int | None, float | None]:
 def _parse_aws_page(found: Detected) -> _Parsed:
     path = found.path
     page = parse_spot_page(found.payload, source=AWS_SOURCE, where=f"{path}:")
-    if page.problems.bad:
-        more = f" (first of {page.problems.bad} bad records)" if page.problems.bad > 1 else ""
-        raise BadRecord(f"{page.problems.reasons[0]}{more}")
+    _bad_problems(page.problems)
     records = len(found.payload["SpotPriceHistory"])
     frame = points_frame(page.points)
     _check_conflicts(path, frame, None)
@@ -777,8 +773,7 @@ def _parse_list_prices(path: Path) -> _Parsed:
 def _bad_problems(problems: Problems) -> None:
     """Raise the first bad record of a page parsed by a live collector's parser (all or nothing)."""
     if problems.bad:
-        more = f" (first of {problems.bad} bad records)" if problems.bad > 1 else ""
-        raise BadRecord(f"{problems.reasons[0]}{more}")
+        raise BadRecord.first_of(problems.reasons[0], problems.bad)
 
 
 def _parse_gcp_listing(founds: Sequence[Detected]) -> _Parsed:
@@ -946,6 +941,8 @@ def _named(path: Path, exc: BadRecord | MalformedInput) -> BadRecord | Malformed
     msg = str(exc)
     if str(path) in msg:
         return exc
+    if isinstance(exc, BadRecord):
+        return BadRecord(f"{path}: {msg}", count=exc.count)
     return type(exc)(f"{path}: {msg}")
 
 
@@ -957,12 +954,10 @@ def _screen(store: PriceStore, path: Path, parsed: _Parsed, gpus: dict[tuple[str
     :func:`pricing.screen.screen_frame` / :func:`pricing.screen.screen_types`."""
     types, refused_types = screen_types(parsed.types)
     if refused_types:
-        more = f" (first of {len(refused_types)})" if len(refused_types) > 1 else ""
-        raise BadRecord(f"{path}: {refused_types[0]}{more}")
+        raise BadRecord.first_of(f"{path}: {refused_types[0]}", len(refused_types), "refused instance types")
     screened = screen_frame(parsed.points, gpus={**gpus, **gpu_counts(types)}, rules=store.screen_rules)
     if screened.refused:
-        more = f" (first of {screened.refused} refused points)" if screened.refused > 1 else ""
-        raise BadRecord(f"{path}: {screened.reasons[0]}{more}")
+        raise BadRecord.first_of(f"{path}: {screened.reasons[0]}", screened.refused, "refused points")
 
 
 def _import(
@@ -1037,16 +1032,10 @@ def import_source(kind: str) -> str:
     return f"import:{kind}"
 
 
-_FIRST_OF = re.compile(r"\(first of (\d+) (?:bad records|refused points)\)")
-
-
 def _bad_count(exc: Exception | None) -> int:
-    """How many records a refusal names: N of "(first of N ...)", 1 for another bad record, 0 for a
-    malformed file (refused as a whole, no record read)."""
-    if not isinstance(exc, BadRecord):
-        return 0
-    m = _FIRST_OF.search(str(exc))
-    return int(m.group(1)) if m else 1
+    """How many records a refusal stands for (:attr:`BadRecord.count`); 0 for a malformed file
+    (refused as a whole, no record read)."""
+    return exc.count if isinstance(exc, BadRecord) else 0
 
 
 def _record(store: PriceStore, report: ImportReport, exc: Exception | None = None) -> None:

@@ -558,8 +558,11 @@ def test_the_error_names_the_first_of_several_bad_lines(tmp_path: Path, store: P
         set_cell(5, 7, "x")(rows)
         set_cell(1, 0, "yesterday")(rows)
 
-    with pytest.raises(BadRecord, match=r"line 3: unknown timestamp format .* \(first of 2 bad records\)"):
+    with pytest.raises(BadRecord, match=r"line 3: unknown timestamp format .* \(first of 2 bad records\)") as caught:
         import_file(store, aws_csv(tmp_path / "two_bad.csv", spoil))
+    assert caught.value.count == 2  # carried through the file-naming re-raise
+    (status,) = store.sources()
+    assert (status.last_bad_records, status.total_bad_records, status.total_refused_pages) == (2, 2, 1)
 
 
 def test_two_prices_for_one_offer_at_one_time_are_a_bad_record(tmp_path: Path, store: PriceStore) -> None:
