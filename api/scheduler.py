@@ -311,24 +311,25 @@ def _wall_now() -> datetime:
     return datetime.now(UTC)
 
 
-def reconcile_job(jobs: MigrationJobs) -> None:
-    """The ``migration:reconcile`` job (errors logged; a database outage raised, for the leased run)."""
+def _logged(what: str, work: Callable[[], object]) -> None:
+    """``work()`` with its failure logged as ``what`` failing (it counts as run), except a database outage:
+    raised, so the leased run reports the outage once and the next tick retries (:data:`api.ticks.OUTAGE`)."""
     try:
-        jobs.reconcile()
+        work()
     except Exception as exc:
         if db_unavailable(exc):
-            raise  # the leased run reports the outage once and the next tick retries
-        log.exception("reconciler pass failed")
+            raise
+        log.exception("%s failed", what)
+
+
+def reconcile_job(jobs: MigrationJobs) -> None:
+    """The ``migration:reconcile`` job (errors logged; a database outage raised, for the leased run)."""
+    _logged("reconciler pass", jobs.reconcile)
 
 
 def watch_job(jobs: MigrationJobs) -> None:
     """The ``migration:watch`` job (errors logged; a database outage raised, for the leased run)."""
-    try:
-        jobs.watch()
-    except Exception as exc:
-        if db_unavailable(exc):
-            raise  # the leased run reports the outage once and the next tick retries
-        log.exception("interruption watcher pass failed")
+    _logged("interruption watcher pass", jobs.watch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,23 +464,13 @@ class JobServiceJobs:
 
 def engine_job(tick: Callable[[], object]) -> None:
     """The ``engine`` job: one engine pass (errors logged; a database outage raised, for the leased run)."""
-    try:
-        tick()
-    except Exception as exc:
-        if db_unavailable(exc):
-            raise  # the leased run reports the outage once and the next tick retries
-        log.exception("job engine tick failed")
+    _logged("job engine tick", tick)
 
 
 def rebalance_job(rebalancer: _Rebalances) -> None:
     """The ``rebalance`` job: one rebalancer pass that moves (errors logged; a database outage raised, for
     the leased run)."""
-    try:
-        rebalancer.run_once(dry_run=False)
-    except Exception as exc:
-        if db_unavailable(exc):
-            raise  # the leased run reports the outage once and the next tick retries
-        log.exception("rebalancer pass failed")
+    _logged("rebalancer pass", lambda: rebalancer.run_once(dry_run=False))
 
 
 def add_job_service_jobs(
