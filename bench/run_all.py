@@ -154,15 +154,23 @@ def flatten(doc: Any, prefix: str = "") -> dict[str, float]:
 
 
 def last_json(stdout: str) -> Any:
-    """The last line of ``stdout`` that parses as a JSON object, else the whole text as one document."""
-    for line in reversed(stdout.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except ValueError:
-                continue
-    return json.loads(stdout)  # a multi-line document (bench/api_load.py and bench/soak.py indent theirs)
+    """The last JSON object of ``stdout`` that starts a line: on one line, or indented over many
+    (bench/api_load.py and bench/soak.py indent theirs), with other lines before or after it. A line inside
+    an object already read (a nested ``{}``) never starts one. Raises ValueError when there is none."""
+    decoder = json.JSONDecoder()
+    found: list[Any] = []
+    end = 0
+    for m in re.finditer(r"^[ \t]*\{", stdout, re.MULTILINE):
+        if m.start() < end:
+            continue  # inside the object read last
+        try:
+            doc, end = decoder.raw_decode(stdout, m.end() - 1)
+        except ValueError:
+            continue
+        found.append(doc)
+    if not found:
+        raise ValueError(f"no JSON object in the output: {stdout[-200:]!r}")
+    return found[-1]
 
 
 OFFLINE_RE = re.compile(r"full study \((?P<runs>[\d,]+) runs\) on 2 processes at this rate: (?P<min>[\d.]+) min")

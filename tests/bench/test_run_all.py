@@ -44,6 +44,12 @@ def test_json_outputs_are_flattened_and_the_last_json_line_is_read_after_other_l
     assert flatten(last_json(stdout)) == {"sqlite.ingest_points_per_s": 150000.0, "sqlite.ok": 1.0}
     indented = json.dumps({"results": [{"backend": "sqlite"}]}, indent=2)
     assert last_json(indented) == {"results": [{"backend": "sqlite"}]}
+    # an indented document after other lines, holding a nested {} on a line of its own, with a line after it
+    doc = {"routes": {"get": {"requests": 3}}, "samples": [{"t_s": 1}, {}]}
+    noisy = "starting...\n{ not json\n" + json.dumps(doc, indent=1) + "\ndone\n"
+    assert last_json(noisy) == doc
+    with pytest.raises(ValueError, match="no JSON object"):
+        last_json("Traceback (most recent call last):\n  ...\n")
 
 
 def test_the_preemption_studys_printed_lines_are_read() -> None:
