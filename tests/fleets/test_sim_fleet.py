@@ -18,7 +18,6 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from sqlalchemy import Engine
 
@@ -42,6 +41,7 @@ from costopt.risk.hazard import HazardModel
 from costopt.simulated import WorkloadTiming
 from providers.sim import SimCloud, SimConfig, SimError
 from providers.sim_worker import SimWorker
+from tests.price_support import step_prices
 
 START = datetime(2020, 3, 1, tzinfo=UTC)
 V100 = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.SPOT)
@@ -58,25 +58,14 @@ POLL = timedelta(seconds=300)  # the simulated workers' heartbeat
 ROUND_S = 360.0  # Gavel's six minutes
 TICK = timedelta(seconds=360)  # the executor's passes (rounds start on them)
 STEPS = {"a": 3600, "b": 2400, "c": 3000, "d": 1800}
+CONFIG = SimConfig(timing=TIMING, worker_poll=POLL)
+NO_HAZARDS = HazardModel(defaults=dict.fromkeys(Cloud, 0.0))  # preemptions are forced by the tests
 
 
 def _prices() -> StepPrices:
-    rows = [
-        {
-            "cloud": k.cloud.value,
-            "region": k.region,
-            "zone": k.zone,
-            "instance_type": k.instance_type,
-            "market": k.market.value,
-            "valid_from": START - timedelta(days=1),
-            "usd_per_hour": p,
-        }
-        for k, p in PRICES.items()
-    ]
-    # the V100's price changes mid-run (a change inside a round)
-    rows.append({**rows[0], "valid_from": START + timedelta(minutes=47, seconds=13), "usd_per_hour": 1.0317})
-    shapes = {("aws", "p3.2xlarge"): ("v100", 1.0), ("aws", "p2.xlarge"): ("k80", 1.0)}
-    return StepPrices.from_history(pd.DataFrame(rows), shapes)
+    rows = [(k, START - timedelta(days=1), p) for k, p in PRICES.items()]
+    rows.append((V100, START + timedelta(minutes=47, seconds=13), 1.0317))  # a change inside a round
+    return step_prices(rows, {("aws", "p3.2xlarge"): ("v100", 1.0), ("aws", "p2.xlarge"): ("k80", 1.0)})
 
 
 @dataclass
@@ -119,11 +108,11 @@ class SimFleet:
         return agent
 
 
-@pytest.fixture
-def sim_fleet(engine: Engine, tmp_path: Path) -> SimFleet:
-    prices = _prices()
-    hazards = HazardModel(defaults=dict.fromkeys(Cloud, 0.0))  # preemptions are forced by the test
-    cloud = SimCloud(prices, hazards, start=START, config=SimConfig(timing=TIMING, worker_poll=POLL))
+def _service(
+    engine: Engine, cloud: SimCloud, prices: StepPrices
+) -> tuple[FleetRepository, JobRepository, FleetExecutor, SqlLedger]:
+    """The service's fleet side over ``engine`` on ``cloud``'s clock: its repositories, the workers'
+    in-process transport attached to the cloud, the round executor and its ledger."""
     repo = FleetRepository(engine, now=cloud.now)
     jobs = JobRepository(engine, now=cloud.now)
     cloud.attach_fleet(in_process_transport(WorkerSync(repo, jobs)))
@@ -139,6 +128,14 @@ def sim_fleet(engine: Engine, tmp_path: Path) -> SimFleet:
         billing=FleetBilling(repo, ledger, prices),
         full_every_s=0.0,
     )
+    return repo, jobs, executor, ledger
+
+
+@pytest.fixture
+def sim_fleet(engine: Engine, tmp_path: Path) -> SimFleet:
+    prices = _prices()
+    cloud = SimCloud(prices, NO_HAZARDS, start=START, config=CONFIG)
+    repo, jobs, executor, ledger = _service(engine, cloud, prices)
     fleet, _ = repo.create(
         NewFleet(
             team_id="team-a",
@@ -298,27 +295,8 @@ def test_a_noticed_preemption_checkpoints_the_copies_in_time_and_the_worker_take
 def _restarted(f: SimFleet, state: Path) -> SimFleet:
     """A service restarted after kill -9: its simulated cloud read back from its state file, its fleet
     objects built anew over the same database, the workers' transport attached again."""
-    cloud = SimCloud.restore(
-        state,
-        f.prices,
-        HazardModel(defaults=dict.fromkeys(Cloud, 0.0)),
-        config=SimConfig(timing=TIMING, worker_poll=POLL),
-    )
-    repo = FleetRepository(f.repo.engine, now=cloud.now)
-    jobs = JobRepository(f.repo.engine, now=cloud.now)
-    cloud.attach_fleet(in_process_transport(WorkerSync(repo, jobs)))
-    ledger = SqlLedger(f.repo.engine, f.prices)
-    executor = FleetExecutor(
-        repo,
-        jobs,
-        {"sim": cloud},
-        worker_command=lambda p: ["python3", "-m", "costopt.agent.worker"],
-        service_url="http://127.0.0.1:8000",
-        dead_after_s=3 * POLL.total_seconds(),
-        boot_timeout_s=600,
-        billing=FleetBilling(repo, ledger, f.prices),
-        full_every_s=0.0,
-    )
+    cloud = SimCloud.restore(state, f.prices, NO_HAZARDS, config=CONFIG)
+    repo, jobs, executor, ledger = _service(f.repo.engine, cloud, f.prices)
     return SimFleet(cloud, repo, jobs, executor, ledger, f.prices, f.fleet_id, f.tmp)
 
 
