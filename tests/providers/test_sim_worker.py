@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pytest
 
 from costopt.agent import control, job_env
@@ -23,6 +22,7 @@ from costopt.risk.hazard import HazardModel
 from costopt.simulated import WorkloadTiming
 from providers.sim import SimCloud, SimConfig
 from providers.sim_worker import SimWorker
+from tests.price_support import step_prices
 
 START = datetime(2020, 3, 1, tzinfo=UTC)
 OFFER = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.ON_DEMAND)
@@ -56,16 +56,7 @@ class Service:
 
 
 def _prices() -> StepPrices:
-    row = {
-        "cloud": "aws",
-        "region": OFFER.region,
-        "zone": OFFER.zone,
-        "instance_type": OFFER.instance_type,
-        "market": "on_demand",
-        "valid_from": START - timedelta(days=1),
-        "usd_per_hour": 3.06,
-    }
-    return StepPrices.from_history(pd.DataFrame([row]), {("aws", "p3.2xlarge"): ("v100", 1.0)})
+    return step_prices([(OFFER, START - timedelta(days=1), 3.06)])
 
 
 @pytest.fixture
