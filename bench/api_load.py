@@ -380,6 +380,14 @@ def http_request(
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
 
 
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values``, nearest rank; NaN when there are none."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q / 100 * len(s)))]
+
+
 @dataclass
 class Phase:
     name: str
@@ -397,10 +405,7 @@ class Phase:
         return len(self.latencies_ms)
 
     def pct(self, q: float) -> float:
-        if not self.latencies_ms:
-            return float("nan")
-        s = sorted(self.latencies_ms)
-        return s[min(len(s) - 1, int(q / 100 * len(s)))]
+        return percentile(self.latencies_ms, q)
 
     def row(self) -> dict[str, Any]:
         return {

@@ -62,6 +62,7 @@ from bench.api_load import (  # noqa: E402 (after the path set-up)
     database,
     free_port,
     http_request,
+    percentile,
     prepare,
     run_async,
     server,
@@ -189,10 +190,7 @@ class Route:
     problems: list[str] = field(default_factory=list)
 
     def pct(self, q: float) -> float:
-        if not self.latencies_ms:
-            return float("nan")
-        s = sorted(self.latencies_ms)
-        return s[min(len(s) - 1, int(q / 100 * len(s)))]
+        return percentile(self.latencies_ms, q)
 
     def row(self, wall_s: float) -> dict[str, Any]:
         n = len(self.latencies_ms)
