@@ -82,9 +82,16 @@ def test_api_gavel_and_demo_figures_are_derived_and_judged() -> None:
     }
     got = figures_of("api", "json", json.dumps(api, indent=2), 10.0)
     assert got["submit.req_per_s"] == 320.0 and got["integrity_problems"] == 1.0  # PostgreSQL's, not SQLite's
-    gavel = {"solver": [{"solve_s": 0.01, "target_s": 0.05}, {"solve_s": 6.0, "target_s": 5.0}]}
+    gavel = {
+        "solver": [
+            {"solve_s": 0.01, "target_s": 0.05, "jobs": 2048, "space_sharing": False, "peak_mem_mb": 3000.0},
+            {"solve_s": 6.0, "target_s": 5.0, "jobs": 2048, "space_sharing": True, "peak_mem_mb": 78.0},
+            {"solve_s": 0.5, "target_s": 1.0, "jobs": 512, "space_sharing": True, "peak_mem_mb": 2500.0},
+        ]
+    }
     g = figures_of("gavel", "json", json.dumps(gavel), 1.0)
     assert g["cases_over_target"] == 1.0 and g["worst_fraction_of_target"] == 1.2
+    assert g["space_sharing_2048_peak_mb"] == 78.0  # the 2,048-job space-sharing case's, not another's
     assert figures_of("demo", "wall", "whatever", 95.5) == {"wall_s": 95.5}
 
     table = rows([Run("api", "ok", 30.0, 14.0, 15.0, got)])
