@@ -15,7 +15,6 @@ path, never echoed to the caller).
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Mapping, Sequence
 from http import HTTPStatus
@@ -401,15 +400,10 @@ def document_errors(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def install_error_docs(app: FastAPI) -> None:
-    """Make ``app.openapi()`` declare the error answers (:func:`document_errors`)."""
-
-    cache: dict[int, dict[str, Any]] = {}
+    """Make ``app.openapi()`` declare the error answers (:func:`document_errors`, once per document: FastAPI
+    caches its document until the routes change, and :func:`document_errors` leaves a declared one as is)."""
 
     def openapi() -> dict[str, Any]:
-        base = FastAPI.openapi(app)  # FastAPI's own document, cached by FastAPI until the routes change
-        if id(base) not in cache:
-            cache.clear()
-            cache[id(base)] = document_errors(copy.deepcopy(base))
-        return cache[id(base)]
+        return document_errors(FastAPI.openapi(app))
 
     app.openapi = openapi  # type: ignore[method-assign]
