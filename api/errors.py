@@ -353,6 +353,8 @@ _WHY = {
     503: "the service is starting or its database is unreachable: retry shortly",
 }
 _RETRY_AFTER = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}
+"""Declared (not required) on 429 and 503: a 429 always sends it, a 503 of the database
+(:func:`_database_error`) does, one of a service still starting does not."""
 
 
 def _error_statuses(path: str, op: Mapping[str, Any]) -> list[int]:
@@ -393,7 +395,7 @@ def document_errors(doc: dict[str, Any]) -> dict[str, Any]:
                 entry["content"] = ref
                 if status == 401:
                     entry["headers"] = {"WWW-Authenticate": {"description": "`Bearer`", "schema": {"type": "string"}}}
-                elif status == 429:
+                elif status in (429, 503):
                     entry["headers"] = {**_RETRY_AFTER}
                 responses[str(status)] = entry
     return doc

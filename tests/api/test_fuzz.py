@@ -50,3 +50,29 @@ def test_fuzzer_reports_a_5xx_and_an_undeclared_status() -> None:
     checks = {check for _, check, _ in report.findings}
     assert any(status == 500 for _, _, status in report.findings), report.table()
     assert "UndefinedStatusCode" in checks, report.table()
+
+
+def test_the_document_declares_the_error_shape_and_its_headers() -> None:
+    app = FastAPI()
+    install_error_handlers(app)
+    install_error_docs(app)
+
+    @app.post("/v1/things/{n}", openapi_extra={"security": [{"bearer": []}]})
+    def post_thing(n: int, body: dict[str, int]) -> dict[str, int]:
+        return body
+
+    @app.get("/readyz", responses={503: {"content": {"application/json": {"schema": {"type": "object"}}}}})
+    def readyz() -> dict[str, str]:
+        return {}
+
+    doc = app.openapi()
+    assert doc is app.openapi()  # documented once, then FastAPI's cached document
+    responses = doc["paths"]["/v1/things/{n}"]["post"]["responses"]
+    assert set(responses) == {"200", "400", "401", "403", "404", "409", "413", "422", "429", "503"}
+    error = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    assert all(responses[s]["content"] == error for s in responses if s != "200")
+    assert "WWW-Authenticate" in responses["401"]["headers"]
+    assert "Retry-After" in responses["429"]["headers"] and "Retry-After" in responses["503"]["headers"]
+    assert "HTTPValidationError" not in doc["components"]["schemas"]
+    ready = doc["paths"]["/readyz"]["get"]["responses"]
+    assert ready["503"]["content"] == {"application/json": {"schema": {"type": "object"}}}  # its own body kept
