@@ -2,8 +2,8 @@
 load targets; bench/api_load.py measures them).
 
 - :func:`blocking`: run a blocking function (a database read) on a worker thread through asyncio's own
-  ``run_in_executor``, about half the CPU of Starlette's ``run_in_threadpool`` (anyio's capacity limiter,
-  cancel scopes and context variables), which FastAPI uses for every ``def`` route. The pool has
+  ``run_in_executor``, about a third less CPU a hop than Starlette's ``run_in_threadpool`` (anyio's
+  capacity limiter, cancel scopes and context variables), which FastAPI uses for every ``def`` route. The pool has
   ``COSTOPT_DB_POOL_SIZE`` threads (a thread beyond the connection pool would only wait for a connection).
 - :func:`json_of`: a pydantic model as a JSON response serialized once, by pydantic's own serializer,
   instead of FastAPI's response-model round trip (dump to a dict, validate it again, dump to JSON-able
