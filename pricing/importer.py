@@ -84,7 +84,7 @@ from pricing.azure_sheets import (
 from pricing.base import Problems, strict_json
 from pricing.catalog import INSTANCE_COLUMNS, LIST_PRICES_FILE, PRICE_COLUMNS, load_list_prices
 from pricing.ingest import KEY_COLUMNS
-from pricing.screen import gpu_counts, screen_frame, screen_types
+from pricing.screen import gpu_counts, price_faults, screen_frame, screen_types
 from pricing.store import PriceStore, points_frame
 
 log = logging.getLogger("costopt.pricing.importer")
@@ -483,10 +483,8 @@ class _Checks:
         values = pd.to_numeric(pd.Series(raw, dtype=object), errors="coerce").to_numpy(dtype=np.float64, copy=True)
         if not optional:
             self.flag(empty, lambda _: f"missing {name}")
-        if price:
-            wrong = ~empty & (~np.isfinite(values) | (values <= 0) | (values > MAX_SANE_USD_PER_HOUR))
-        else:
-            wrong = ~empty & (~np.isfinite(values) | (values <= 0))
+        faulty = (price_faults(values) != "") if price else (~np.isfinite(values) | (values <= 0))
+        wrong = ~empty & faulty
         self.flag(wrong, lambda i: _number_reason(name, str(raw[i]), float(values[i]), price=price))
         values[empty] = np.nan
         return values

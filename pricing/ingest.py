@@ -29,6 +29,7 @@ from costopt.db.schema import price_repeats as t_repeats
 from costopt.domain import MAX_SANE_USD_PER_HOUR, Cloud, Market
 from costopt.errors import BadRecord, StoreError
 from pricing.pgcopy import encode_binary_copy
+from pricing.screen import price_faults
 
 log = logging.getLogger("costopt.store")
 
@@ -121,7 +122,7 @@ def prepare(frame: pd.DataFrame) -> _Batch:
         raise BadRecord(f"price frame lacks columns {missing}")
     frame = frame.reset_index(drop=True)
     price = pd.to_numeric(frame["usd_per_hour"], errors="coerce").to_numpy(dtype="float64")
-    bad = ~np.isfinite(price) | (price <= 0) | (price > MAX_SANE_USD_PER_HOUR)
+    bad = price_faults(price) != ""
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise BadRecord(

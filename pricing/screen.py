@@ -80,6 +80,23 @@ class Screened:
     reasons: list[str] = field(default_factory=list)
 
 
+def price_faults(price: np.ndarray) -> np.ndarray:
+    """Why each USD/hour price (float array) is not a price, ``""`` where it is: finite, above zero and at
+    most :data:`~costopt.domain.MAX_SANE_USD_PER_HOUR`. The vector form of
+    :func:`costopt.domain.check_price`, the one rule of the screen, the importer's CSV checks and the
+    store's last check (:func:`pricing.ingest.prepare`)."""
+    return np.select(
+        [~np.isfinite(price), price < 0, price == 0, price > MAX_SANE_USD_PER_HOUR],
+        [
+            "price is not a finite number",
+            "negative price",
+            "price of zero: not a price",
+            f"absurd price (above {MAX_SANE_USD_PER_HOUR:g} USD/h)",
+        ],
+        default="",
+    )
+
+
 def _per_distinct(values: pd.Series, test: Callable[[str], bool]) -> np.ndarray:
     """``test`` of each value, computed once per distinct value (a batch repeats few names)."""
     codes, uniques = pd.factorize(values.fillna("").astype(str))
@@ -148,11 +165,8 @@ def screen_frame(
             why[fresh] = reason
 
     price = pd.to_numeric(frame["usd_per_hour"], errors="coerce").to_numpy(dtype=np.float64)
-    refuse(~np.isfinite(price), "price is not a finite number")
-    refuse(np.isfinite(price) & (price < 0), "negative price")
-    refuse(price == 0, "price of zero: not a price")
-    absurd = f"absurd price (above {MAX_SANE_USD_PER_HOUR:g} USD/h)"
-    refuse(np.isfinite(price) & (price > MAX_SANE_USD_PER_HOUR), absurd)
+    faults = price_faults(price)
+    refuse(faults != "", faults)
     for col, allow_empty in (("region", False), ("zone", True), ("instance_type", False)):
         refuse(~_names_ok(frame[col], allow_empty=allow_empty), f"{col} is not a plain name")
     refuse(~_region_ok(frame["cloud"], frame["region"]), "unknown region (not of its cloud's region shape)")

@@ -620,3 +620,23 @@ def test_the_store_refuses_a_batch_holding_a_price_that_is_not_a_price(engine: E
     with pytest.raises(BadRecord, match="invalid price"):
         store.write(frame)
     assert store.count_points() == 0
+
+
+def test_the_vector_price_rule_agrees_with_check_price() -> None:
+    """pricing.screen.price_faults (screen, importer CSVs, the store's last check) is check_price's rule."""
+    import numpy as np
+
+    from costopt.domain import MAX_SANE_USD_PER_HOUR, check_price
+    from pricing.screen import price_faults
+
+    values = [0.0, -0.0, -1.0, 1e-9, 3.06, MAX_SANE_USD_PER_HOUR, MAX_SANE_USD_PER_HOUR + 0.01]
+    values += [float("nan"), float("inf"), float("-inf")]
+    faults = price_faults(np.array(values))
+    for value, fault in zip(values, faults, strict=True):
+        try:
+            check_price(value)
+            passes = True
+        except BadRecord:
+            passes = False
+        assert (fault == "") == passes, (value, fault)
+    assert list(faults[:3]) == ["price of zero: not a price", "price of zero: not a price", "negative price"]
