@@ -30,7 +30,15 @@ import httpx
 
 from costopt.domain import Cloud, InstanceType, Market, OfferKey, PricePoint, check_price, parse_utc
 from costopt.errors import BadRecord, MalformedInput, SourceUnavailable
-from pricing.base import MAX_PROBLEMS_KEPT, FetchResult, ParsedPage, PriceHistoryView, Problems, strict_json
+from pricing.base import (
+    MAX_PROBLEMS_KEPT,
+    FetchResult,
+    PageWalk,
+    ParsedPage,
+    PriceHistoryView,
+    Problems,
+    strict_json,
+)
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
@@ -370,7 +378,7 @@ class AzureRetailPriceSource:
     def _fetch_all(self, client: httpx.Client) -> FetchResult:
         result = FetchResult(SOURCE)
         url = self.first_page_url()
-        seen: set[str] = {str(url)}
+        walk = PageWalk(self.max_pages, "NextPageLink", {str(url)})
         while True:
             where = f"page {result.pages + result.refused_pages + 1}"
             try:
@@ -386,28 +394,23 @@ class AzureRetailPriceSource:
             result.add_page(page)
             if not page.next_token:
                 break
-            if result.pages >= self.max_pages:
-                self._stop(result, f"stopped at max_pages={self.max_pages}; NextPageLink not followed")
-                break
             following = url.join(page.next_token)
-            if str(following) in seen:
-                self._stop(result, f"{where}: NextPageLink repeats an earlier page (a loop): {page.next_token}")
+            why = walk.why_stop(result.pages, str(following))
+            if why is not None:
+                self._stop(result, why)
                 break
-            seen.add(str(following))
             url = following
         self._finish(result)
         return result
 
     def _stop(self, result: FetchResult, why: str) -> None:
-        result.errors.append(why)
         if result.pages == 0:
             raise SourceUnavailable(
                 f"Azure Retail Prices API at {self.base_url} gave no usable page: {why}. Check network "
                 "access to it (proxy, firewall) and COSTOPT_AZURE_RETAIL_PRICES_URL, then retry.",
                 refused_pages=result.refused_pages,
             )
-        result.partial = True
-        log.warning("%s: fetch stopped after %d pages, keeping what was read: %s", SOURCE, result.pages, why)
+        result.stop_early(why)
 
     def _finish(self, result: FetchResult) -> None:
         """Drop repeated meters (same offer, time and price: skipped); an offer given two prices at one

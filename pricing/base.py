@@ -88,6 +88,12 @@ class FetchResult:
         del self.reasons[MAX_PROBLEMS_KEPT:]
         log.warning("%s: page refused at %s: %s", self.source, where, why)
 
+    def stop_early(self, why: str) -> None:
+        """The run stops before the source's last page: partial, ``why`` kept in ``errors`` and logged."""
+        self.partial = True
+        self.errors.append(why)
+        log.warning("%s: fetch stopped after %d pages, keeping what was read: %s", self.source, self.pages, why)
+
     def add_page(self, page: ParsedPage) -> None:
         self.points.extend(page.points)
         self.instance_types.extend(page.instance_types)
@@ -97,6 +103,27 @@ class FetchResult:
         if room > 0:
             self.reasons.extend(page.problems.reasons[:room])
         self.pages += 1
+
+
+@dataclass
+class PageWalk:
+    """The guard of a walk over a source's pages: it stops at ``max_pages`` pages read, or at a
+    continuation (``link``: the source's name for it) met before, a loop. ``seen``: continuations
+    already followed (the first page's own, when it has one)."""
+
+    max_pages: int
+    link: str
+    seen: set[str] = field(default_factory=set)
+
+    def why_stop(self, pages: int, following: str) -> str | None:
+        """Why the page ``following`` must not be fetched after ``pages`` pages (None: fetch it; it is
+        then remembered as seen)."""
+        if pages >= self.max_pages:
+            return f"stopped at max_pages={self.max_pages}; {self.link} not followed"
+        if following in self.seen:
+            return f"page {pages}: {self.link} repeats an earlier page (a loop): {following:.80}"
+        self.seen.add(following)
+        return None
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from google.protobuf import json_format
 
 from costopt.domain import Cloud, InstanceType, Market, OfferKey, PricePoint, normalize_accelerator, utc
 from costopt.errors import BadRecord, MalformedInput, SourceUnavailable
-from pricing.base import MAX_PROBLEMS_KEPT, FetchResult, ParsedPage, PriceHistoryView, Problems
+from pricing.base import MAX_PROBLEMS_KEPT, FetchResult, PageWalk, ParsedPage, PriceHistoryView, Problems
 
 if TYPE_CHECKING:
     from google.auth.credentials import Credentials
@@ -630,27 +630,17 @@ class GcpPriceSource:
         """
         components = ComponentPrices()
         endpoint = self.billing_endpoint or DEFAULT_BILLING_ENDPOINT
-        tokens: set[str] = set()
+        walk = PageWalk(self.max_pages, "nextPageToken")
         try:
             for page in self._catalog_pages():
                 problems = Problems(self.name)
                 for sku in page.skus:
                     read_sku(sku, components, problems, self.regions)
                 result.add_page(ParsedPage([], problems, next_token=page.next_page_token or None))
-                token = page.next_page_token
-                if token and token in tokens:
-                    what = f"page {result.pages}: nextPageToken repeats an earlier page's ({token[:40]}): a loop"
-                    log.warning("gcp: %s; stopping, keeping the SKUs already read (partial fetch)", what)
-                    result.partial = True
-                    result.errors.append(what)
+                why = walk.why_stop(result.pages, page.next_page_token) if page.next_page_token else None
+                if why is not None:
+                    result.stop_early(why)
                     break
-                if token and result.pages >= self.max_pages:
-                    what = f"stopped at max_pages={self.max_pages}; nextPageToken not followed"
-                    log.warning("gcp: %s (partial fetch)", what)
-                    result.partial = True
-                    result.errors.append(what)
-                    break
-                tokens.add(token)
         except _CALL_ERRORS as exc:
             what = f"Cloud Billing Catalog ({endpoint}) failed after {result.pages} page(s): {exc}"
             if isinstance(exc, json_format.ParseError):
@@ -660,9 +650,7 @@ class GcpPriceSource:
                     f"GCP {what}. " + _CHECK_HINT.format(endpoint=endpoint, api="Cloud Billing API"),
                     refused_pages=result.refused_pages,
                 ) from exc
-            log.warning("gcp: %s; keeping the SKUs already read (partial fetch)", what)
-            result.partial = True
-            result.errors.append(what)
+            result.stop_early(what)
         return components
 
     # -- availability -------------------------------------------------------------------------------

@@ -640,3 +640,15 @@ def test_the_vector_price_rule_agrees_with_check_price() -> None:
             passes = False
         assert (fault == "") == passes, (value, fault)
     assert list(faults[:3]) == ["price of zero: not a price", "price of zero: not a price", "negative price"]
+
+
+def test_a_page_walk_stops_at_a_loop_or_at_max_pages() -> None:
+    """The guard the Azure and GCP collectors follow next pages through (pricing.base.PageWalk)."""
+    from pricing.base import PageWalk
+
+    walk = PageWalk(3, "NextPageLink", {"p0"})
+    assert walk.why_stop(1, "p1") is None and walk.why_stop(2, "p2") is None
+    assert "max_pages=3" in (walk.why_stop(3, "p3") or "")
+    loop = PageWalk(10, "nextPageToken", {"p0"})
+    assert loop.why_stop(1, "p1") is None
+    assert "a loop" in (loop.why_stop(2, "p0") or "") and "a loop" in (loop.why_stop(2, "p1") or "")
