@@ -22,11 +22,15 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from api.errors import ApiError
 from costopt.jobs.teams import TeamPolicy
 from costopt.settings import Settings
+
+if TYPE_CHECKING:
+    from api.job_schemas import JobCreate
+    from costopt.jobs.teams import TeamRepository
 
 __all__ = [
     "LOCAL_PROVIDER",
@@ -34,6 +38,7 @@ __all__ = [
     "check_checkpoint",
     "check_image",
     "check_local",
+    "check_team",
     "patched_policy",
     "refused_prefixes",
     "valid_prefix",
@@ -121,6 +126,27 @@ def check_image(image: str | None, policy: TeamPolicy, settings: Settings) -> No
         "this team's images may start with",
         "none (omit image: the provider's image runs the command)",
     )
+
+
+def check_team(
+    teams: TeamRepository,
+    team_id: str,
+    settings: Settings,
+    *,
+    bodies: Sequence[JobCreate] = (),
+    providers: Sequence[str] = (),
+) -> None:
+    """The team's policy on a submission: each of ``bodies``' ``checkpoint_uri`` and ``image`` under its
+    allowed prefixes (422), none of ``providers`` the local one unless enabled for the team (403). The
+    team's row is read only when there is something to check."""
+    given = [b for b in bodies if b.checkpoint_uri is not None or b.image is not None]
+    if not given and LOCAL_PROVIDER not in providers:
+        return
+    policy = teams.policy(team_id)
+    check_local(policy, providers, team_id)
+    for b in given:
+        check_checkpoint(b.checkpoint_uri, policy, settings)
+        check_image(b.image, policy, settings)
 
 
 def valid_prefix(prefix: str, kind: str) -> str | None:

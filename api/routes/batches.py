@@ -30,7 +30,8 @@ from api.deps import JobPlannerDep, JobsDep, SettingsDep
 from api.errors import ApiError
 from api.job_planning import JobInfeasible, JobPlanner, UnknownJobType, candidate_doc
 from api.job_schemas import BatchCreate, BatchPublic
-from api.routes.jobs import check_tenancy, job_spec, planning_error, provider_for, render_job
+from api.routes.jobs import job_spec, planning_error, provider_for, render_job
+from api.tenancy import check_team
 from costopt.db.jobs_schema import batches
 from costopt.jobs.records import JobRepository, NewJob, new_job_id
 from costopt.planning.model import InvalidJob
@@ -206,7 +207,7 @@ def submit_batch(
     idempotency_key: IdempotencyKey = None,
 ) -> BatchPublic:
     """Plan the jobs together and queue them (422 ``unknown_job_type``, ``infeasible`` naming what binds)."""
-    check_tenancy(request, caller, body.jobs, (), settings)  # checkpoint URIs and images (api/tenancy.py)
+    check_team(request.app.state.teams, caller.team_id, settings, bodies=body.jobs)  # checkpoint URIs, images
     stored = _existing(jobs, caller.team_id, idempotency_key) if idempotency_key is not None else None
     if stored is None:
         batch_id = f"batch-{secrets.token_hex(8)}"
@@ -226,7 +227,8 @@ def submit_batch(
             ],
         }
         # the service's own host only when enabled for the team, before anything is stored
-        check_tenancy(request, caller, (), [provider_for(q, settings) for q in quotes], settings)
+        providers = [provider_for(q, settings) for q in quotes]
+        check_team(request.app.state.teams, caller.team_id, settings, providers=providers)
         try:
             with jobs.engine.begin() as conn:
                 conn.execute(

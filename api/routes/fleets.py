@@ -12,7 +12,6 @@ request returns the first fleet (200).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
@@ -31,6 +30,7 @@ from api.fleets import (
 )
 from api.job_planning import JobPlanner
 from api.job_schemas import JobCreate
+from api.tenancy import check_team
 from costopt.fleets.model import (
     FLEET_PROVIDER,
     FleetError,
@@ -38,7 +38,6 @@ from costopt.fleets.model import (
     FleetRecord,
     FleetStateError,
     NewFleet,
-    NewInstance,
 )
 from costopt.fleets.store import FleetRepository, NewFleetJob
 from costopt.jobs.records import JobRecord, JobRepository, NewJob
@@ -64,15 +63,6 @@ def fleet_repository(request: Request) -> FleetRepository:
         repo = FleetRepository(jobs.engine, now=jobs.now)
         request.app.state.fleets = repo
     return repo
-
-
-def _check_local(request: Request, caller: Caller, instances: Sequence[NewInstance]) -> None:
-    """403 when an instance would run on the service's own host and the team may not (api/tenancy.py)."""
-    from api.tenancy import LOCAL_PROVIDER, check_local
-
-    providers = [i.provider for i in instances]
-    if LOCAL_PROVIDER in providers:
-        check_local(request.app.state.teams.policy(caller.team_id), providers, caller.team_id)
 
 
 def get_fleet(repo: FleetRepository, caller: Caller, fleet_id: str) -> FleetRecord:
@@ -117,7 +107,7 @@ def create_fleet(
     else:
         assert body.plan is not None
         instances = instances_by_plan(body.plan, store, settings, planner, field="plan")
-    _check_local(request, caller, instances)
+    check_team(request.app.state.teams, caller.team_id, settings, providers=[i.provider for i in instances])
     spec = body.model_dump(mode="json")
     spec["policy"] = policy
     try:
@@ -192,7 +182,7 @@ def scale_fleet(
     new = instances_by_offer(body.add, store, settings, planner, field="add") if body.add else []
     if body.add_plan is not None:
         new += instances_by_plan(body.add_plan, store, settings, planner, field="add_plan")
-    _check_local(request, caller, new)
+    check_team(request.app.state.teams, caller.team_id, settings, providers=[i.provider for i in new])
     try:
         if body.remove:
             repo.drain(fleet.id, body.remove)

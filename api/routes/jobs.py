@@ -36,6 +36,7 @@ from api.job_schemas import (
     PlacementPublic,
     QuotePublic,
 )
+from api.tenancy import check_team
 from costopt.domain import OfferKey
 from costopt.jobs.model import JobState
 from costopt.jobs.records import JobEvent, JobNotFound, JobRecord, JobRepository, NewJob, new_job_id
@@ -220,24 +221,6 @@ def provider_for(quote: Mapping[str, Any], settings: Settings) -> str:
     return cloud if cloud in settings.all_providers() else settings.provider
 
 
-def check_tenancy(
-    request: Request, caller: Caller, bodies: Sequence[JobCreate], providers: Sequence[str], settings: Settings
-) -> None:
-    """The team's policy (:mod:`api.tenancy`): each body's ``checkpoint_uri`` and ``image`` under its
-    allowed prefixes (422), none of ``providers`` the local one unless enabled for the team (403). The
-    team's row is read only when there is something to check."""
-    from api.tenancy import LOCAL_PROVIDER, check_checkpoint, check_image, check_local
-
-    given = [b for b in bodies if b.checkpoint_uri is not None or b.image is not None]
-    if not given and LOCAL_PROVIDER not in providers:
-        return
-    policy = request.app.state.teams.policy(caller.team_id)
-    check_local(policy, providers, caller.team_id)
-    for b in given:
-        check_checkpoint(b.checkpoint_uri, policy, settings)
-        check_image(b.image, policy, settings)
-
-
 def planning_error(exc: UnknownJobType | JobInfeasible | InvalidJob) -> ApiError:
     """The 422 of a job that cannot be planned."""
     if isinstance(exc, InvalidJob):
@@ -316,7 +299,7 @@ def submit_job(
     nothing and answers the first job, 200), and rendered from what was written (nothing read back)."""
     job_id = new_job_id()
     spec = job_spec(body, job_id, settings)
-    check_tenancy(request, caller, [body], (), settings)  # its checkpoint URI and image (api/tenancy.py)
+    check_team(request.app.state.teams, caller.team_id, settings, bodies=[body])  # its checkpoint URI and image
     if body.fleet_id is not None:  # the fleet's policy places it: no quote on the open market
         from api.routes.fleets import submit_to_fleet
 
@@ -339,7 +322,7 @@ def submit_job(
         response.status_code = 200
         return render_job(request, jobs, first)
     provider = provider_for(quote, settings)
-    check_tenancy(request, caller, (), [provider], settings)  # the service's own host: only when enabled
+    check_team(request.app.state.teams, caller.team_id, settings, providers=[provider])  # local: only if enabled
     job, created = jobs.insert(
         NewJob(
             team_id=caller.team_id,
