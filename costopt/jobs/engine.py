@@ -144,6 +144,16 @@ class TickReport:
     skipped: bool = False
 
 
+def _log_failure(what: str, exc: BaseException) -> None:
+    """Log a failed step (call it in the ``except`` block): a lost race (:data:`MIGRATION_RACES`: another
+    actor advanced the job first; the next pass looks at it afresh) in one line, anything else with its
+    traceback."""
+    if isinstance(exc, MIGRATION_RACES):
+        log.warning("%s: %s: %s", what, type(exc).__name__, exc)
+    else:
+        log.exception("%s failed", what)
+
+
 @dataclass(slots=True)
 class _Pass:
     changed: list[str] = field(default_factory=list)
@@ -338,13 +348,9 @@ class JobEngine:
                     if snap is None:
                         snap = snaps[id(migrator.engine)] = _snapshot(migrator, self._working())
                     self._step(job, migrator, snap, out, first=first)
-                except MIGRATION_RACES as exc:  # another actor advanced the job first: look again next tick
-                    log.warning("engine: job %s: %s: %s", job.id, type(exc).__name__, exc)
-                    out.errors.append(f"{job.id}: {type(exc).__name__}: {exc}")
                 except (CostoptError, CloudError, OSError, ValueError) as exc:
-                    msg = f"{job.id}: {type(exc).__name__}: {exc}"
-                    log.exception("engine: job %s", job.id)
-                    out.errors.append(msg)
+                    _log_failure(f"engine: job {job.id}", exc)
+                    out.errors.append(f"{job.id}: {type(exc).__name__}: {exc}")
             self._started = True
             live = {job.id for job in jobs}
             for cache in (self._event_logs, self._history_done):
@@ -990,13 +996,9 @@ class JobEngine:
         if self._pool is None:
             try:
                 fn()
-            except MIGRATION_RACES as exc:
-                self._orphaned.add(job_id)
-                log.warning("engine: job %s: migration step lost a race: %s: %s", job_id, type(exc).__name__, exc)
-                self.repo.add_event(job_id, "engine_error", f"{type(exc).__name__}: {exc}"[:2000], at=self.now())
             except (CostoptError, CloudError, OSError, ValueError) as exc:
                 self._orphaned.add(job_id)
-                log.exception("engine: job %s: migration failed", job_id)
+                _log_failure(f"engine: job {job_id}: migration step", exc)
                 self.repo.add_event(job_id, "engine_error", f"{type(exc).__name__}: {exc}"[:2000], at=self.now())
             except Exception:  # e.g. the database went away: the tick stops, the next one resumes the step
                 self._orphaned.add(job_id)
