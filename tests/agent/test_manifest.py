@@ -231,3 +231,18 @@ def test_a_manifest_lists_only_the_newest_served_requests(make_agent, uri, clock
         a.checkpoint(step, {})
     info = control.latest(uri)
     assert info is not None and info.served_request_ids == tuple(ids[-MAX_SERVED_IDS:])
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"event": "progress", "step": 120, "t": 1583020800.25, "run": "r-1", "done": False, "left": None},
+        {"format": 1, "name": "ckpt/ckpt-e0000000001-s000000000000120.ckpt", "size": 3, "sha256": "ab" * 32},
+        {"text": 'caf\u00e9 \u2603 "quoted"\n', "nested": {"list": [1, 2.5, "x"], "empty": {}}, "big": 10**20},
+        {"nan": float("nan"), "inf": float("inf")},
+    ],
+)
+def test_the_compact_encoder_writes_what_json_dumps_writes(doc: dict[str, object]) -> None:
+    from costopt.agent.layout import compact_json
+
+    assert compact_json(doc) == json.dumps(doc, separators=(",", ":"))
