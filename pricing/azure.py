@@ -31,7 +31,6 @@ import httpx
 from costopt.domain import Cloud, InstanceType, Market, OfferKey, PricePoint, check_price, parse_utc
 from costopt.errors import BadRecord, MalformedInput, SourceUnavailable
 from pricing.base import (
-    MAX_PROBLEMS_KEPT,
     FetchResult,
     PageWalk,
     ParsedPage,
@@ -413,30 +412,13 @@ class AzureRetailPriceSource:
         result.stop_early(why)
 
     def _finish(self, result: FetchResult) -> None:
-        """Drop repeated meters (same offer, time and price: skipped); an offer given two prices at one
-        time is refused whole (which is right cannot be told): bad records, logged."""
-        points: dict[tuple[OfferKey, datetime], PricePoint] = {}
-        conflicting: dict[tuple[OfferKey, datetime], int] = {}
+        """Drop repeated meters (same offer, time and price: skipped). Two prices for one offer at one
+        time are left to the screen every collected batch passes (:func:`pricing.screen.screen_frame`:
+        both refused, counted as bad records)."""
+        points: dict[tuple[OfferKey, datetime, float], PricePoint] = {}
         for p in result.points:
-            at = (p.key, p.valid_from)
-            prev = points.get(at)
-            if prev is None:
-                points[at] = p
-                continue
-            if prev.usd_per_hour == p.usd_per_hour:
-                result.skipped += 1
-                continue
-            conflicting[at] = conflicting.get(at, 1) + 1
-            why = (
-                f"two prices for {p.key} from {p.valid_from.isoformat()} ({prev.usd_per_hour} and "
-                f"{p.usd_per_hour} USD/h): refused both"
-            )
-            log.warning("%s: %s", SOURCE, why)
-            if len(result.reasons) < MAX_PROBLEMS_KEPT:
-                result.reasons.append(why)
-        for at, count in conflicting.items():
-            del points[at]
-            result.bad_records += count
+            points.setdefault((p.key, p.valid_from, p.usd_per_hour), p)
+        result.skipped += len(result.points) - len(points)
         result.points = list(points.values())
         result.instance_types = list({t.name: t for t in result.instance_types}.values())
         log.info(

@@ -302,6 +302,7 @@ def test_the_azure_collector_refuses_both_prices_of_a_conflicting_meter(engine: 
 
     assert outcome.ok and (outcome.points, outcome.bad_records) == (1, 2)  # the spot item only
     assert store.count_points() == 1
+    assert "several prices" in (store.sources()[0].last_rejection or "")  # the screen's rule, as for every source
 
 
 @pytest.mark.parametrize("defect", ["truncated.json", "duplicated_key.json", "nan_literal.json", "items_not_list.json"])
