@@ -47,6 +47,26 @@ def accelerator_order(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted(set(names), key=lambda a: (rank.get(a, len(rank)), a)))
 
 
+def fold_measurement(
+    old: Throughput | None, steps_per_s: float, n_measurements: int = 1, provenance: Provenance = "user"
+) -> Throughput:
+    """A cell after one more measurement (see :meth:`ThroughputCatalog.with_measurement`, which folds one;
+    folding many into one dict of cells builds the catalog once). Raises InvalidThroughput for a bad value,
+    count or an ``estimated`` provenance."""
+    check_steps_per_s(steps_per_s)
+    if provenance == "estimated":
+        raise InvalidThroughput("with_measurement takes measurements; use with_estimates for estimates")
+    if isinstance(n_measurements, bool) or not isinstance(n_measurements, int) or n_measurements < 1:
+        raise InvalidThroughput(f"n_measurements must be an int >= 1, got {n_measurements!r}")
+    new = Throughput(float(steps_per_s), provenance, n_measurements)
+    if old is not None and not old.is_estimate and old.can_run == new.can_run:
+        n = old.n_measurements + n_measurements
+        mean = (old.steps_per_s * old.n_measurements + new.steps_per_s * n_measurements) / n
+        merged: Provenance = "user" if "user" in (old.provenance, provenance) else "measured"
+        new = Throughput(mean, merged, n)
+    return new
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class ThroughputCatalog:
     """Throughputs (steps/s) with provenance, co-location pairs, and job types in registration order.
@@ -177,22 +197,10 @@ class ThroughputCatalog:
         an estimated or absent cell is replaced. ``provenance`` is ``user`` (a user's registration or a
         running job's observation) or ``measured`` (a profiling run).
         """
-        check_steps_per_s(steps_per_s)
-        if provenance == "estimated":
-            raise InvalidThroughput("with_measurement takes measurements; use with_estimates for estimates")
-        if isinstance(n_measurements, bool) or not isinstance(n_measurements, int) or n_measurements < 1:
-            raise InvalidThroughput(f"n_measurements must be an int >= 1, got {n_measurements!r}")
         jt = as_job_type(job_type)
         key = ThroughputKey(jt, normalize_accelerator(accelerator), gpu_count, placement)
-        new = Throughput(float(steps_per_s), provenance, n_measurements)
-        old = self.cells.get(key)
-        if old is not None and not old.is_estimate and old.can_run == new.can_run:
-            n = old.n_measurements + n_measurements
-            mean = (old.steps_per_s * old.n_measurements + new.steps_per_s * n_measurements) / n
-            merged: Provenance = "user" if "user" in (old.provenance, provenance) else "measured"
-            new = Throughput(mean, merged, n)
         cells = dict(self.cells)
-        cells[key] = new
+        cells[key] = fold_measurement(cells.get(key), steps_per_s, n_measurements, provenance)
         return ThroughputCatalog(cells, self.pairs, (*self.job_type_order, jt))
 
     def with_pair_measurement(

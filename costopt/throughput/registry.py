@@ -22,7 +22,7 @@ from sqlalchemy import Engine, select
 
 from costopt.db.schema import throughput_measurements as t_meas
 from costopt.domain import normalize_accelerator
-from costopt.throughput.catalog import ThroughputCatalog
+from costopt.throughput.catalog import ThroughputCatalog, fold_measurement
 from costopt.throughput.errors import InvalidThroughput
 from costopt.throughput.model import (
     DEFAULT_PRECISION,
@@ -132,25 +132,20 @@ class MeasurementRegistry:
         """``catalog`` with every recorded measurement taken at ``precision`` folded in, oldest first. At a
         precision other than ``fp32`` a measurement replaces a file (``measured``, fp32) cell instead of
         being averaged with it. Jobs' own job types (:func:`is_own_job_type`) are left out."""
+        cells = dict(catalog.cells)
+        order = list(catalog.job_type_order)
         for m in self.all():
             if source_precision(m.source) != precision or is_own_job_type(m.job_type):
                 continue
-            if precision != DEFAULT_PRECISION:
-                key = ThroughputKey(m.job_type, normalize_accelerator(m.accelerator), m.gpu_count, m.placement)
-                old = catalog.cells.get(key)
-                if old is not None and old.provenance == "measured":
-                    cells = {k: v for k, v in catalog.cells.items() if k != key}
-                    catalog = ThroughputCatalog(cells, catalog.pairs, catalog.job_type_order)
-            catalog = catalog.with_measurement(
-                m.job_type,
-                m.accelerator,
-                m.gpu_count,
-                m.steps_per_s,
-                placement=m.placement,
-                n_measurements=m.n_measurements,
-                provenance=m.provenance,
-            )
-        return catalog
+            key = ThroughputKey(m.job_type, normalize_accelerator(m.accelerator), m.gpu_count, m.placement)
+            old = cells.get(key)
+            if precision != DEFAULT_PRECISION and old is not None and old.provenance == "measured":
+                del cells[key]  # replaced, not averaged (and placed last, as a new cell)
+                old = None
+            cells[key] = fold_measurement(old, m.steps_per_s, m.n_measurements, m.provenance)
+            order.append(m.job_type)
+        # one catalog built at the end (a catalog per measurement copied every cell and pair each time)
+        return ThroughputCatalog(cells, catalog.pairs, tuple(order))
 
 
 def _measurement(r: Any) -> Measurement:

@@ -8,10 +8,12 @@ import pytest
 from sqlalchemy import Engine
 
 from api.wiring import build_catalog
+from costopt.domain import normalize_accelerator
 from costopt.settings import Settings
+from costopt.throughput.catalog import ThroughputCatalog
 from costopt.throughput.errors import InvalidThroughput
-from costopt.throughput.model import JobType
-from costopt.throughput.registry import Measurement, MeasurementRegistry
+from costopt.throughput.model import JobType, Precision, Throughput, ThroughputKey
+from costopt.throughput.registry import Measurement, MeasurementRegistry, own_job_type
 
 R50 = JobType.parse("ResNet-50 (batch size 128)")
 
@@ -44,3 +46,47 @@ def test_a_negative_measurement_is_refused_and_not_stored(engine: Engine) -> Non
     with pytest.raises(InvalidThroughput):
         reg.add(Measurement(R50, "v100", 1, -1.0))
     assert reg.all() == []
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp"])
+def test_apply_folds_like_one_with_measurement_per_measurement(
+    engine: Engine, catalog: ThroughputCatalog, precision: Precision
+) -> None:
+    """apply builds the catalog once; the reference folds each measurement with with_measurement, oldest
+    first, and at amp drops a file (measured) cell before its first measurement: the same cells, values,
+    counts, provenance, cell order and job type order."""
+    reg = MeasurementRegistry(engine)
+    mynet = JobType("MyNet", 8)
+    ms = [
+        Measurement(R50, "v100", 1, 2.0, source=f"job:a:{precision}"),
+        Measurement(R50, "v100", 1, 3.0, n_measurements=2, provenance="measured", source=f"x:{precision}"),
+        Measurement(mynet, "A100", 2, 5.0, source=f"job:b:{precision}"),
+        Measurement(mynet, "a100", 2, 0.0, source=f"job:b:{precision}"),  # observed not to run: replaces
+        Measurement(R50, "k80", 1, 1.5, placement="spread", source=f"job:c:{precision}"),
+        Measurement(R50, "p100", 1, 9.0, source="job:d:tf32"),  # another precision: left out
+        Measurement(own_job_type("e"), "v100", 1, 4.0, source=f"job:e:{precision}"),  # a job's own: left out
+    ]
+    for m in ms:
+        reg.add(m)
+    expected = catalog
+    for m in ms[:5]:
+        key = ThroughputKey(m.job_type, normalize_accelerator(m.accelerator), m.gpu_count, m.placement)
+        old = expected.cells.get(key)
+        if precision != "fp32" and old is not None and old.provenance == "measured":
+            cells = {k: v for k, v in expected.cells.items() if k != key}
+            expected = ThroughputCatalog(cells, expected.pairs, expected.job_type_order)
+        expected = expected.with_measurement(
+            m.job_type,
+            m.accelerator,
+            m.gpu_count,
+            m.steps_per_s,
+            placement=m.placement,
+            n_measurements=m.n_measurements,
+            provenance=m.provenance,
+        )
+    got = reg.apply(catalog, precision)
+    assert list(got.cells.items()) == list(expected.cells.items())
+    assert got.job_type_order == expected.job_type_order and got.pairs == expected.pairs
+    r50 = got.get(R50, "v100")
+    assert r50 is not None and r50.n_measurements == (4 if precision == "fp32" else 3)
+    assert got.get(mynet, "a100", 2) == Throughput(0.0, "user", 1)
