@@ -134,6 +134,7 @@ FIGURES: tuple[Figure, ...] = (
     Figure("soak", "errors", "soak: errors", "<=", 0, "requests"),
     Figure("soak", "server_log_errors", "soak: server log error lines", "<=", 0, "lines"),
     Figure("soak", "memory.growth_pct", "soak: RSS growth after warm-up", "<=", 10, "%"),
+    Figure("soak", "memory.growth_mb", "soak: RSS growth after warm-up, MB", "<=", 50, "MB"),
     Figure("soak", "req_per_s", "soak: throughput, all routes", "", None, "req/s"),
     Figure("soak", "p99_ms_worst_route", "soak: p99 of the slowest route", "", None, "ms"),
 )

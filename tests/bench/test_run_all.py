@@ -130,3 +130,25 @@ def test_a_saved_json_run_is_judged_again_from_its_figures(tmp_path: Path, capsy
     assert main(["--from-json", str(path), "--no-fail"]) == 0
     out = capsys.readouterr().out
     assert "costopt demo --teams 3 --days 30 --seed 0" in out and "FAIL" in out and "14.5-16.0" in out
+
+
+def test_the_soaks_figures_are_derived_and_memory_is_judged_in_percent_and_megabytes() -> None:
+    soak = {
+        "errors": 0,
+        "server_log_errors": 0,
+        "req_per_s": 42.0,
+        "memory": {"growth_pct": 6.0, "growth_mb": 60.0, "flat": False},
+        "routes": {"get": {"requests": 10, "p99_ms": 12.0}, "report": {"requests": 2, "p99_ms": 900.0}},
+        "samples": [{"t_s": 0.0, "rss_mb": 1000.0}],
+    }
+    got = figures_of("soak", "json", json.dumps(soak, indent=1), 600.0)
+    assert got["p99_ms_worst_route"] == 900.0 and "samples.t_s" not in got
+    verdicts = {r["key"]: r["verdict"] for r in rows([Run("soak", "ok", 600.0, figures=got)])}
+    assert verdicts == {
+        "errors": "pass",
+        "server_log_errors": "pass",
+        "memory.growth_pct": "pass",
+        "memory.growth_mb": "FAIL",  # 6% of a large server is still 60 MB: over the soak's 50 MB
+        "req_per_s": "-",
+        "p99_ms_worst_route": "-",
+    }
