@@ -32,22 +32,23 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 import pandas as pd
 
 from costopt.domain import MAX_SANE_USD_PER_HOUR, Cloud, InstanceType
-
-if TYPE_CHECKING:
-    from costopt.settings import Settings
+from costopt.settings import Settings
+from pricing.base import MAX_PROBLEMS_KEPT
 
 log = logging.getLogger("costopt.pricing.screen")
 
-DEFAULT_MAX_USD_PER_GPU_HOUR = 100.0
-"""Default of the setting ``max_usd_per_gpu_hour``."""
+DEFAULT_MAX_USD_PER_GPU_HOUR: float = Settings.model_fields["max_usd_per_gpu_hour"].default
+"""Default of the setting ``max_usd_per_gpu_hour`` (read from it: one default)."""
+DEFAULT_FUTURE_TOLERANCE: timedelta = Settings.model_fields["price_future_tolerance"].default
+"""Default of the setting ``price_future_tolerance``."""
 
-MAX_REASONS = 50
+MAX_REASONS = MAX_PROBLEMS_KEPT
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+\-]{0,127}$")
 """A region, zone or instance-type name: plain ASCII, no spaces or control characters."""
 
@@ -64,7 +65,7 @@ class ScreenRules:
     """The bounds of :func:`screen_frame` (see the module docstring)."""
 
     max_usd_per_gpu_hour: float = DEFAULT_MAX_USD_PER_GPU_HOUR
-    future_tolerance: timedelta = timedelta(hours=1)
+    future_tolerance: timedelta = DEFAULT_FUTURE_TOLERANCE
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ScreenRules:
