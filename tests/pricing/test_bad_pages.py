@@ -217,8 +217,7 @@ def test_a_10_mb_page_is_read_whole_and_refused_whole_for_one_bad_item(tmp_path:
 
     assert [r.status for r in reports] == ["failed", "failed", "imported"]
     assert "negative price" in (reports[0].error or "") and "ends early" in (reports[1].error or "")
-    assert (reports[2].points_read, reports[2].skipped_records) == (1, reports[2].skipped_records)
-    assert reports[2].skipped_records > 10_000
+    assert reports[2].points_read == 1 and reports[2].skipped_records > 10_000
     assert store.count_points() == 1  # the clean page's one Linux meter, nothing of the others
 
 
