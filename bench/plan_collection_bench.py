@@ -209,13 +209,8 @@ def main() -> None:
     t0 = time.perf_counter()
     try:
         plan = plan_collection(sweep, table, catalog, assumptions)
-    except CollectionInfeasible as exc:
-        print(
-            json.dumps({"error": f"sweep infeasible ({exc.binding}): {exc}"})
-            if args.json
-            else f"sweep infeasible ({exc.binding}): {exc}"
-        )
-        return
+    except CollectionInfeasible as exc:  # the instance is built feasible: a failure (exit 1, the reason on stderr)
+        raise SystemExit(f"sweep infeasible ({exc.binding}): {exc}") from exc
     if args.json:
         figures = {
             "jobs": sum(g.count for g in groups),
