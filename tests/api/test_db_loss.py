@@ -27,6 +27,7 @@ from api.app import create_app
 from api.planning import reset
 from api.ticks import OUTAGE
 from api.wiring import seed_catalog
+from bench.kill_drill import AWS_SPOT_FILE, BODY, START, TERMINAL  # the drill's jobs and prices
 from costopt.agent import control
 from costopt.cloud import InstanceState
 from costopt.db.engine import CONNECT_TIMEOUT_S, make_engine, migrate
@@ -37,16 +38,8 @@ from pricing.store import PriceStore
 from providers.sim import SimCloud
 from tests.pg_server import PrivateServer, private_server
 
-START = datetime(2020, 2, 29, tzinfo=UTC)
-AWS_SPOT_FILE = "aws_spot_price_history_2019-12_2020-03_p2_p3.csv"
-BODY: dict[str, Any] = {
-    "job_type": "ResNet-50 (batch size 128)",
-    "command": ["python", "train.py"],
-    "constraints": {"clouds": ["aws"], "markets": ["spot"]},
-}
 STEPS = 12_000  # ~1.3 simulated hours of ResNet-50: ~1.3 s of wall time at 3600x, plus the boot
 JOBS = 5
-TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 @pytest.fixture(scope="module")
