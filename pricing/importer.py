@@ -958,9 +958,7 @@ def _screen(store: PriceStore, path: Path, parsed: _Parsed, gpus: dict[tuple[str
         raise BadRecord.first_of(f"{path}: {screened.reasons[0]}", screened.refused, "refused points")
 
 
-def _import(
-    store: PriceStore, found: Detected, known: set[tuple[Cloud, str]], gpus: dict[tuple[str, str], float]
-) -> ImportReport:
+def _import(store: PriceStore, found: Detected, gpus: dict[tuple[str, str], float]) -> ImportReport:
     path = found.path
     if found.malformed is not None:
         raise MalformedInput(found.malformed)
@@ -971,7 +969,7 @@ def _import(
         _screen(store, path, parsed, gpus)
     except (BadRecord, MalformedInput) as exc:
         raise _named(path, exc) from exc
-    return _write(store, path, found.kind, parsed, known, gpus)
+    return _write(store, path, found.kind, parsed, gpus)
 
 
 def _write(
@@ -979,23 +977,22 @@ def _write(
     path: Path,
     kind: str,
     parsed: _Parsed,
-    known: set[tuple[Cloud, str]],
     gpus: dict[tuple[str, str], float],
 ) -> ImportReport:
-    """Store a parsed and screened file (one write), add the instance types it reveals, report."""
+    """Store a parsed and screened file (one write), add the instance types it reveals (those not in
+    ``gpus``, the known types' GPU counts, which they then join), report."""
     result = store.write(parsed.points)
     warnings = list(parsed.warnings)
     for w in [] if parsed.warnings_logged else parsed.warnings:
         log.warning("%s", w)
     if result.corrected:
         warnings.append(f"{result.corrected} stored price(s) at the same offer and time were replaced by this file's")
-    new_types: dict[tuple[Cloud, str], InstanceType] = {}
+    new_types: dict[tuple[str, str], InstanceType] = {}
     for t in parsed.types:
-        if (t.cloud, t.name) not in known:
-            new_types.setdefault((t.cloud, t.name), t)
+        if (t.cloud.value, t.name) not in gpus:
+            new_types.setdefault((t.cloud.value, t.name), t)
     if new_types:
         store.upsert_instance_types(new_types.values())
-        known.update(new_types)
         gpus.update(gpu_counts(new_types.values()))
     report = ImportReport(
         path=path,
@@ -1020,9 +1017,10 @@ def _write(
     return report
 
 
-def _known_types(store: PriceStore) -> tuple[set[tuple[Cloud, str]], dict[tuple[str, str], float]]:
-    types = store.instance_types()
-    return {(t.cloud, t.name) for t in types}, gpu_counts(types)
+def _known_types(store: PriceStore) -> dict[tuple[str, str], float]:
+    """The store's instance types, as their GPU counts by ``(cloud, name)`` (the screen's per-GPU bound
+    and the importer's "is this type new" both read it)."""
+    return gpu_counts(store.instance_types())
 
 
 def import_source(kind: str) -> str:
@@ -1066,10 +1064,10 @@ def import_file(store: PriceStore, path: Path) -> ImportReport:
     names the file (and the line or record); nothing of the file is stored then (the refusal is
     counted in ``source_status`` under ``import:<kind>``).
     """
-    known, gpus = _known_types(store)
+    gpus = _known_types(store)
     found = detect(Path(path))
     try:
-        report = _import(store, found, known, gpus)
+        report = _import(store, found, gpus)
     except (BadRecord, MalformedInput) as exc:
         log.error("failed: %s", exc)
         _record(store, ImportReport(Path(path), found.kind, "failed", error=str(exc)), exc)
@@ -1107,7 +1105,7 @@ def import_paths(
     The first page's report carries the listing's counts, the others' say they were composed with it.
     A page named explicitly is composed alone.
     """
-    known, gpus = _known_types(store)
+    gpus = _known_types(store)
     reports: list[ImportReport] = []
     items = list(_walk(paths))
     listings = _gcp_listings([p for p, in_folder in items if in_folder])
@@ -1117,7 +1115,7 @@ def import_paths(
             continue
         listing = listings.get(path)
         if listing is not None:
-            for report, exc in _import_listing(store, listing, known, gpus):
+            for report, exc in _import_listing(store, listing, gpus):
                 _record(store, report, exc)
                 reports.append(report)
                 done.add(report.path)
@@ -1129,7 +1127,7 @@ def import_paths(
         try:
             found = detect(path)
             kind = found.kind
-            report = _import(store, found, known, gpus)
+            report = _import(store, found, gpus)
         except NotPriceData as exc:
             status: Status = "skipped" if in_folder else "refused"
             report = ImportReport(path, kind, status, error=str(exc))
@@ -1165,7 +1163,7 @@ def _gcp_listings(paths: Sequence[Path]) -> dict[Path, list[Detected]]:
 
 
 def _import_listing(
-    store: PriceStore, listing: list[Detected], known: set[tuple[Cloud, str]], gpus: dict[tuple[str, str], float]
+    store: PriceStore, listing: list[Detected], gpus: dict[tuple[str, str], float]
 ) -> list[tuple[ImportReport, Exception | None]]:
     """Import the pages of one GCP listing together; one report per page (see :func:`import_paths`)."""
     first = listing[0].path
@@ -1179,7 +1177,7 @@ def _import_listing(
         # every page refused; the bad records counted once
         refused = [ImportReport(f.path, GCP_PAGE, "failed", error=error) for f in listing]
         return [(report, exc if i == 0 else None) for i, report in enumerate(refused)]
-    head = _write(store, first, GCP_PAGE, parsed, known, gpus)
+    head = _write(store, first, GCP_PAGE, parsed, gpus)
     note = f"composed together with {first.name} (one listing of {len(listing)} pages; counts on its report)"
     rest = [ImportReport(f.path, GCP_PAGE, head.status, warnings=(note,)) for f in listing[1:]]
     return [(head, None), *((r, None) for r in rest)]
