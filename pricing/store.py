@@ -634,6 +634,7 @@ class PriceStore:
             row = conn.execute(select(t_status).where(t_status.c.name == name)).first()
             values: dict[str, Any] = {
                 "last_attempt_at": at,
+                "last_bad_records": bad_records,
                 "last_refused_pages": refused_pages,
                 "total_refused_pages": (row.total_refused_pages if row else 0) + refused_pages,
                 "total_bad_records": (row.total_bad_records if row else 0) + bad_records,
@@ -645,7 +646,6 @@ class PriceStore:
                     last_success_at=at,
                     consecutive_failures=0,
                     last_points=points,
-                    last_bad_records=bad_records,
                     last_skipped=skipped,
                     last_partial=partial,
                     total_points=(row.total_points if row else 0) + points,
@@ -657,7 +657,6 @@ class PriceStore:
                     last_error=error or "unknown error",
                     last_error_at=at,
                     consecutive_failures=(row.consecutive_failures if row else 0) + 1,
-                    last_bad_records=bad_records,
                 )
             if row is None:
                 conn.execute(t_status.insert().values(name=name, **values))
