@@ -72,11 +72,7 @@ class TeamPolicy:
         def prefixes(raw: str | None) -> tuple[str, ...] | None:
             return None if raw is None else tuple(str(p) for p in json.loads(raw))
 
-        return cls(
-            bool(getattr(row, "allow_local_provider", False)),
-            prefixes(getattr(row, "checkpoint_prefixes", None)),
-            prefixes(getattr(row, "image_prefixes", None)),
-        )
+        return cls(bool(row.allow_local_provider), prefixes(row.checkpoint_prefixes), prefixes(row.image_prefixes))
 
 
 @dataclass(frozen=True, slots=True)
