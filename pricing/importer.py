@@ -85,7 +85,7 @@ from pricing.base import Problems, strict_json
 from pricing.catalog import INSTANCE_COLUMNS, LIST_PRICES_FILE, PRICE_COLUMNS, load_list_prices
 from pricing.ingest import KEY_COLUMNS
 from pricing.screen import gpu_counts, price_faults, screen_frame, screen_types
-from pricing.store import PriceStore, points_frame
+from pricing.store import IMPORT_SOURCE_PREFIX, PriceStore, points_frame
 
 log = logging.getLogger("costopt.pricing.importer")
 
@@ -1025,7 +1025,7 @@ def _known_types(store: PriceStore) -> dict[tuple[str, str], float]:
 
 def import_source(kind: str) -> str:
     """The ``source_status`` name imports of files of ``kind`` are recorded under (``import:<kind>``)."""
-    return f"import:{kind}"
+    return f"{IMPORT_SOURCE_PREFIX}{kind}"
 
 
 def _bad_count(exc: Exception | None) -> int:

@@ -48,6 +48,9 @@ from pricing.screen import ScreenRules
 
 REFERENCE_SOURCES = frozenset({"list-price"})
 """Sources of curated reference facts (published list prices), not observations of the market."""
+IMPORT_SOURCE_PREFIX = "import:"
+"""``source_status`` rows of imported files are named ``import:<kind>``; imports are not scheduled, so
+such a row is never stale."""
 BUMP_VERSION_SQL = "UPDATE store_meta SET value = value + 1 WHERE name = 'price_version'"
 _NAT = np.iinfo(np.int64).min
 
@@ -681,7 +684,7 @@ class PriceStore:
                 last_skipped=r.last_skipped,
                 last_partial=bool(r.last_partial),
                 total_points=r.total_points,
-                stale=not r.name.startswith("import:")
+                stale=not r.name.startswith(IMPORT_SOURCE_PREFIX)
                 and (r.last_success_at is None or r.last_success_at < now - self.stale_after),
                 total_bad_records=r.total_bad_records,
                 last_refused_pages=r.last_refused_pages,
