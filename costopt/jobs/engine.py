@@ -60,7 +60,6 @@ from costopt.agent.storage import is_local_uri
 from costopt.cloud import ACTIVE_STATES as ALIVE_STATES
 from costopt.cloud import CloudError, Instance, InstanceState, NotFoundError
 from costopt.db.migration_schema import migrations
-from costopt.db.readcache import cached
 from costopt.domain import OfferKey
 from costopt.errors import CostoptError
 from costopt.fleets.model import FLEET_PROVIDER
@@ -182,13 +181,9 @@ def _snapshot(migrator: Migrator, working: frozenset[str] = frozenset()) -> _Sna
     """``working``: the jobs with a worker in flight, taken before the reads (see :class:`_Snapshot`)."""
     mjobs = {j.job_id: j for j in migrator.jobs()}
     active = {m.job_id: m for m in migrator.active_migrations()}
-    last = dict(cached(migrator.engine, _LAST_MIGRATIONS, ("migrations",), lambda: _last_migrations(migrator)))
-    return _Snapshot(mjobs, active, last, working)
-
-
-def _last_migrations(migrator: Migrator) -> tuple[tuple[str, int], ...]:
     with migrator.engine.connect() as conn:
-        return tuple((str(job_id), int(mid)) for job_id, mid in conn.execute(_LAST_MIGRATIONS).all())
+        last = {job_id: int(mid) for job_id, mid in conn.execute(_LAST_MIGRATIONS).all()}
+    return _Snapshot(mjobs, active, last, working)
 
 
 @dataclass(slots=True)

@@ -43,7 +43,6 @@ from sqlalchemy.pool import StaticPool
 from costopt.agent.storage import drop_memory
 from costopt.db.jobs_schema import jobs as jobs_table
 from costopt.db.migration_schema import migration_copies
-from costopt.db.readcache import WriteTracker, track
 from costopt.domain import Cloud, utc
 from costopt.jobs.engine import JobEngine
 from costopt.jobs.model import ACTIVE_STATES, JobState
@@ -127,12 +126,7 @@ def memory_database() -> Engine:
     import costopt.db.schema  # noqa: F401  (declares every table)
     from costopt.db.metadata import metadata
 
-    tracker = WriteTracker()  # this process is its only writer: reads of unchanged tables come from memory
-    db = create_engine(
-        "sqlite://",
-        poolclass=StaticPool,
-        connect_args={"check_same_thread": False, "factory": tracker.sqlite_factory()},
-    )
+    db = create_engine("sqlite://", poolclass=StaticPool, connect_args={"check_same_thread": False})
 
     @event.listens_for(db, "connect")
     def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -141,7 +135,6 @@ def memory_database() -> Engine:
         cur.close()
 
     metadata.create_all(db)
-    track(db, tracker)
     return db
 
 

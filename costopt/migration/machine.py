@@ -78,7 +78,6 @@ from costopt.cloud import (
     ProviderConfigError,
 )
 from costopt.db.migration_schema import migration_jobs, migrations
-from costopt.db.readcache import cached
 from costopt.domain import OfferKey
 from costopt.ledger.book import Ledger
 from costopt.migration.ledger_sync import (
@@ -250,12 +249,9 @@ class Migrator:
         return job
 
     def jobs(self) -> list[JobRecord]:
-        return list(cached(self.engine, _JOBS, ("migration_jobs",), self._read_jobs))
-
-    def _read_jobs(self) -> tuple[JobRecord, ...]:
         with self.engine.connect() as conn:
             rows = conn.execute(_JOBS).all()
-        return tuple(JobRecord.of(r) for r in rows)
+        return [JobRecord.of(r) for r in rows]
 
     def copies(self, job_id: str | None = None, *, instance_ids: Collection[str] | None = None) -> list[CopyRecord]:
         """The job's copies as billed (every job's with None), by epoch; only those of ``instance_ids``
@@ -295,12 +291,9 @@ class Migrator:
         return MigrationRecord.of(row) if row is not None else None
 
     def active_migrations(self) -> list[MigrationRecord]:
-        return list(cached(self.engine, _ACTIVE, ("migrations",), self._read_active))
-
-    def _read_active(self) -> tuple[MigrationRecord, ...]:
         with self.engine.connect() as conn:
             rows = conn.execute(_ACTIVE).all()
-        return tuple(MigrationRecord.of(r) for r in rows)
+        return [MigrationRecord.of(r) for r in rows]
 
     def history(self, job_id: str, *, after_id: int = 0) -> list[MigrationRecord]:
         """The job's migrations in order (those after ``after_id``: the history read so far is immutable

@@ -35,7 +35,6 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from costopt.cloud import CapacityError, QuotaError
-from costopt.db.readcache import cached, is_tracked
 from costopt.db.unavailable_schema import unavailable_offers as _t
 from costopt.domain import Cloud, Market, OfferKey
 
@@ -115,14 +114,6 @@ _ACTIVE = (
     .where(_t.c.since <= bindparam("b_at"), _t.c.until > bindparam("b_at"))
     .order_by(_t.c.until, _t.c.cloud, _t.c.region, _t.c.zone, _t.c.instance_type, _t.c.market)
 )
-_ALL = select(_t)
-"""Every entry: read once per change of the table on a database this process alone writes
-(:mod:`costopt.db.readcache`), then filtered in memory as :data:`_ENTRY` and :data:`_ACTIVE` would."""
-
-
-def _order(row: Any) -> tuple[Any, ...]:
-    """:data:`_ACTIVE`'s order (byte order of the UTF-8 strings, as SQLite's BINARY collation)."""
-    return (row.until, row.cloud, row.region, row.zone, row.instance_type, row.market)
 
 
 def _key_params(offer: OfferKey) -> dict[str, str]:
@@ -189,7 +180,7 @@ class UnavailableOffers:
             try:
                 with self.engine.begin() as conn:
                     key = _key_params(offer)
-                    row = self._entry(conn, offer, key)
+                    row = conn.execute(_ENTRY, key).first()
                     if row is None:
                         conn.execute(
                             _INSERT,
@@ -228,35 +219,6 @@ class UnavailableOffers:
 
     # -- reads -------------------------------------------------------------------------------------------
 
-    def _all(self, conn: Connection | None) -> tuple[Any, ...]:
-        """Every row, on a database this process alone writes (:mod:`costopt.db.readcache`); read on
-        ``conn`` (None: a connection of its own) when the table changed since the last read."""
-
-        def read() -> tuple[Any, ...]:
-            if conn is not None:
-                return tuple(conn.execute(_ALL).all())
-            with self.engine.connect() as own:
-                return tuple(own.execute(_ALL).all())
-
-        return cached(self.engine, _ALL, (_t.name,), read)
-
-    def _entry(self, conn: Connection, offer: OfferKey, key: Mapping[str, str]) -> Any:
-        """The row of ``offer`` (None: never marked)."""
-        if not is_tracked(self.engine):
-            return conn.execute(_ENTRY, key).first()
-        want = (offer.cloud.value, offer.region, offer.zone, offer.instance_type, offer.market.value)
-        return next(
-            (r for r in self._all(conn) if (r.cloud, r.region, r.zone, r.instance_type, r.market) == want), None
-        )
-
-    def _active_rows(self, conn: Connection | None, when: datetime) -> list[Any]:
-        if is_tracked(self.engine):
-            return sorted((r for r in self._all(conn) if r.since <= when < r.until), key=_order)
-        if conn is not None:
-            return list(conn.execute(_ACTIVE, {"b_at": when}).all())
-        with self.engine.connect() as own:
-            return list(own.execute(_ACTIVE, {"b_at": when}).all())
-
     def is_unavailable(self, offer: OfferKey, *, at: datetime | None = None) -> bool:
         """True when ``offer`` has an entry active at ``at`` (default now)."""
         when = self._at(at)
@@ -270,7 +232,11 @@ class UnavailableOffers:
         """Every entry active at ``at`` (default now), soonest expiry first; read on ``conn`` when given
         (a caller's, which reads more on it), else on a connection of its own."""
         when = self._at(at)
-        rows = self._active_rows(conn, when)
+        if conn is not None:
+            rows = conn.execute(_ACTIVE, {"b_at": when}).all()
+        else:
+            with self.engine.connect() as own:
+                rows = own.execute(_ACTIVE, {"b_at": when}).all()
         return [UnavailableEntry(_offer_of(r), r.reason, r.since, r.until, r.detail or "") for r in rows]
 
     def unavailable_set(self, *, at: datetime | None = None, conn: Connection | None = None) -> frozenset[OfferKey]:
