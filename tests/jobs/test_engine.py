@@ -384,3 +384,33 @@ def test_a_job_that_finishes_before_a_tick_sees_it_run_still_goes_through_runnin
     assert done.state is JobState.SUCCEEDED and done.steps_done == 5
     assert h.states(job.id) == ["queued", "launching", "running", "succeeded"]
     assert done.offer == LOCAL_A
+
+
+def test_a_tick_logs_a_lost_race_in_one_line_and_a_real_fault_with_its_traceback(
+    h: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from costopt.migration.records import ConcurrentTransition, MigrationError
+
+    raced = h.submit(train_command(10), 10)
+    broken = h.submit(train_command(10), 10)
+
+    def step(self: JobEngine, job, *args, **kwargs) -> None:
+        if job.id == raced.id:
+            raise ConcurrentTransition("another migrator advanced it")
+        raise MigrationError("the provider said no")
+
+    monkeypatch.setattr(JobEngine, "_step", step)
+    with caplog.at_level(logging.WARNING, logger="costopt.jobs.engine"):
+        report = h.engine.tick()
+    assert sorted(report.errors) == sorted(
+        [
+            f"{raced.id}: ConcurrentTransition: another migrator advanced it",
+            f"{broken.id}: MigrationError: the provider said no",
+        ]
+    )
+    race = [r for r in caplog.records if raced.id in r.getMessage()]
+    fault = [r for r in caplog.records if broken.id in r.getMessage()]
+    assert len(race) == 1 and race[0].levelno == logging.WARNING and race[0].exc_info is None
+    assert len(fault) == 1 and fault[0].levelno == logging.ERROR and fault[0].exc_info is not None
