@@ -9,7 +9,6 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from api.sim_clock import SimClockDriver, driver_for, service_clock, start_sim_clock
@@ -19,10 +18,10 @@ from costopt.agent.contract import contract_env
 from costopt.clock import ServiceClock, WallClock
 from costopt.cloud import LaunchSpec
 from costopt.domain import Cloud, Market, OfferKey
-from costopt.ledger import StepPrices
 from costopt.risk.hazard import HazardModel
 from costopt.settings import Settings
 from providers.sim import SimCloud
+from tests.price_support import step_prices
 
 START = datetime(2020, 3, 1, tzinfo=UTC)
 OFFER = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.ON_DEMAND)
@@ -41,20 +40,7 @@ class Wall:
 
 
 def _cloud() -> SimCloud:
-    frame = pd.DataFrame(
-        [
-            {
-                "cloud": "aws",
-                "region": OFFER.region,
-                "zone": OFFER.zone,
-                "instance_type": OFFER.instance_type,
-                "market": "on_demand",
-                "valid_from": START - timedelta(days=1),
-                "usd_per_hour": 3.06,
-            }
-        ]
-    )
-    prices = StepPrices.from_history(frame, {("aws", "p3.2xlarge"): ("v100", 1.0)})
+    prices = step_prices([(OFFER, START - timedelta(days=1), 3.06)])
     return SimCloud(prices, HazardModel(defaults=dict.fromkeys(Cloud, 0.0)), start=START)
 
 
@@ -143,22 +129,10 @@ def test_wiring_shares_one_simulated_cloud_per_store_starting_at_the_setting(tmp
 
 def test_the_throughput_comes_from_the_catalog_by_job_type_accelerator_and_gpus(shared_data: Path) -> None:
     settings = Settings(data_dir=shared_data)
-    frame = pd.DataFrame(
-        [
-            {
-                "cloud": "aws",
-                "region": OFFER.region,
-                "zone": OFFER.zone,
-                "instance_type": t,
-                "market": "on_demand",
-                "valid_from": START,
-                "usd_per_hour": 3.0,
-            }
-            for t in ("p3.2xlarge", "p3.8xlarge")
-        ]
-    )
-    prices = StepPrices.from_history(
-        frame, {("aws", "p3.2xlarge"): ("v100", 1.0), ("aws", "p3.8xlarge"): ("v100", 4.0)}
+    p3_8x = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.8xlarge", Market.ON_DEMAND)
+    prices = step_prices(
+        [(OFFER, START, 3.0), (p3_8x, START, 3.0)],
+        {("aws", "p3.2xlarge"): ("v100", 1.0), ("aws", "p3.8xlarge"): ("v100", 4.0)},
     )
     rate = build_sim_throughput(settings, prices)
     catalog = build_catalog(settings)
@@ -166,9 +140,7 @@ def test_the_throughput_comes_from_the_catalog_by_job_type_accelerator_and_gpus(
     one, four = catalog.get(job, "v100", 1), catalog.get(job, "v100", 4)
     assert one is not None and four is not None and one.steps_per_s != four.steps_per_s
     assert rate(job, 1, OFFER) == one.steps_per_s
-    assert rate(job, 4, OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.8xlarge", Market.ON_DEMAND)) == (
-        four.steps_per_s
-    )
+    assert rate(job, 4, p3_8x) == four.steps_per_s
     amp = build_catalog(settings, precision="amp").get(job, "v100")  # FP16 tensor cores: its amp estimate
     assert amp is not None and amp.steps_per_s > one.steps_per_s
     assert rate(job, 1, OFFER, "amp") == amp.steps_per_s and rate(job, 1, OFFER, "fp32") == one.steps_per_s
