@@ -11,7 +11,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from sqlalchemy import Engine
 
@@ -28,6 +27,7 @@ from costopt.risk.hazard import HazardModel
 from costopt.simulated import SimEventKind, WorkloadTiming
 from providers.sim import SimCloud, SimConfig
 from providers.sim_agent import AgentEnvError
+from tests.price_support import step_prices
 
 START = datetime(2020, 3, 1, tzinfo=UTC)
 OD_A = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.ON_DEMAND)
@@ -38,19 +38,8 @@ TIMING = WorkloadTiming(checkpoint_interval=timedelta(minutes=30))
 
 
 def _prices() -> StepPrices:
-    rows = [
-        {
-            "cloud": k.cloud.value,
-            "region": k.region,
-            "zone": k.zone,
-            "instance_type": k.instance_type,
-            "market": k.market.value,
-            "valid_from": START - timedelta(days=1),
-            "usd_per_hour": 3.06 if k.market is Market.ON_DEMAND else 0.92,
-        }
-        for k in (OD_A, OD_B, SPOT)
-    ]
-    return StepPrices.from_history(pd.DataFrame(rows), {("aws", "p3.2xlarge"): ("v100", 1.0)})
+    day_before = START - timedelta(days=1)
+    return step_prices([(k, day_before, 3.06 if k.market is Market.ON_DEMAND else 0.92) for k in (OD_A, OD_B, SPOT)])
 
 
 def make_cloud(spot_hazard: float = 0.0, seed: int = 0, **config: object) -> SimCloud:
@@ -335,20 +324,7 @@ def test_a_notice_long_enough_for_a_checkpoint_saves_the_work(uri: str) -> None:
 
 def test_a_notice_too_short_for_a_checkpoint_loses_the_work_since_the_last_one(uri: str) -> None:
     gcp = OfferKey(Cloud.GCP, "us-central1", "us-central1-a", "a2-highgpu-1g", Market.SPOT)
-    frame = pd.DataFrame(
-        [
-            {
-                "cloud": "gcp",
-                "region": gcp.region,
-                "zone": gcp.zone,
-                "instance_type": gcp.instance_type,
-                "market": "spot",
-                "valid_from": START - timedelta(days=1),
-                "usd_per_hour": 1.1,
-            }
-        ]
-    )
-    prices = StepPrices.from_history(frame, {("gcp", "a2-highgpu-1g"): ("a100", 1.0)})
+    prices = step_prices([(gcp, START - timedelta(days=1), 1.1)], {("gcp", "a2-highgpu-1g"): ("a100", 1.0)})
     hazards = HazardModel(defaults={**dict.fromkeys(Cloud, 0.0), Cloud.GCP: 0.5})
     cloud = SimCloud(prices, hazards, start=START, seed=3, config=SimConfig(timing=TIMING))
     inst = cloud.launch(spec(uri, offer=gcp, steps=200_000), "t1")
