@@ -11,7 +11,6 @@ import json
 import logging
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
@@ -664,26 +663,34 @@ def send_notice(moto_url: str, queue_url: str, instance_id: str, at: datetime) -
 def test_a_notice_not_acknowledged_comes_again_after_the_visibility_timeout_and_not_after_its_ack(
     moto_url: str, queue: str
 ) -> None:
+    from providers.aws import _decode_receipt
+
     at = datetime(2026, 3, 2, 14, 0, tzinfo=UTC)
     send_notice(moto_url, queue, "i-0crash", at)
-    provider = reader(moto_url, queue, notice_visibility_seconds=1)
+    provider = reader(moto_url, queue, notice_visibility_seconds=600)
+    seen: list[Any] = []
 
     def watcher_that_dies() -> None:
         read = notices(provider, at)
         assert [n.instance_id for n in read] == ["i-0crash"]
+        seen.extend(read)
         raise RuntimeError("the watcher died between reading the notice and acting on it")
 
     with pytest.raises(RuntimeError, match="died"):
         watcher_that_dies()
     assert queued(moto_url, queue) == 1
-    assert notices(provider, at) == []  # hidden for the visibility timeout only
-    time.sleep(1.3)
+    assert notices(provider, at) == []  # hidden for the visibility timeout (600 s: no load makes it lapse here)
+    # the visibility timeout lapses (ended now through SQS itself rather than by sleeping, so a loaded machine
+    # cannot make the hidden read above come too late)
+    decoded = _decode_receipt(seen[0].receipt)
+    assert decoded is not None and decoded[0] == REGION
+    sqs = fake_session().client("sqs", endpoint_url=moto_url)
+    sqs.change_message_visibility(QueueUrl=queue, ReceiptHandle=decoded[1], VisibilityTimeout=0)
 
-    (again,) = notices(reader(moto_url, queue, notice_visibility_seconds=1), at)  # a restarted watcher
+    (again,) = notices(reader(moto_url, queue, notice_visibility_seconds=600), at)  # a restarted watcher
     assert (again.instance_id, again.noticed_at) == ("i-0crash", at)
     provider.acknowledge([again])  # acted on: gone for good
-    assert queued(moto_url, queue) == 0
-    time.sleep(1.3)
+    assert queued(moto_url, queue) == 0  # deleted, not merely hidden (hidden ones count as not visible)
     assert notices(provider, at) == []
 
 
