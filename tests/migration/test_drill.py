@@ -42,7 +42,7 @@ def sound(steps: int, moves: int, preemptions: int) -> dict[str, object]:
     return dict(zip(KEYS, (steps, steps, 0, 0, moves, preemptions, 0, True), strict=True))
 
 
-@pytest.mark.slow
+@pytest.mark.drill  # make drills (~25 s each); make test runs the 1-move, 1-preemption drills below
 def test_the_example_migrated_5_times_and_preempted_5_times_finishes_with_exactly_its_steps(tmp_path: Path) -> None:
     report = drill(
         f"python {EXAMPLE} --steps 1500 --checkpoint-every 50 --step-seconds 0.01",
@@ -56,7 +56,7 @@ def test_the_example_migrated_5_times_and_preempted_5_times_finishes_with_exactl
     assert report.recoveries == 5 and report.notices == 5  # every preemption recovered by the watcher
 
 
-@pytest.mark.slow
+@pytest.mark.drill  # make drills (~25 s each); make test runs the 1-move, 1-preemption drills below
 def test_the_example_on_the_simulated_market_5_moves_5_preemptions(tmp_path: Path) -> None:
     report = drill(
         f"python {EXAMPLE} --steps 2000 --checkpoint-every 50 --step-seconds 0.01",
