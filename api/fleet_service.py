@@ -11,11 +11,14 @@ process (:func:`in_process_transport`), through the sync route's own request and
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from costopt.agent.worker import Transport, WorkerConfig, WorkerError
 from costopt.fleets.executor import FleetExecutor
@@ -37,6 +40,9 @@ __all__ = [
     "build_worker_sync",
     "fleet_executor_enabled",
     "in_process_transport",
+    "service_url_problem",
+    "worker_command",
+    "worker_env",
 ]
 
 FLEETS_JOB_ID = "fleets"
@@ -58,6 +64,40 @@ def worker_command(settings: Settings, provider: str) -> Sequence[str]:
         return shlex.split(settings.fleet_worker_command)
     python = sys.executable if provider == "local" else "python3"
     return [python, "-m", "costopt.agent.worker"]
+
+
+def worker_env(settings: Settings) -> dict[str, str]:
+    """The variables every fleet worker gets besides its identity (the executor adds the service URL, fleet,
+    worker id, token and GPUs): its poll interval, ``COSTOPT_FLEET_WORKER_POLL``."""
+    return {"COSTOPT_WORKER_POLL": repr(float(settings.fleet_worker_poll))}
+
+
+IN_PROCESS_PROVIDERS = ("local", "sim")
+"""Providers whose fleet workers run on this machine (a process, or in the service's process)."""
+
+
+def service_url_problem(settings: Settings, provider: str) -> str | None:
+    """Why a fleet worker on an instance of ``provider`` could not reach ``COSTOPT_SERVICE_URL`` (None: it
+    can, as far as the service can tell): a cloud instance cannot reach a loopback address (``localhost``,
+    127.0.0.0/8, ``::1``), nor a URL that is not http(s) with a host. ``local`` and ``sim`` run their workers
+    on this machine: never a problem."""
+    if provider in IN_PROCESS_PROVIDERS:
+        return None
+    url = settings.service_url
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    fix = "set COSTOPT_SERVICE_URL to the URL this service is reached at from the cloud's instances"
+    if parts.scheme not in ("http", "https") or not host:
+        return f"COSTOPT_SERVICE_URL {url!r} is not an http(s) URL with a host: {fix}"
+    loopback = host == "localhost" or host.endswith(".localhost")
+    with contextlib.suppress(ValueError):
+        loopback = loopback or ipaddress.ip_address(host).is_loopback
+    if loopback:
+        return (
+            f"COSTOPT_SERVICE_URL {url!r} is a loopback address a {provider} instance cannot reach (its worker "
+            f"would never sync and the instance would be replaced again and again): {fix}"
+        )
+    return None
 
 
 def build_fleet_executor(settings: Settings, service: JobService) -> FleetExecutor:
@@ -82,11 +122,12 @@ def build_fleet_executor(settings: Settings, service: JobService) -> FleetExecut
         providers,
         worker_command=lambda provider: worker_command(settings, provider),
         service_url=settings.service_url,
-        worker_env={"COSTOPT_WORKER_POLL": repr(float(settings.fleet_worker_poll))},
+        worker_env=worker_env(settings),
         dead_after_s=dead_after,
         boot_timeout_s=settings.fleet_boot_timeout,
         billing=billing,
         grid_s=settings.fleet_tick,
+        unreachable={name: why for name in providers if (why := service_url_problem(settings, name)) is not None},
     )
 
 

@@ -80,7 +80,14 @@ class FleetExecutor:
     ``COSTOPT_WORKER_POLL``); ``billing``: called with each fleet and now after its boundary; ``grid_s``: the
     period the executor is ticked at (a fleet's first round starts on that grid, so its boundaries fall on
     ticks); ``full_every_s``: a fleet whose round is not over is looked at (liveness, launches, cancels,
-    billing) at most this often; one whose round ended, at every tick."""
+    billing) at most this often; one whose round ended, at every tick; ``unreachable``: provider name -> why
+    a worker on its instances could not reach ``service_url`` (those instances wait, pending, saying so,
+    instead of booting workers that never sync).
+
+    A launch the provider refuses (:class:`~costopt.cloud.CloudError`, or ``ValueError`` for a spec it
+    cannot send, e.g. a boot script above the cloud's size limit or a region it does not watch) puts the
+    instance back to ``pending`` with the reason (``end_reason``, and the report's errors) and is retried
+    ``LAUNCH_RETRY_S`` later; the fleet's pass goes on (its rounds are not held up by one instance)."""
 
     def __init__(
         self,
@@ -96,6 +103,7 @@ class FleetExecutor:
         billing: Callable[[FleetRecord, datetime], object] | None = None,
         grid_s: float | None = None,
         full_every_s: float = 1.0,
+        unreachable: Mapping[str, str] | None = None,
     ) -> None:
         if dead_after_s <= 0 or boot_timeout_s <= 0 or (grid_s is not None and grid_s <= 0):
             raise ValueError("dead_after_s, boot_timeout_s and grid_s must be > 0")
@@ -106,6 +114,7 @@ class FleetExecutor:
         self.worker_command = worker_command
         self.service_url = service_url.rstrip("/")
         self.worker_env = dict(worker_env or {})
+        self.unreachable = dict(unreachable or {})
         self.dead_after = timedelta(seconds=dead_after_s)
         self.boot_timeout = timedelta(seconds=boot_timeout_s)
         self.billing = billing
@@ -292,8 +301,12 @@ class FleetExecutor:
             if self._retry_at.get(inst.id, now) > now:
                 continue
             provider = self.providers.get(inst.provider)
-            if provider is None:  # said once (on the instance and in the log), not at every pass
-                why = f"provider {inst.provider!r} cannot run a fleet worker in this service: the instance waits"
+            why = (
+                f"provider {inst.provider!r} cannot run a fleet worker in this service: the instance waits"
+                if provider is None
+                else self.unreachable.get(inst.provider)
+            )
+            if provider is None or why is not None:  # said once (on the instance and in the log), not at every pass
                 if inst.end_reason != why:
                     self.repo.update_instance(inst.id, expect=(InstanceState.PENDING,), end_reason=why)
                     out.errors.append(f"{inst.id}: {why}")
@@ -322,7 +335,7 @@ class FleetExecutor:
             )
             try:
                 launched = provider.launch(spec, launch_token)
-            except CloudError as exc:
+            except (CloudError, ValueError) as exc:  # ValueError: the provider refused the spec, sent nothing
                 self.repo.update_instance(
                     inst.id,
                     expect=(InstanceState.LAUNCHING,),
@@ -345,7 +358,7 @@ class FleetExecutor:
         try:
             found = provider.launch(LaunchSpec(offer=inst.offer, command=["true"]), inst.launch_token)
             provider.terminate(found.instance_id)
-        except CloudError as exc:
+        except (CloudError, ValueError) as exc:
             log.warning("fleet instance %s: could not clear a launch cut short: %s", inst.id, exc)
             return
         self.repo.update_instance(
