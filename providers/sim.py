@@ -378,6 +378,7 @@ def _locked(method: Callable[Concatenate[SimCloud, _P], _R]) -> Callable[Concate
             outer = self._depth == 1 and self._state_file is not None
             if outer:
                 UNDO.journal = self._journal
+                UNDO.commit = self._commit
             try:
                 return method(self, *args, **kwargs)
             finally:
@@ -387,6 +388,7 @@ def _locked(method: Callable[Concatenate[SimCloud, _P], _R]) -> Callable[Concate
                         self._save_if_changed()
                     finally:
                         UNDO.journal = None
+                        UNDO.commit = None
 
     return wrapper
 
@@ -439,6 +441,7 @@ class SimCloud:
         self._mutations = 0  # changes that move neither the clock nor the agenda's sequence
         self._saved: tuple[int, int, int, int] | None = None
         self._generation = 0  # saves of the state file so far (the undo journal's entries are tagged with it)
+        self._journaled = 0  # agents' writes recorded in the undo journal since the last save
 
     # --- durable state -------------------------------------------------------------------------------
 
@@ -456,6 +459,7 @@ class SimCloud:
         self._state_file = None
         self._mutations = 0
         self._saved = None
+        self._journaled = 0
         self.fleet_transport = None
 
     def persist_to(self, path: Path) -> None:
@@ -490,6 +494,7 @@ class SimCloud:
         tmp.write_bytes(data)
         os.replace(tmp, path)
         self._undo_path().write_bytes(b"")  # what it recorded is in the saved state now
+        self._journaled = 0
         self._saved = self._mark()
         self.saves += 1
 
@@ -506,6 +511,17 @@ class SimCloud:
             os.write(fd, len(entry).to_bytes(8, "big") + entry)
         finally:
             os.close(fd)
+        self._journaled += 1
+
+    def _commit(self) -> None:
+        """Make what the agents wrote so far in this call durable now, before the service can see it: save
+        the state (and empty the undo journal) when an agent wrote since the last save. Called, inside a
+        locked call of a durable cloud, where the state is whole: before a fleet worker's sync leaves the
+        cloud (``providers.sim_worker``: the service records what the sync reports, and a kill must not undo
+        it) and after an agent's exit (its final checkpoint and ``done``, which the service reads in the
+        checkpoint location). A no-op without a state file or without writes since the last save."""
+        if self._state_file is not None and self._journaled:
+            self._save()
 
     @staticmethod
     def _undo(journal: Path, generation: int) -> int:
@@ -885,8 +901,8 @@ class SimCloud:
     @_locked
     def output(self, instance_id: str, *, tail: int | None = None) -> str:
         """The simulated agent's console: one human-readable line per progress record (boot, start, steps,
-        checkpoints, notice, fencing, exit), the last ``tail`` lines (None: all); "" for an instance that
-        runs no agent. :class:`~costopt.cloud.NotFoundError` for an unknown id."""
+        checkpoints, notice, fencing, exit), the last ``tail`` lines (None: all it keeps, the latest
+        ``providers.sim_agent.CONSOLE_LINES`` of an agent); "" for an instance that runs no agent. :class:`~costopt.cloud.NotFoundError` for an unknown id."""
         if tail is not None and tail < 0:
             raise ValueError(f"tail must be >= 0 lines, got {tail}")
         inst = self._get(instance_id)
@@ -1204,6 +1220,9 @@ class SimCloud:
                 if (agent.exit_code == 0 or not noticed) and self._alive(inst, t):
                     inst.terminated = t
                     self._live.discard(inst.instance_id)
+                self._schedule(inst)
+                self._commit()  # its last writes (final checkpoint, done) before the service reads them
+                return
         self._schedule(inst)
 
     def _poke_fleet(self, worker: SimWorker, t: int) -> None:

@@ -46,6 +46,7 @@ import math
 import os
 import secrets
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
     from costopt.throughput.model import Precision
 
 __all__ = [
+    "CONSOLE_LINES",
     "EXIT_FAILED",
     "EXIT_FINISHED",
     "EXIT_STOPPED",
@@ -89,6 +91,7 @@ __all__ = [
     "AgentEnvError",
     "SimAgent",
     "ThroughputFn",
+    "commit",
     "format_record",
 ]
 
@@ -102,6 +105,10 @@ EXIT_STOPPED = 75
 """EX_TEMPFAIL: stopped after a checkpoint (notice) or fenced out; a new copy resumes from the checkpoint."""
 EXIT_FAILED = 1
 """The agent failed (unreadable checkpoint location, a foreign job's checkpoints)."""
+CONSOLE_LINES = 100
+"""The console lines a simulated agent keeps (the latest), as a cloud keeps only the tail of a console (EC2: the
+latest 64 KB): the durable cloud pickles every agent at each save, so an unbounded console made each save cost
+more as simulated time passed. ``output(tail=...)`` gives at most these."""
 
 _US_PER_S = 1_000_000
 
@@ -211,7 +218,17 @@ UNDO = threading.local()
 """``UNDO.journal``: set by a durable simulated cloud (``SimCloud.persist_to``) while one of its calls runs in
 this thread: each storage write of a simulated agent first records, through it, how to undo the write
 (``journal(path, old)``: the file's old bytes, or None when it did not exist, or its old size as an int
-for an append), so a restored cloud can put its agents' files back where its saved state left them."""
+for an append), so a restored cloud can put its agents' files back where its saved state left them.
+``UNDO.commit``: set with it; ``commit()`` saves the cloud's state now when an agent wrote since the last save
+(:func:`commit`)."""
+
+
+def commit() -> None:
+    """Make the simulated agents' writes so far durable before the service sees them (``UNDO.commit``: the
+    durable cloud's state saved, its undo journal emptied); a no-op outside a durable cloud's call."""
+    hook = getattr(UNDO, "commit", None)
+    if hook is not None:
+        hook()
 
 
 def _undo_record(path: Path, *, append: bool) -> None:
@@ -372,10 +389,12 @@ class SimAgent:
         self.notice_seen = False
         self.exit_code: int | None = None
         self.exited_at: int | None = None
-        # the console, formatted when read: (time, record) of each progress record, or (time, text)
-        self._lines: list[tuple[int, Mapping[str, Any] | str]] = [
-            (launched, f"boot: job {env.job_id} epoch {env.epoch}, {env.steps} steps at {self.rate:g} steps/s")
-        ]
+        # the console, formatted when read: (time, record) of each progress record, or (time, text); its
+        # latest CONSOLE_LINES only, so the cloud's saved state does not grow with the job's age
+        self._lines: deque[tuple[int, Mapping[str, Any] | str]] = deque(
+            [(launched, f"boot: job {env.job_id} epoch {env.epoch}, {env.steps} steps at {self.rate:g} steps/s")],
+            maxlen=CONSOLE_LINES,
+        )
         self._now_us = launched
 
     def _clock(self) -> float:

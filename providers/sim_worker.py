@@ -49,7 +49,7 @@ from datetime import datetime
 from typing import Any
 
 from costopt.agent.worker import BOUNDARY_DELAY_S, EXIT_CONFIG, Copy, Transport, Worker, WorkerConfig, WorkerError
-from providers.sim_agent import EXIT_FAILED, AgentEnv, AgentEnvError, SimAgent
+from providers.sim_agent import EXIT_FAILED, AgentEnv, AgentEnvError, SimAgent, commit
 
 log = logging.getLogger("costopt.sim")
 
@@ -248,6 +248,10 @@ class SimWorker:
         if proto.transport is None:  # a restored cloud whose service has not attached yet: try at the next poll
             self.next_sync_us = t + self.poll_us
             return
+        # What the sync reports (the copies' steps, checkpoints, exits, read from their logs) is recorded by
+        # the service: a durable cloud saves its state first, so a kill before the end of the call does not
+        # undo the agents' writes behind it (the sync itself may be redone after a restore: a lost answer).
+        commit()
         try:
             answer: Mapping[str, Any] = proto.sync()
         except WorkerError as exc:

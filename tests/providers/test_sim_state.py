@@ -5,14 +5,19 @@ stopped ends."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from costopt.agent import control
-from costopt.cloud import InstanceState
-from providers.sim import SimCloud, SimError
+from costopt.agent.worker import WorkerConfig
+from costopt.cloud import InstanceState, LaunchSpec
+from costopt.risk.hazard import HazardModel
+from providers.sim import SimCloud, SimConfig, SimError
+from providers.sim_agent import CONSOLE_LINES
 from tests.providers.test_sim_agent import SPOT, START, make_cloud, spec
 
 
@@ -102,3 +107,91 @@ def test_a_kill_inside_a_tick_undoes_the_agents_writes_the_saved_state_does_not_
     audit = control.audit_job(uri, 12_000)
     assert audit.ok and audit.steps_done == 12_000 and audit.repeated_steps == 0, audit.problems
     assert control.progress(uri, 1).checkpoints == control.progress(ref_uri, 1).checkpoints
+
+
+def test_a_kill_after_a_fleet_workers_sync_does_not_undo_what_the_service_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fleet worker's copy finishes inside a tick and the worker's sync reports it (the service records the
+    job done); the process dies before the tick's end. The restored cloud's checkpoint location must agree
+    with what the service recorded: the state was saved before the sync left the cloud, so the copy's final
+    checkpoint and ``done`` are not undone (without that save they were, and the job, done for the service,
+    had no ``done`` record)."""
+    from tests.providers.test_sim_worker import OFFER, POLL, TIMING, Service, _lease, _prices
+    from tests.providers.test_sim_worker import START as W_START
+
+    class DoneService(Service):
+        """The scripted service, which leases a job no more once a copy reported it finished."""
+
+        def transport(self, config: WorkerConfig) -> Any:
+            post = super().transport(config)
+
+            def sync(path: str, doc: Mapping[str, Any]) -> Mapping[str, Any]:
+                if any(c["state"] == "exited" and c["exit_code"] == 0 for c in doc["copies"]):
+                    self.run = []
+                answer: Mapping[str, Any] = post(path, doc)
+                return answer
+
+            return sync
+
+    state = tmp_path / "sim.state"
+    config = SimConfig(timing=TIMING, worker_poll=POLL)
+    cloud = SimCloud(_prices(), HazardModel(), start=W_START, config=config)
+    cloud.persist_to(state)
+    service = DoneService()
+    service.clock = cloud
+    cloud.attach_fleet(service.transport)
+    env = {
+        "COSTOPT_SERVICE_URL": "http://svc",
+        "COSTOPT_FLEET_ID": "fleet-1",
+        "COSTOPT_WORKER_ID": "fi-1",
+        "COSTOPT_WORKER_TOKEN": "secret",
+        "COSTOPT_WORKER_GPUS": "1",
+    }
+    cloud.launch(LaunchSpec(offer=OFFER, command=["python3", "-m", "costopt.agent.worker"], env=env), "t-1")
+    uri = str(tmp_path / "job-1")
+    service.run = [_lease(uri, steps=3000)]  # 25 min at 2 steps/s, from its start at the first sync (3 min)
+    cloud.run_to(W_START + timedelta(minutes=10))
+    assert service.copies("job-1") and not control.progress(uri, 1).done
+
+    real_save = cloud._save
+
+    def save_unless_done_was_reported() -> None:
+        if any(c["state"] == "exited" and c["exit_code"] == 0 for c in service.copies("job-1")):
+            raise RuntimeError("killed after the sync, before the tick's save")
+        real_save()
+
+    monkeypatch.setattr(cloud, "_save", save_unless_done_was_reported)
+    with pytest.raises(RuntimeError, match="killed after the sync"):
+        cloud.run_to(W_START + timedelta(minutes=40))  # one tick: the copy finishes, the worker reports it
+    (done,) = [c for c in service.copies("job-1") if c["state"] == "exited"]  # one copy, finished
+    assert done["exit_code"] == 0 and done["step"] == 3000
+    del cloud
+
+    back = SimCloud.restore(state, _prices(), HazardModel(), config=config)
+    seen = control.progress(uri, 1)
+    assert seen.done and seen.last_step == done["step"]  # the location holds what the service recorded
+    assert seen.checkpoints and seen.checkpoints[-1] == done["checkpoint_step"]
+    assert service.run == []  # the service knows the job is done: it leases it no more
+    back.attach_fleet(service.transport)
+    back.run_to(W_START + timedelta(minutes=60))
+    audit = control.audit_job(uri, 3000)
+    assert audit.ok and audit.steps_done == 3000 and audit.repeated_steps == 0, audit.problems
+
+
+def test_the_saved_state_does_not_grow_with_an_agents_console(tmp_path: Path) -> None:
+    """An agent's console keeps its latest ``CONSOLE_LINES`` lines (as a cloud keeps a console's tail), so a
+    save of a long-running cloud costs the same at 20 and 40 simulated hours (it grew by every record before)."""
+    state = tmp_path / "sim.state"
+    cloud = make_cloud()
+    cloud.persist_to(state)
+    inst = cloud.launch(spec(str(tmp_path / "job"), steps=10_000_000), "tok")
+    _run(cloud, 20)
+    lines_20 = cloud.output(inst.instance_id).splitlines()
+    size_20 = state.stat().st_size
+    _run(cloud, 40)
+    lines_40 = cloud.output(inst.instance_id).splitlines()
+    assert len(lines_20) == len(lines_40) == CONSOLE_LINES  # full: the oldest lines went
+    assert lines_40[-1] != lines_20[-1] and "boot:" not in lines_40[0]  # the latest are kept
+    assert control.progress(str(tmp_path / "job"), 1).last_step > 0
+    assert abs(state.stat().st_size - size_20) < 1_000  # 40 h of records more would be ~20 KB more
