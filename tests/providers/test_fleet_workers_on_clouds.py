@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -539,6 +539,25 @@ def test_a_boot_script_above_the_clouds_limit_is_refused_before_anything_is_sent
     assert rig.only_instance().state is InstanceState.PENDING and cloud.launches() == 0
 
 
+ELSEWHERE = {
+    "aws": OfferKey(Cloud.AWS, "eu-west-1", "eu-west-1a", "p3.2xlarge", Market.SPOT),
+    "gcp": OfferKey(Cloud.GCP, "europe-west4", "europe-west4-a", "n1-standard-8+v100x1", Market.SPOT),
+}
+
+
+@pytest.mark.parametrize("cloud", list(ELSEWHERE), indirect=True)
+def test_an_offer_outside_the_providers_regions_waits_and_the_fleet_goes_on(engine: Engine, cloud: FakeCloud) -> None:
+    """The provider refuses the launch with ``ProviderConfigError`` (a ``ValueError``; nothing sent): the
+    instance waits, saying which setting to change; the fleet's pass is not aborted."""
+    rig = make_rig(engine, replace(cloud, offer=ELSEWHERE[cloud.name]))
+    report = rig.tick()
+    inst = rig.only_instance()
+    assert inst.state is InstanceState.PENDING and inst.instance_id is None and cloud.launches() == 0
+    setting = {"aws": "COSTOPT_AWS_REGIONS", "gcp": "COSTOPT_GCP_ZONES"}[cloud.name]
+    assert inst.end_reason is not None and setting in inst.end_reason
+    assert report.errors == [f"{inst.id}: {inst.end_reason}"]
+
+
 def test_a_loopback_service_url_keeps_cloud_instances_from_booting_workers_that_never_sync(
     engine: Engine, cloud: FakeCloud
 ) -> None:
@@ -595,3 +614,62 @@ def test_the_worker_variables_are_the_ones_the_worker_needs() -> None:
 
     assert set(WORKER_VARIABLES) | {ENV_WORKER_POLL} == set(WORKER_VARS)
     assert os.path.basename(worker_command(Settings(), "aws")[0]) == "python3"
+
+
+TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
+
+
+@pytest.mark.slow  # a real training process (numpy) besides the worker: 3-6 s at load 8-15
+@pytest.mark.parametrize("cloud", ["aws"], indirect=True)
+def test_a_worker_started_by_the_boot_script_runs_its_lease_to_the_end(
+    engine: Engine, cloud: FakeCloud, service: LoopbackService, tmp_path: Path
+) -> None:
+    """The worker the EC2 user data started (in the boot script's bare environment) gets a round's lease,
+    claims its epoch at the job's checkpoint location and runs ``examples/train.py`` (``python3`` found on
+    the boot script's PATH, as on the image) to its last step: the job succeeds with exactly its steps,
+    audited from the agent's log, none lost or repeated."""
+    from costopt.agent import control
+    from costopt.fleets.model import FLEET_PROVIDER, FleetJobStatus
+    from costopt.fleets.store import NewFleetJob
+    from costopt.jobs.model import JobState
+    from costopt.jobs.records import NewJob
+
+    rig = make_rig(engine, cloud, service_url=service.url, settings=Settings(fleet_worker_poll=0.2), clock=Clock())
+    service.serve(rig.repo, rig.jobs)
+    uri = f"file://{tmp_path}/ckpt/job-a"
+    command = ["python3", str(TRAIN), "--steps", "30", "--checkpoint-every", "10", "--log-level", "WARNING"]
+    spec = {"command": command, "checkpoint_uri": uri, "fleet_id": rig.fleet_id, "gpus": 1}
+    job, _ = rig.jobs.insert(NewJob("team-a", spec, 30, FLEET_PROVIDER, job_id="job-a"))
+    rig.repo.add_job(NewFleetJob("job-a", rig.fleet_id, "team-a", 1, {"v100": 30.0}, 30, job.created_at))
+    rig.tick()
+    inst = rig.only_instance()
+    assert inst.instance_id is not None
+    bin_dir = shim_python(tmp_path / "bin", f'exec {shlex.quote(sys.executable)} "$@"')
+    proc = subprocess.Popen(
+        ["bash", "-c", cloud.boot_script(inst.instance_id)],
+        env=boot_env(bin_dir, tmp_path),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def finished() -> bool:
+        rig.tick()  # the service's scheduler: the round starts once the worker synced
+        fj = rig.repo.job("job-a")
+        return fj is not None and fj.status.finished
+
+    try:
+        wait_for("the job's end", finished, proc, timeout_s=60)
+        fj = rig.repo.job("job-a")
+        assert fj is not None and fj.status is FleetJobStatus.DONE and fj.steps_done == 30, fj
+        assert rig.jobs.get("job-a").state is JobState.SUCCEEDED
+        rig.repo.release(rig.fleet_id)
+        assert rig.tick().released == [inst.id] and not cloud.exists(inst.instance_id)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    audit = control.audit_job(uri, 30)
+    assert audit.ok and audit.runs == 1 and audit.steps_done == 30, audit
