@@ -347,7 +347,9 @@ class FleetExecutor:
                 self._retry_at[inst.id] = now + timedelta(seconds=LAUNCH_RETRY_S)
                 out.errors.append(f"{inst.id}: launch failed: {exc}")
                 continue
-            self.repo.update_instance(inst.id, instance_id=launched.instance_id, launched_at=self.repo.now())
+            self.repo.update_instance(  # a reason it waited for no longer holds
+                inst.id, instance_id=launched.instance_id, launched_at=self.repo.now(), end_reason=None
+            )
             out.launched.append(inst.id)
             log.info("fleet %s: launched %s (%s) as %s", fleet.id, inst.id, inst.offer, launched.instance_id)
 

@@ -588,6 +588,9 @@ def test_a_loopback_service_url_keeps_cloud_instances_from_booting_workers_that_
 
     routable = build_fleet_executor(Settings(service_url="https://costopt.example.com"), service)  # type: ignore[arg-type]
     assert routable.tick().launched == [inst.id] and cloud.launches() == 1
+    launched = repo.instance(inst.id)
+    assert launched is not None and launched.state is InstanceState.LAUNCHING
+    assert launched.end_reason is None  # why it waited is gone with the launch
 
 
 @pytest.mark.parametrize(
