@@ -45,7 +45,7 @@ import providers.sim  # noqa: F401  (idem)
 from api.fleet_service import build_fleet_executor, service_url_problem, worker_command, worker_env
 from costopt.agent.worker import WorkerConfig
 from costopt.aws_clients import aws_client_config
-from costopt.cloud import CloudProvider
+from costopt.cloud import CloudProvider, LaunchSpec
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.fleets.executor import LAUNCH_RETRY_S, FleetExecutor
 from costopt.fleets.model import InstanceState, NewFleet, NewInstance
@@ -516,6 +516,65 @@ def test_a_lost_instance_is_terminated_on_its_cloud_and_replaced_by_a_new_worker
     assert sync.sync(old.id, old_token, {"copies": []})["release"] is True  # the old worker is told to end
     assert sync.sync(new.id, env["COSTOPT_WORKER_TOKEN"], {"copies": []})["release"] is False
     assert rig.only_instance(InstanceState.RUNNING).id == new.id
+
+
+class CrashAfterLaunch:
+    """The cloud's provider, but the service dies right after the launch request succeeded: the executor
+    never records the cloud's instance id (the launch is cut short between its two writes)."""
+
+    def __init__(self, provider: CloudProvider) -> None:
+        self.provider = provider
+        self.name = provider.name
+        self.crash = True
+
+    def launch(self, spec: Any, idempotency_token: str) -> Any:
+        launched = self.provider.launch(spec, idempotency_token)
+        if self.crash:
+            self.crash = False
+            raise SystemExit("the service died")
+        return launched
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.provider, name)
+
+
+def test_a_launch_cut_short_is_found_by_its_token_terminated_on_the_cloud_and_launched_again(
+    engine: Engine, cloud: FakeCloud
+) -> None:
+    """The launch reached the cloud but its instance id was never recorded (and its worker's token is
+    lost with the dead process): 60 s later the executor finds that instance by the launch's idempotency
+    token, terminates it on the cloud, and launches the fleet instance again with a new token."""
+    crashing = CrashAfterLaunch(cloud.provider)
+    rig = make_rig(engine, replace(cloud, provider=crashing))  # type: ignore[arg-type]
+    with pytest.raises(SystemExit):
+        rig.tick()
+    rig.executor = FleetExecutor(  # the restarted service's, on the plain provider
+        rig.repo,
+        rig.jobs,
+        {cloud.name: cloud.provider},
+        worker_command=lambda provider: worker_command(rig.settings, provider),
+        service_url="http://costopt.example.com:8000",
+        worker_env=worker_env(rig.settings),
+        full_every_s=0.0,
+    )
+    inst = rig.only_instance()
+    assert inst.state is InstanceState.LAUNCHING and inst.instance_id is None and inst.launch_token
+    assert cloud.launches() == 1
+    orphan = crashing.provider.launch(LaunchSpec(offer=inst.offer, command=["true"]), inst.launch_token)
+    assert cloud.exists(orphan.instance_id) and cloud.launches() == 1  # found by its token, not launched again
+
+    rig.clock.advance(30)
+    assert rig.tick().launched == [] and cloud.exists(orphan.instance_id)  # it may still be in flight
+    rig.clock.advance(31)
+    rig.tick()
+    assert not cloud.exists(orphan.instance_id)
+    waiting = rig.only_instance()
+    assert waiting.state is InstanceState.PENDING and waiting.token_hash is None and waiting.launch_token is None
+    report = rig.tick()
+    relaunched = rig.only_instance()
+    assert report.launched == [inst.id] and relaunched.instance_id not in (None, orphan.instance_id)
+    assert relaunched.token_hash != inst.token_hash and cloud.launches() == 2
+    assert exported(cloud.boot_script(str(relaunched.instance_id)))["COSTOPT_WORKER_ID"] == inst.id
 
 
 def test_a_boot_script_above_the_clouds_limit_is_refused_before_anything_is_sent(
