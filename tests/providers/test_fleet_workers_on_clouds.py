@@ -9,10 +9,13 @@ data) is read back from the fake and run here by bash, in an empty environment a
 - with ``python3`` pointed at this venv's Python, the worker it starts syncs with a loopback service
   (the real sync route under uvicorn) under its own id and token, and exits 0 when the fleet is released,
   the executor terminating its instance on the cloud;
+- on AWS, that worker runs a round's lease (``examples/train.py``) to its last step (``slow``);
 - a lost instance (its worker silent, or the spot instance taken back by the cloud) is terminated through
-  the provider and replaced by a new instance with a new worker id and token;
-- a boot script the cloud would refuse (above its size limit) and a loopback service URL a cloud
-  instance cannot reach are refused before anything is sent; the instance waits, saying why.
+  the provider and replaced by a new instance with a new worker id and token; a launch cut short (the
+  service died after the cloud accepted it) is found by its token, terminated and launched again;
+- a boot script the cloud would refuse (above its size limit), an offer outside the provider's regions
+  and a loopback service URL a cloud instance cannot reach are refused before anything is sent; the
+  instance waits, saying why, and the fleet's pass goes on.
 
 Every test runs on both store backends."""
 
