@@ -467,7 +467,9 @@ class Settings(BaseSettings):
     )
     service_url: str = Field(
         default="http://127.0.0.1:8000",
-        description="The URL fleet workers reach this service at (they sync over HTTP).",
+        description="The URL fleet workers reach this service at (they sync over HTTP). Cloud instances cannot "
+        "reach a loopback URL (the default): with one, the fleet instances of aws, gcp and azure are not launched "
+        "and wait, saying so (local and sim workers run on this machine).",
     )
     fleet_worker_command: str | None = Field(
         default=None,
