@@ -155,6 +155,13 @@ class SimClock:
         """Microseconds since :attr:`start`."""
         return self._now_us
 
+    def unix_seconds(self, micros: int) -> float:
+        """Unix seconds of ``micros`` microseconds after :attr:`start` (the start's computed once)."""
+        base = self.__dict__.get("_start_s")  # absent from a clock saved before it was kept
+        if base is None:
+            base = self._start_s = self._start.timestamp()
+        return base + micros / _US_PER_S
+
     def advance(self, delta: timedelta) -> datetime:
         """Move forward by ``delta`` (>= 0)."""
         if delta < timedelta(0):
@@ -355,8 +362,10 @@ class _Inst:
 
     def end(self) -> int | None:
         """When it stopped existing (preemption or termination, whichever came first)."""
-        ends = [t for t in (self.preempt, self.terminated) if t is not None]
-        return min(ends) if ends else None
+        p, t = self.preempt, self.terminated
+        if p is None or (t is not None and t < p):
+            return t
+        return p
 
     def preempted_by(self, t: int) -> bool:
         return (
@@ -1164,7 +1173,7 @@ class SimCloud:
     # --- simulated agents ------------------------------------------------------------------------------
 
     def _unix_seconds(self, us: int) -> float:
-        return self.clock.start.timestamp() + us / _US_PER_S
+        return self.clock.unix_seconds(us)
 
     def _schedule(self, inst: _Inst) -> None:
         """Put the instance's agent's next event on the agenda (once per time)."""

@@ -341,7 +341,9 @@ class Agent:
 
     def _record(self, event: str, **fields: Any) -> dict[str, Any]:
         rec: dict[str, Any] = {"event": event, "epoch": self.epoch, "run": self.run_id, "t": self.clock()}
-        rec.update({k: v for k, v in fields.items() if v is not None})
+        for k, v in fields.items():
+            if v is not None:
+                rec[k] = v
         if self.on_progress is not None:
             self.on_progress(rec)
         if self.write_progress:

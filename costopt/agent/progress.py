@@ -51,14 +51,15 @@ class RecordLine(str):
     record: dict[str, Any]
 
 
-_PLAIN = (str, int, float, bool, type(None))
+_PLAIN = frozenset((str, int, float, bool, type(None)))
 
 
 def record_line(rec: dict[str, Any]) -> str:
     """The log line of a progress record (compact JSON). A record of plain values (what a JSON round
     trip gives back unchanged) travels with its line, for a reader in the same process."""
-    if not all(type(v) in _PLAIN for v in rec.values()) or not all(type(k) is str for k in rec):
-        return json.dumps(rec, separators=(",", ":"))
+    for k, v in rec.items():  # one pass, no generators: this runs for every record a simulated agent writes
+        if type(v) not in _PLAIN or type(k) is not str:
+            return json.dumps(rec, separators=(",", ":"))
     line = RecordLine(compact_json(rec))
     line.record = dict(rec)
     return line
