@@ -31,7 +31,10 @@ One run:
     .venv/bin/python bench/kill_drill.py --jobs 5 --kills 3 --no-baseline     # a small version
 
 Exit 0 when every check passes, 1 otherwise. The sim clock follows wall time, so two runs (even without
-kills) differ a little: the comparison's tolerance is the issue's (a boot interval per kill).
+kills) differ: the comparison's tolerance is the issue's (a boot interval per kill), and ``--baselines N``
+runs N runs without kills (same jobs, same seed) whose spread is the comparison's own noise; with N > 1 the
+killed run's ledger must lie within the baselines' range widened by the tolerance (with one, within the
+tolerance of that one).
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ class RunResult:
     moves: int = 0
     recoveries: int = 0
     total_usd: Decimal = Decimal(0)  # the jobs' ledger costs (the fleet's jobs' too)
+    fleet_jobs_usd: Decimal = Decimal(0)  # the part of total_usd of the jobs run in the fleet (its rounds)
     fleet_usd: Decimal = Decimal(0)  # the fleet's cost (its jobs' and its idle time)
     fleet_idle_usd: Decimal = Decimal(0)  # not compared: it lasts until the drill sees the jobs end (wall time)
     max_usd_per_hour: float = 0.0
@@ -319,6 +323,8 @@ def run(
         else:
             res.problems.append(f"{d['name']}: audit {audit.steps_done}/{d['steps_total']} {audit.problems}")
         res.total_usd += Decimal(d["cost_so_far_usd"] or "0")
+        if d.get("fleet_id"):
+            res.fleet_jobs_usd += Decimal(d["cost_so_far_usd"] or "0")
         for m in d["moves"]:
             kind = m["kind"]
             res.moves += kind == "move"
@@ -352,6 +358,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps-max", type=int, default=400_000)
     p.add_argument("--fleet-jobs", type=int, default=0, help="jobs (of --jobs) submitted into a leased sim fleet")
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True, help="also run without kills")
+    p.add_argument(
+        "--baselines",
+        type=int,
+        default=1,
+        help="runs without kills (same jobs, same seed): their spread is the comparison's own noise (default 1)",
+    )
     p.add_argument("--database-url", default=None, help="default: a SQLite file in the run's folder")
     p.add_argument("--folder", type=Path, default=None, help="default: a temporary folder")
     p.add_argument("--json", action="store_true")
@@ -369,18 +381,25 @@ def main(argv: list[str] | None = None) -> int:
     cpu0 = os.times()
     print(f"kill drill in {folder}: {a.jobs} jobs, {a.kills} kills, seed {a.seed}, {a.time_scale:g}x")
     killed = run(kills=a.kills, folder=folder / "killed", database_url=a.database_url, **common)
-    base = None
-    if a.baseline:
-        print("baseline (no kill):")
-        base = run(kills=0, folder=folder / "baseline", **common)
+    bases: list[RunResult] = []
+    for b in range(a.baselines if a.baseline else 0):
+        print(f"baseline {b + 1}/{a.baselines} (no kill):")
+        bases.append(run(kills=0, folder=folder / ("baseline" if b == 0 else f"baseline-{b + 1}"), **common))
+    base = bases[0] if bases else None
     cpu1 = os.times()
     tolerance = Decimal(str(round(killed.kills * BOOT.total_seconds() / 3600 * killed.max_usd_per_hour, 6)))
     diff = None if base is None else killed.total_usd - base.total_usd
+    # The baselines' own spread (same jobs, same seed, no kill): the simulated clock follows wall time, so two
+    # runs launch at different simulated times and pay different replayed prices. With several baselines the
+    # killed run is compared with their range widened by the tolerance; with one, with that one.
+    low = min((r.total_usd for r in bases), default=None)
+    high = max((r.total_usd for r in bases), default=None)
+    within = low is None or high is None or low - tolerance <= killed.total_usd <= high + tolerance
     checks = {
         "every job succeeded": killed.succeeded == a.jobs,
         "exactly its steps (audit)": killed.exact == a.jobs,
         "zero orphaned instances": not killed.orphans,
-        "ledger within a boot interval per kill": diff is None or abs(diff) <= tolerance,
+        "ledger within a boot interval per kill": within,
     }
     rows = [("figure", "killed run", "baseline", "check")]
 
@@ -403,6 +422,11 @@ def main(argv: list[str] | None = None) -> int:
     row("moves / preemptions / recoveries", lambda r: f"{r.moves} / {r.preemptions} / {r.recoveries}")
     if a.fleet_jobs:
         row("fleet cost USD (its jobs + idle)", lambda r: f"{r.fleet_usd} (idle {r.fleet_idle_usd})")
+    if a.fleet_jobs:
+        row(
+            "ledger USD: jobs on their own / fleet jobs",
+            lambda r: f"{r.total_usd - r.fleet_jobs_usd} / {r.fleet_jobs_usd}",
+        )
     row(
         "ledger total USD",
         lambda r: r.total_usd,
@@ -410,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if diff is not None:
         rows.append(("ledger difference USD (tolerance)", f"{diff:+} ({tolerance})", "", ""))
+    if len(bases) > 1 and low is not None and high is not None:
+        totals = ", ".join(str(r.total_usd) for r in bases)
+        rows.append(("baselines' ledger totals USD", "-", totals, f"spread {high - low}"))
     row("simulated hours", lambda r: f"{r.sim_hours:.1f}")
     row("sim state files written", lambda r: r.state_saves)
     row("wall s", lambda r: f"{r.wall_s:.0f}")
@@ -423,7 +450,15 @@ def main(argv: list[str] | None = None) -> int:
         print("  orphans:", killed.orphans)
     if a.json:
         print(
-            json.dumps({"checks": checks, "killed": killed.__dict__, "baseline": base and base.__dict__}, default=str)
+            json.dumps(
+                {
+                    "checks": checks,
+                    "killed": killed.__dict__,
+                    "baseline": base and base.__dict__,
+                    "baselines": [r.__dict__ for r in bases],
+                },
+                default=str,
+            )
         )
     return 0 if all(checks.values()) else 1
 
