@@ -496,6 +496,9 @@ def _simulate(
         gpus_per_server=1,
         prices=tuple(DEFAULT_PRICES_USD_PER_H[t] for t in LABELS),
         restart_overhead_s=min(max(restart_overhead_s, 0.0), setup.round_s / 2),
+        # the fleets' mechanism: shares since arrival, no hysteresis (the memory rule is not live yet)
+        memory_s=math.inf,
+        hysteresis=0.0,
     )
 
 

@@ -3,7 +3,14 @@ in the next round.
 
 * A **unit** is a job alone or a co-located pair. Its priority on a worker type is the share the
   allocation gives it there over the share it has received so far there (seconds run on that type
-  over seconds since it arrived); a unit that has received nothing yet comes first.
+  over seconds since it arrived); a unit that has received nothing yet comes first. With
+  ``memory_s``, both counts weigh a second ``t`` seconds ago by ``exp(-t / memory_s)``: what a job
+  received under allocations long gone fades instead of ruling its priority for the rest of its life
+  (Gavel's reference implementation forgets by resetting its counters every 1920 s). With
+  ``hysteresis`` ``h``, a unit that ran on a type last round has its priority there multiplied by
+  ``1 + h``: it keeps its GPUs unless a challenger's priority is clearly higher (the simulator sets
+  ``h`` from the restart cost, so it is 0 when moves are free). ``prior_s`` counts each unit as having
+  received its allocation for that long before it arrived (measured without effect; off by default).
 * Units are taken greedily in priority order (ties: larger allocation, earlier arrival, lower id): a
   unit is placed if none of its jobs runs yet this round and the type has ``scale_factor`` free GPUs.
   With ``type_order`` (one queue per worker type, as Gavel's reference implementation runs its
@@ -26,6 +33,7 @@ Job indices are global (e.g. trace rows); the caller says which jobs each alloca
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,6 +84,8 @@ class RoundMechanism:
     Call :meth:`set_allocation` whenever the policy re-solves, then per round :meth:`plan` and
     :meth:`record`. One instance per cluster; not thread-safe. ``type_order``: worker types in the
     order their queues are served (fastest first, see :func:`fastest_first`); ``None``: one queue.
+    ``memory_s`` (None or inf: since arrival), ``hysteresis`` (>= 0) and ``prior_s`` (>= 0): see the
+    module docstring. :attr:`received` always holds the undecayed seconds run alone per type.
     """
 
     def __init__(
@@ -86,7 +96,18 @@ class RoundMechanism:
         *,
         fill_idle: bool = True,
         type_order: Sequence[int] | None = None,
+        memory_s: float | None = None,
+        hysteresis: float = 0.0,
+        prior_s: float = 0.0,
     ) -> None:
+        if memory_s is not None and not memory_s > 0:
+            raise InvalidState("memory_s must be > 0 seconds (None or inf: remember since arrival)")
+        if memory_s is not None and math.isinf(memory_s):
+            memory_s = None
+        if not prior_s >= 0:
+            raise InvalidState("prior_s must be >= 0")
+        if not hysteresis >= 0:
+            raise InvalidState("hysteresis must be >= 0")
         if len(capacity) != len(gpus_per_server) or min(gpus_per_server, default=1) < 1 or min(capacity) < 0:
             raise InvalidState("need GPU counts >= 0 and a GPUs-per-server count >= 1 per worker type")
         self.capacity = [int(c) for c in capacity]
@@ -100,6 +121,12 @@ class RoundMechanism:
             self._type_pos = np.argsort(np.array(type_order, dtype=np.int64)).astype(np.int64)
         self._n = n_jobs
         self.received = np.zeros((n_jobs, self.n_types))  # seconds run alone per type
+        self.memory_s = memory_s
+        self.hysteresis = float(hysteresis)
+        self.prior_s = float(prior_s)
+        # with memory_s: seconds run alone per type, each second weighted exp(-its age / memory_s)
+        self._recent = np.zeros((n_jobs, self.n_types)) if memory_s is not None else self.received
+        self._decayed_at = 0.0  # the time self._recent and self._u_recv were last decayed to
         self.ever_ran = np.zeros(n_jobs, dtype=bool)
         self._gone = bytearray(n_jobs)
         self._last_type = np.full(n_jobs, -1, dtype=np.int64)  # type of the job's unit last round
@@ -173,7 +200,7 @@ class RoundMechanism:
             pos = np.minimum(np.searchsorted(self._pair_keys, key), self._pair_keys.shape[0] - 1)
             found = self._pair_keys[pos] == key
             precv[found] = self._pair_recv[pos[found]]
-        self._u_recv = np.concatenate([self.received[jobs], precv])
+        self._u_recv = np.concatenate([self._recent[jobs], precv])
         ux = np.concatenate([x, pair_x])
         cu, cj = np.nonzero(ux > 0)
         cx = ux[cu, cj]
@@ -192,11 +219,22 @@ class RoundMechanism:
         busy = bytearray(self._gone)  # finished jobs never run again, whatever the allocation says
         units: list[int] = []
         types: list[int] = []
+        if self.memory_s is not None:
+            self._decay_to(now_s)
         if self._c_unit.shape[0]:
             cu, cj, cx = self._c_unit, self._c_type, self._c_x
             age = np.maximum(now_s - self._u_since[cu], 0.0)
-            share = np.divide(self._u_recv[cu, cj], age, out=np.zeros_like(age), where=age > 0)
+            if self.memory_s is not None:
+                age = -self.memory_s * np.expm1(-age / self.memory_s)  # the same weights over its lifetime
+            recv = self._u_recv[cu, cj]
+            if self.prior_s > 0:  # as if each unit had received its allocation for prior_s before arriving
+                recv, age = recv + cx * self.prior_s, age + self.prior_s
+            share = np.divide(recv, age, out=np.zeros_like(age), where=age > 0)
             prio = cx / np.maximum(share, _MIN_SHARE)
+            if self.hysteresis > 0:  # a unit that ran on the type last round holds it unless clearly outranked
+                a, b = self._u_members[cu, 0], self._u_members[cu, 1]
+                held = (self._last_type[a] == cj) & (self._last_partner[a] == b)
+                prio = np.where(held, prio * (1.0 + self.hysteresis), prio)
             if self._type_pos is None:
                 order = np.lexsort((self._c_rank, -prio))
             else:  # one queue per type, served in type order
@@ -207,6 +245,16 @@ class RoundMechanism:
             if fu:
                 self._greedy(fu, fj, free, busy, units, types)
         return self._place(np.array(units, dtype=np.int64), np.array(types, dtype=np.int64))
+
+    def _decay_to(self, now_s: float) -> None:
+        """Age the decayed shares from the last decay to ``now_s`` (never backwards)."""
+        assert self.memory_s is not None
+        dt = now_s - self._decayed_at
+        if dt > 0:
+            f = float(np.exp(-dt / self.memory_s))
+            self._recent *= f
+            self._u_recv *= f
+            self._decayed_at = now_s
 
     def forget(self, jobs: IntArray) -> None:
         """Jobs that finished (or left): never planned again, even under an allocation naming them."""
@@ -331,5 +379,7 @@ class RoundMechanism:
         self._u_recv[units, wtype] += seconds
         single = plan.members[:, 1] < 0
         self.received[plan.members[single, 0], wtype[single]] += seconds
+        if self.memory_s is not None:
+            self._recent[plan.members[single, 0], wtype[single]] += seconds
         self.ever_ran[plan.members[:, 0]] = True
         self.ever_ran[plan.members[~single, 1]] = True

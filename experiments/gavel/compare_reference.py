@@ -6,7 +6,14 @@ in servers of 4, rounds of 360 s), written with ``costopt gavel simulate --dump-
 writer) and read back with ``--trace``'s reader, so every variant runs the same jobs:
 
 * ``costopt-one-queue``: the mechanism before issue 12 (one priority queue over every (job, type)).
-* ``costopt``: today's mechanism (one queue per worker type, fastest first, for aware policies).
+* ``costopt``: one queue per worker type, fastest first, priorities from the share since arrival (the
+  mechanism between issue 12's per-type queues and its memory rule).
+* ``costopt+mem7200``: today's default for aware policies at zero restart cost (shares decayed with a
+  memory of 7200 s); ``costopt+mem7200+hyst6@30s``: today's default at 30 s per move (hysteresis
+  6 x 30 / 360). Other variants: ``+mem<S>`` (memory of S seconds), ``+hyst<K>`` (a unit that ran on
+  the type last round: priority x (1 + K x overhead / 360 s)), ``+hh<H>`` (x (1 + H) whatever the
+  overhead), ``+prior<S>``, ``+central-lp``, ``@<S>s`` (S seconds lost per move); a variant without
+  ``+mem``/``+hyst``/``+hh`` uses the share since arrival and no hysteresis.
 * ``reference-emulation``: this simulator driven the way the reference implementation
   (stanford-futuredata/gavel, ``scheduler/scheduler.py`` at c4fa400, read, not copied) drives its
   simulation: one queue per type served V100, P100, K80; priority = allocation / the job's fraction of
@@ -19,7 +26,8 @@ writer) and read back with ``--trace``'s reader, so every variant runs the same 
   point of the optimal face, not a vertex). What is not emulated: the reference's rounds end when
   their last job ends (here: every 360 s), its steps per round are whole numbers, and ECOS's exact point.
 
-Run: .venv/bin/python experiments/gavel/compare_reference.py [--seeds 0 1 2] [--processes 2]
+Run: .venv/bin/python experiments/gavel/compare_reference.py [--seeds 0 1 2] [--processes 2] [--ablations]
+[--variants V ...]
 Appends to experiments/gavel/results/reference_comparison.jsonl (resumable); prints the table.
 """
 
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -35,13 +44,15 @@ from typing import Any
 
 from common import DATA, RESULTS, load, spec_key
 
-VARIANTS = ("costopt-one-queue", "costopt", "reference-emulation")
+VARIANTS = ("costopt-one-queue", "costopt", "costopt+mem7200", "reference-emulation")
 ABLATIONS = (
     "one-queue+central-lp",  # the allocation vertex: the old mechanism on the reference's kind of optimum
     "one-queue+resolve-1920s",  # admission: new allocations at most every 1920 s, as the reference
     "reference-emulation+vertex-lp",  # the reference's mechanism on HiGHS's vertex
     "reference-emulation+one-queue",  # the reference's priorities without its per-type queues
     "costopt@30s",  # 30 s lost per move (restart from a checkpoint), which the paper does not charge
+    "costopt+mem7200@30s",  # the memory without the hysteresis
+    "costopt+mem7200+hyst6@30s",  # today's default at 30 s per move
     "reference-emulation@30s",
 )
 """With ``--ablations``: which of the reference's mechanisms carries the difference."""
@@ -148,6 +159,19 @@ def _run(spec: dict[str, Any], trace_path: str) -> dict[str, Any]:
     variant, _, overhead = spec["variant"].partition("@")
     if overhead:
         kwargs["restart_overhead_s"] = float(overhead.rstrip("s"))
+    parts = variant.split("+")
+    variant = "+".join(p for p in parts if not p.startswith(("mem", "hyst", "prior", "hh")))
+    # rows without +mem / +hyst: shares since arrival, no hysteresis (the rule before the memory rule)
+    kwargs["memory_s"], kwargs["hysteresis"] = math.inf, 0.0
+    for opt in (p for p in parts if p.startswith(("mem", "hyst", "prior", "hh"))):
+        if opt.startswith("hh"):  # +hh<H>: a unit that ran on the type last round: priority x (1 + H)
+            kwargs["hysteresis"] = float(opt[2:])
+        elif opt.startswith("prior"):  # +prior<S>: as if each job had received its allocation for S seconds
+            kwargs["prior_s"] = float(opt[5:])
+        elif opt.startswith("mem"):  # +mem<S>: shares decayed with a memory of S seconds
+            kwargs["memory_s"] = float(opt[3:])
+        else:  # +hyst<K>: a unit that ran on the type last round: priority x (1 + K * overhead / round)
+            kwargs["hysteresis"] = float(opt[4:]) * kwargs.get("restart_overhead_s", 0.0) / 360.0
     if variant.startswith("one-queue") or variant == "costopt-one-queue":
         kwargs["per_type_queues"] = False
     if variant.startswith("reference-emulation"):  # patched in this worker process only
@@ -191,7 +215,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         "| variant | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | vs emulation |",
         "|---" * (len(seeds) + 3) + "|",
     ]
-    for v in VARIANTS + ABLATIONS:
+    others = sorted({v for v, _ in by} - set(VARIANTS + ABLATIONS), key=lambda v: ("@" in v, v))
+    for v in VARIANTS + ABLATIONS + tuple(others):
         ref = [
             by.get(("reference-emulation" + v[v.index("@") :] if "@" in v else "reference-emulation", s)) for s in seeds
         ]
@@ -213,9 +238,10 @@ if __name__ == "__main__":
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--ablations", action="store_true", help="also run the variants that isolate each mechanism")
+    ap.add_argument("--variants", nargs="+", help="run these variants only (e.g. costopt+mem1920@30s)")
     args = ap.parse_args()
     done = {spec_key(r["spec"]) for r in load(OUT)}
-    variants = VARIANTS + (ABLATIONS if args.ablations else ())
+    variants = tuple(args.variants) if args.variants else VARIANTS + (ABLATIONS if args.ablations else ())
     specs = [{"variant": v, "seed": s} for s in args.seeds for v in variants]
     todo = [s for s in specs if spec_key(s) not in done]
     with tempfile.TemporaryDirectory() as tmp:

@@ -156,3 +156,59 @@ def test_per_type_queues_still_converge_to_the_allocation() -> None:
 def test_a_type_order_must_name_each_type_once() -> None:
     with pytest.raises(InvalidState, match="type_order"):
         RoundMechanism([1, 1], [1, 1], 2, type_order=(0, 0))
+
+
+def _rounds_of_job_0_after_a_long_solo(memory_s: float | None) -> int:
+    """Job 0 runs alone on the one GPU for 100 rounds, then job 1 arrives and the allocation gives each
+    half of it: how many of the next 20 rounds job 0 runs."""
+    mech = RoundMechanism([1], [1], 2, memory_s=memory_s)
+    one = np.ones((1, 1), dtype=bool)
+    no_pairs = np.zeros((0, 2), dtype=np.int64)
+    mech.set_allocation(np.array([0]), np.array([1]), one, np.array([[1.0]]), no_pairs, np.zeros((0, 1)), np.zeros(1))
+    _run(mech, 100)
+    mech.set_allocation(
+        np.array([0, 1]),
+        np.array([1, 1]),
+        np.ones((2, 1), dtype=bool),
+        np.array([[0.5], [0.5]]),
+        no_pairs,
+        np.zeros((0, 1)),
+        np.array([0.0, 36000.0]),
+    )
+    runs = 0
+    for r in range(100, 120):
+        plan = mech.plan(r * 360.0)
+        mech.record(plan, 360.0)
+        runs += int(plan.members[0, 0] == 0)
+    return runs
+
+
+def test_with_a_memory_a_surplus_received_under_an_old_allocation_is_forgotten() -> None:
+    # since arrival, job 0's share stays near 1 and job 1 takes (almost) every round; with a memory of
+    # 5 rounds the old surplus fades and the two share the GPU about as the allocation says
+    assert _rounds_of_job_0_after_a_long_solo(None) <= 3
+    assert _rounds_of_job_0_after_a_long_solo(1800.0) >= 8
+    # the total received is still the true one (the decayed shares are internal)
+    mech = RoundMechanism([1], [1], 1, memory_s=1800.0)
+    _alloc(mech, [[1.0]])
+    _run(mech, 10)
+    assert mech.received[0, 0] == 3600.0
+
+
+def test_with_hysteresis_a_running_job_keeps_its_gpu_longer_and_shares_still_converge() -> None:
+    plain = RoundMechanism([1], [1], 2)
+    held = RoundMechanism([1], [1], 2, hysteresis=1.0)
+    moves = []
+    for mech in (plain, held):
+        _alloc(mech, [[0.5], [0.5]])
+        moves.append(sum(int(p.moved.sum()) for p in _run(mech, 40)))
+    assert moves[0] == 38  # alternating every round
+    assert moves[1] <= 10  # 4: each job keeps the GPU for several rounds
+    assert np.allclose(held.received[:, 0] / (40 * 360.0), [0.5, 0.5], atol=0.1)
+
+
+def test_memory_and_hysteresis_are_validated() -> None:
+    with pytest.raises(InvalidState, match="memory_s"):
+        RoundMechanism([1], [1], 1, memory_s=0.0)
+    with pytest.raises(InvalidState, match="hysteresis"):
+        RoundMechanism([1], [1], 1, hysteresis=-0.1)

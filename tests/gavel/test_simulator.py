@@ -152,3 +152,24 @@ def test_aware_policies_get_one_queue_per_type_and_agnostic_ones_a_single_queue(
     assert run("max_min_fairness_perf", None) == run("max_min_fairness_perf", True)
     assert run("max_min_fairness_perf", True) != run("max_min_fairness_perf", False)
     assert run("max_min_fairness", None) == run("max_min_fairness", False)
+
+
+def test_aware_policies_decay_their_priorities_memory_and_agnostic_ones_keep_it_since_arrival(
+    workload: Workload,
+) -> None:
+    import math
+
+    from costopt.gavel.simulator import AWARE_MEMORY_S, generated_trace
+
+    trace = generated_trace(workload, 2.0, 3, (5, 15))
+
+    def run(policy: str, **kw: Any) -> SimResult:
+        return simulate_trace(get_policy(policy), trace, workload, (4, 4, 4), window=(5, 15), round_s=HOUR, **kw)
+
+    aware = run("max_min_fairness_perf")
+    assert _strip(aware.as_dict()) == _strip(run("max_min_fairness_perf", memory_s=AWARE_MEMORY_S).as_dict())
+    # on this trace the memory changes which job runs where (since arrival: fewer moves, another JCT)
+    since_arrival = run("max_min_fairness_perf", memory_s=math.inf)
+    assert (since_arrival.avg_jct_s, since_arrival.moves_per_job) != (aware.avg_jct_s, aware.moves_per_job)
+    agnostic = run("max_min_fairness")
+    assert _strip(agnostic.as_dict()) == _strip(run("max_min_fairness", memory_s=math.inf).as_dict())
