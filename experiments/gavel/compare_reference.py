@@ -12,7 +12,9 @@ writer) and read back with ``--trace``'s reader, so every variant runs the same 
   memory of 7200 s); ``costopt+mem7200+hyst6@30s``: today's default at 30 s per move (hysteresis
   6 x 30 / 360). Other variants: ``+mem<S>`` (memory of S seconds), ``+hyst<K>`` (a unit that ran on
   the type last round: priority x (1 + K x overhead / 360 s)), ``+hh<H>`` (x (1 + H) whatever the
-  overhead), ``+prior<S>``, ``+central-lp``, ``@<S>s`` (S seconds lost per move); a variant without
+  overhead), ``+prior<S>``, ``+central-lp``, ``+resolve-1920s`` (new allocations at most every 1920 s),
+  ``+fill-per-type`` (each type's queue followed by the jobs the allocation gives nothing there, before
+  the next type; fast-forward off), ``@<S>s`` (S seconds lost per move); a variant without
   ``+mem``/``+hyst``/``+hh`` uses the share since arrival and no hysteresis.
 * ``reference-emulation``: this simulator driven the way the reference implementation
   (stanford-futuredata/gavel, ``scheduler/scheduler.py`` at c4fa400, read, not copied) drives its
@@ -125,6 +127,45 @@ def _reference_mechanism(per_type: bool) -> type:
     return ReferenceEmulation
 
 
+def _fill_per_type_mechanism() -> type:
+    import numpy as np
+
+    from costopt.gavel.mechanism import _MIN_SHARE, RoundMechanism
+
+    class FillPerType(RoundMechanism):  # type: ignore[misc]
+        """costopt's mechanism, but each type's queue is followed by the jobs the allocation gives nothing
+        there (earliest arrival first) before the next type is served, as the reference's queues are."""
+
+        def plan(self, now_s: float):  # type: ignore[no-untyped-def]
+            assert self._type_pos is not None
+            if self.memory_s is not None:
+                self._decay_to(now_s)
+            cu, cj, cx = self._c_unit, self._c_type, self._c_x
+            age = np.maximum(now_s - self._u_since[cu], 0.0)
+            if self.memory_s is not None:
+                age = -self.memory_s * np.expm1(-age / self.memory_s)
+            share = np.divide(self._u_recv[cu, cj], age, out=np.zeros_like(age), where=age > 0)
+            prio = cx / np.maximum(share, _MIN_SHARE)
+            if self.hysteresis > 0:
+                a, b = self._u_members[cu, 0], self._u_members[cu, 1]
+                held = (self._last_type[a] == cj) & (self._last_partner[a] == b)
+                prio = np.where(held, prio * (1.0 + self.hysteresis), prio)
+            order = np.lexsort((self._c_rank, -prio))
+            fu, fj = self._fill_candidates()
+            units_c = np.concatenate([cu[order], np.array(fu, dtype=np.int64)])
+            types_c = np.concatenate([cj[order], np.array(fj, dtype=np.int64)])
+            group = np.concatenate([np.zeros(order.shape[0]), np.ones(len(fu))])
+            seq = np.arange(units_c.shape[0])
+            final = np.lexsort((seq, group, self._type_pos[types_c]))
+            free, busy = list(self.capacity), bytearray(self._gone)
+            units: list[int] = []
+            types: list[int] = []
+            self._greedy(units_c[final].tolist(), types_c[final].tolist(), free, busy, units, types)
+            return self._place(np.array(units, dtype=np.int64), np.array(types, dtype=np.int64))
+
+    return FillPerType
+
+
 def _central_solve_lp(
     c, a, row_lower, row_upper, col_lower=None, col_upper=None, *, maximize=False, what="LP", warm=True
 ):  # type: ignore[no-untyped-def]
@@ -174,6 +215,9 @@ def _run(spec: dict[str, Any], trace_path: str) -> dict[str, Any]:
             kwargs["hysteresis"] = float(opt[4:]) * kwargs.get("restart_overhead_s", 0.0) / 360.0
     if variant.startswith("one-queue") or variant == "costopt-one-queue":
         kwargs["per_type_queues"] = False
+    if "fill-per-type" in variant:  # patched in this worker process only
+        simulator.RoundMechanism = _fill_per_type_mechanism()  # type: ignore[misc]
+        kwargs["fast_forward"] = False
     if variant.startswith("reference-emulation"):  # patched in this worker process only
         simulator.RoundMechanism = _reference_mechanism(per_type="one-queue" not in variant)  # type: ignore[misc]
         kwargs["fast_forward"] = False  # its skipped rounds assume the mechanism repeats the last one
