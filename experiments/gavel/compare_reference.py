@@ -14,8 +14,8 @@ writer) and read back with ``--trace``'s reader, so every variant runs the same 
   the type last round: priority x (1 + K x overhead / 360 s)), ``+hh<H>`` (x (1 + H) whatever the
   overhead), ``+prior<S>``, ``+central-lp``, ``+resolve-1920s`` (new allocations at most every 1920 s),
   ``+fill-per-type`` (each type's queue followed by the jobs the allocation gives nothing there, before
-  the next type; fast-forward off), ``@<S>s`` (S seconds lost per move); a variant without
-  ``+mem``/``+hyst``/``+hh`` uses the share since arrival and no hysteresis.
+  the next type; fast-forward off), ``+no-ff`` (the fast-forward off), ``@<S>s`` (S seconds lost per
+  move); a variant without ``+mem``/``+hyst``/``+hh`` uses the share since arrival and no hysteresis.
 * ``reference-emulation``: this simulator driven the way the reference implementation
   (stanford-futuredata/gavel, ``scheduler/scheduler.py`` at c4fa400, read, not copied) drives its
   simulation: one queue per type served V100, P100, K80; priority = allocation / the job's fraction of
@@ -215,6 +215,8 @@ def _run(spec: dict[str, Any], trace_path: str) -> dict[str, Any]:
             kwargs["hysteresis"] = float(opt[4:]) * kwargs.get("restart_overhead_s", 0.0) / 360.0
     if variant.startswith("one-queue") or variant == "costopt-one-queue":
         kwargs["per_type_queues"] = False
+    if "no-ff" in variant:  # every round simulated (the fast-forward off)
+        kwargs["fast_forward"] = False
     if "fill-per-type" in variant:  # patched in this worker process only
         simulator.RoundMechanism = _fill_per_type_mechanism()  # type: ignore[misc]
         kwargs["fast_forward"] = False
