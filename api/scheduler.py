@@ -63,7 +63,7 @@ from costopt.domain import Cloud, Market, OfferKey
 from costopt.jobs.leases import LeaseStore
 from costopt.migration.machine import Migrator
 from costopt.migration.reconcile import ReconcileReport, reconcile
-from costopt.migration.records import JobRecord
+from costopt.migration.records import RACES, JobRecord
 from costopt.migration.unavailable import UnavailableOffers
 from costopt.migration.watch import InterruptionWatcher, OffersFor, WatchReport
 from costopt.settings import Settings
@@ -266,8 +266,7 @@ class MigrationJobs:
             for name, migrator in self.migrators.items():
                 try:
                     if first and self.resume_on_start:
-                        for rec in migrator.resume():
-                            log.warning("resumed migration %d of job %s: %s", rec.id, rec.job_id, rec.state.value)
+                        _resume_all(name, migrator)
                     report = reconcile(
                         self.engine,
                         _OwnJobsView(migrator.provider, self.engine),
@@ -305,6 +304,27 @@ class MigrationJobs:
                         raise
                     log.exception("interruption watcher: provider %s failed; the other providers go on", name)
         return out
+
+
+def _resume_all(name: str, migrator: Migrator) -> None:
+    """Resume every migration a crash left active, job by job: a job whose migration another actor (the
+    engine, just restarted too) advanced first is a lost race (:data:`RACES`), logged in one line and left
+    to the winner, and the other jobs are still resumed."""
+    migrator.sync_ledger()
+    for job_id in sorted({m.job_id for m in migrator.active_migrations()}):
+        try:
+            resumed = migrator.resume(job_id)
+        except RACES as exc:
+            log.warning(
+                "reconciler %s: job %s: another actor advanced its migration first (%s: %s); left to it",
+                name,
+                job_id,
+                type(exc).__name__,
+                exc,
+            )
+            continue
+        for rec in resumed:
+            log.warning("resumed migration %d of job %s: %s", rec.id, rec.job_id, rec.state.value)
 
 
 def _wall_now() -> datetime:

@@ -29,7 +29,7 @@ from costopt.agent.contract import ENV_CHECKPOINT_URI, ENV_EPOCH, ENV_JOB_ID
 from costopt.cloud import CloudError, Instance, Interruption, LaunchSpec
 from costopt.errors import SourceUnavailable
 from costopt.migration.machine import Migrator
-from costopt.migration.records import JobRecord, JobStatus, Kind, State, job_tags
+from costopt.migration.records import ConcurrentTransition, JobRecord, JobStatus, Kind, State, job_tags
 from costopt.settings import Settings
 from pricing.base import FetchResult
 from pricing.store import PriceStore
@@ -223,6 +223,35 @@ def test_the_first_reconciler_pass_resumes_the_migrations_a_crash_left_active(en
     again = mig.plan("job-a", OFFERS, Kind.RECOVER)
     jobs.reconcile()  # later passes leave active migrations to whoever runs them
     assert mig.migration(again.id).state is State.PLANNED
+
+
+def test_a_resume_that_loses_a_race_is_one_warning_line_and_the_other_jobs_are_still_resumed(
+    engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = _cloud("a", Clock())
+    for job_id in ("job-a", "job-b"):
+        _started(engine, a, job_id, tmp_path)
+    mig = Migrator(engine, a)  # type: ignore[arg-type]
+    raced = mig.plan("job-a", OFFERS, Kind.RECOVER)  # both left planned by a crash
+    left = mig.plan("job-b", OFFERS, Kind.RECOVER)
+    jobs = _jobs(engine, [a])
+    real_run = Migrator.run
+
+    def run(self: Migrator, migration_id: int) -> object:
+        if migration_id == raced.id:  # the restarted engine advanced this one first
+            raise ConcurrentTransition(f"migration {migration_id} is not in state planned")
+        return real_run(self, migration_id)
+
+    monkeypatch.setattr(Migrator, "run", run)
+    with caplog.at_level(logging.WARNING):
+        reports = jobs.reconcile()
+    assert set(reports) == {"a"}  # the provider's reconcile pass still ran
+    assert mig.migration(left.id).state is State.DONE and mig.job("job-b").epoch == 2
+    assert mig.migration(raced.id).state is State.PLANNED  # left to the actor that won
+    race_lines = [r for r in caplog.records if "another actor advanced its migration first" in r.getMessage()]
+    assert len(race_lines) == 1 and race_lines[0].levelno == logging.WARNING and race_lines[0].exc_info is None
+    assert "job-a" in race_lines[0].getMessage() and "ConcurrentTransition" in race_lines[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
 def test_the_real_scheduler_keeps_running_a_job_that_raised(engine: Engine) -> None:
