@@ -911,7 +911,8 @@ class SimCloud:
     def output(self, instance_id: str, *, tail: int | None = None) -> str:
         """The simulated agent's console: one human-readable line per progress record (boot, start, steps,
         checkpoints, notice, fencing, exit), the last ``tail`` lines (None: all it keeps, the latest
-        ``providers.sim_agent.CONSOLE_LINES`` of an agent); "" for an instance that runs no agent. :class:`~costopt.cloud.NotFoundError` for an unknown id."""
+        ``providers.sim_agent.CONSOLE_LINES`` of an agent); "" for an instance that runs no agent.
+        :class:`~costopt.cloud.NotFoundError` for an unknown id."""
         if tail is not None and tail < 0:
             raise ValueError(f"tail must be >= 0 lines, got {tail}")
         inst = self._get(instance_id)
