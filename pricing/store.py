@@ -157,6 +157,30 @@ def points_frame(points: Iterable[PricePoint]) -> pd.DataFrame:
     return frame
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_OFFER_FIELDS = (
+    "cloud",
+    "region",
+    "zone",
+    "instance_type",
+    "market",
+    "usd_per_hour",
+    "vf",
+    "source",
+    "confirmed",
+    "stale",
+    "accelerator",
+    "gpu_count",
+)
+"""The snapshot columns :meth:`PriceStore.snapshot` turns into :class:`Offer` objects."""
+
+
+def _ns_to_datetime(ns: int) -> datetime:
+    """int64 ns since the epoch -> a tz-aware UTC datetime, truncated to the microsecond (as pandas'
+    ``Timestamp.to_pydatetime`` gives it)."""
+    return _EPOCH + timedelta(microseconds=ns // 1000)
+
+
 def _utc_series(ns: np.ndarray) -> pd.Series:
     """int64 ns (int64 min = missing) -> a datetime64[ns, UTC] series."""
     series: pd.Series = pd.Series(np.asarray(ns, dtype=np.int64).view("datetime64[ns]"), copy=False)
@@ -358,7 +382,7 @@ class PriceStore:
         Filters None mean "any". Stale offers (not confirmed within ``stale_after`` of ``at``) are
         left out unless ``include_stale``.
         """
-        frame = self.snapshot_frame(
+        raw, sel = self._select(
             at,
             cloud=cloud,
             region=region,
@@ -370,9 +394,9 @@ class PriceStore:
             limit=limit,
         )
         out: list[Offer] = []
-        cols = {c: frame[c].tolist() for c in SNAPSHOT_COLUMNS}
-        for i in range(len(frame)):
-            confirmed = cols["last_confirmed_at"][i]
+        cols = {c: raw[c][sel].tolist() for c in _OFFER_FIELDS}  # plain Python values, no DataFrame
+        for i in range(len(sel)):
+            confirmed = cols["confirmed"][i]
             acc = cols["accelerator"][i]
             gpus = cols["gpu_count"][i]
             out.append(
@@ -385,9 +409,9 @@ class PriceStore:
                         Market(cols["market"][i]),
                     ),
                     usd_per_hour=float(cols["usd_per_hour"][i]),
-                    valid_from=cols["valid_from"][i].to_pydatetime(),
+                    valid_from=_ns_to_datetime(cols["vf"][i]),
                     source=cols["source"][i],
-                    last_confirmed_at=None if pd.isna(confirmed) else confirmed.to_pydatetime(),
+                    last_confirmed_at=None if confirmed == _NAT else _ns_to_datetime(confirmed),
                     stale=bool(cols["stale"][i]),
                     accelerator=None if acc is None or pd.isna(acc) else str(acc),
                     gpu_count=None if gpus is None or pd.isna(gpus) else float(gpus),
@@ -411,6 +435,39 @@ class PriceStore:
     ) -> pd.DataFrame:
         """:meth:`snapshot` as a DataFrame with columns :data:`SNAPSHOT_COLUMNS` (times as
         ``datetime64[ns, UTC]``). ``use_mirror=False`` forces the SQL path (the reference)."""
+        raw, sel = self._select(
+            at,
+            cloud=cloud,
+            region=region,
+            zone=zone,
+            accelerator=accelerator,
+            market=market,
+            instance_type=instance_type,
+            include_stale=include_stale,
+            limit=limit,
+            use_mirror=use_mirror,
+        )
+        cols: dict[str, Any] = {c: raw[c][sel] for c in SNAPSHOT_COLUMNS if c in raw}
+        cols["valid_from"] = _utc_series(raw["vf"][sel])
+        cols["last_confirmed_at"] = _utc_series(raw["confirmed"][sel])
+        return pd.DataFrame({c: cols[c] for c in SNAPSHOT_COLUMNS})
+
+    def _select(
+        self,
+        at: datetime | None,
+        *,
+        cloud: Cloud | Sequence[Cloud] | None,
+        region: str | None,
+        zone: str | None,
+        accelerator: str | None,
+        market: Market | None,
+        instance_type: str | None,
+        include_stale: bool,
+        limit: int | None,
+        use_mirror: bool = True,
+    ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """The snapshot's columns (unfiltered, as :meth:`PriceMirror.snapshot` gives them) and the indices
+        of the rows that pass the filters, cheapest first (USD/h, then key), at most ``limit``."""
         judge_at = at if at is not None else _utcnow()
         stale_ns = self.stale_after // timedelta(microseconds=1) * 1000
         raw = self.mirror.snapshot(at, judge_at, stale_ns) if (use_mirror and self.mirror is not None) else None
@@ -436,10 +493,7 @@ class PriceStore:
         sel = sel[np.lexsort((raw["key_rank"][sel], raw["usd_per_hour"][sel]))]
         if limit is not None:
             sel = sel[:limit]
-        cols: dict[str, Any] = {c: raw[c][sel] for c in SNAPSHOT_COLUMNS if c in raw}
-        cols["valid_from"] = _utc_series(raw["vf"][sel])
-        cols["last_confirmed_at"] = _utc_series(raw["confirmed"][sel])
-        return pd.DataFrame({c: cols[c] for c in SNAPSHOT_COLUMNS})
+        return raw, sel
 
     def _snapshot_sql(self, at: datetime | None, judge_at: datetime, stale_ns: int) -> dict[str, np.ndarray]:
         """The reference snapshot, computed by SQL (one index probe per offer)."""
