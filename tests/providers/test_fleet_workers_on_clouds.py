@@ -722,7 +722,9 @@ def test_a_worker_started_by_the_boot_script_runs_its_lease_to_the_end(
     def finished() -> bool:
         rig.tick()  # the service's scheduler: the round starts once the worker synced
         fj = rig.repo.job("job-a")
-        return fj is not None and fj.status.finished
+        # the sync that reports the exit records the fleet job, then the job's row (the service thread's
+        # next statement): wait for both, or a poll between the two sees the job still running
+        return fj is not None and fj.status.finished and rig.jobs.get("job-a").state.terminal
 
     try:
         wait_for("the job's end", finished, proc, timeout_s=60)
