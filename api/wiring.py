@@ -8,6 +8,7 @@ else from api/ (the rest of api/ builds on it): what composes api/'s own service
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import weakref
@@ -128,13 +129,24 @@ def build_catalog(
 
 def build_hazards(settings: Settings) -> HazardModel:
     """Preemption hazards estimated from the availability logs (documented defaults without them)."""
-    from costopt.risk.availability import load_availability_logs
     from costopt.risk.hazard import HazardModel
 
     logs = settings.resolved_availability_logs()
     if logs is None or not logs.is_dir():
         return HazardModel()
-    lifetimes, _ = load_availability_logs(logs.glob("*/availability/*.out"))
+    files = sorted(logs.glob("*/availability/*.out"))
+    stamp = tuple((str(p), st.st_size, st.st_mtime_ns) for p in files for st in (p.stat(),))
+    return _hazards_of(stamp)
+
+
+@functools.lru_cache(maxsize=4)
+def _hazards_of(stamp: tuple[tuple[str, int, int], ...]) -> HazardModel:
+    """The hazards of the logs ``stamp`` names (path, size, mtime in ns): parsed once per process while the
+    files are unchanged (a changed file is a new stamp). The model is frozen and shared by its callers."""
+    from costopt.risk.availability import load_availability_logs
+    from costopt.risk.hazard import HazardModel
+
+    lifetimes, _ = load_availability_logs(Path(path) for path, _, _ in stamp)
     return HazardModel.from_lifetimes(lifetimes)
 
 
