@@ -15,7 +15,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -23,7 +23,7 @@ from api.wiring import build_assumptions, build_catalog, build_hazards
 from costopt.domain import Cloud, normalize_accelerator
 from costopt.migration.unavailable import UnavailableOffers
 from costopt.planning.evaluate import OfferTable
-from costopt.planning.model import Assumptions, JobSpec, Objective, Plan
+from costopt.planning.model import Assumptions, JobSpec, Objective, Plan, to_cents
 from costopt.planning.single import plan_job
 from costopt.risk.hazard import HazardModel
 from costopt.settings import Settings
@@ -31,6 +31,7 @@ from costopt.throughput.catalog import ThroughputCatalog
 from costopt.throughput.model import DEFAULT_PRECISION, JobType, Precision, ThroughputKey
 
 if TYPE_CHECKING:
+    from costopt.planning.collection import CollectionPlan
     from costopt.throughput.registry import Measurement
     from costopt.throughput.uncertainty import WinnerSensitivity
 from pricing.store import Now, PriceStore
@@ -266,3 +267,42 @@ def plan_single_checked(
 
     plan = replan(catalog)
     return now, plan, (winner_sensitivity(plan, catalog, replan) if sensitivity else None)
+
+
+def collection_plan_record(plan: CollectionPlan) -> dict[str, Any]:
+    """The plan as plain JSON values (money rounded to the cent)."""
+    return {
+        "status": plan.status,
+        "total_expected_cost_usd": float(to_cents(plan.total_expected_cost_usd)),
+        "makespan_hours": round(plan.makespan_hours, 4),
+        "mip_gap": plan.mip_gap,
+        "solve_seconds": round(plan.solve_seconds, 3),
+        "offers_considered": plan.offers_considered,
+        "reason": plan.reason,
+        "quotas": [
+            {"quota": u.quota.name, "gpus_used": u.gpus_used, "max_gpus": u.quota.max_gpus} for u in plan.quota_use
+        ],
+        "groups": [
+            {
+                "name": g.group,
+                "count": g.count,
+                "cost_usd": float(to_cents(g.cost_usd)),
+                "allocations": [
+                    {
+                        "cloud": a.cloud,
+                        "region": a.region,
+                        "zone": a.zone,
+                        "instance_type": a.instance_type,
+                        "market": a.market,
+                        "accelerator": a.accelerator,
+                        "count": a.count,
+                        "job_usd_per_hour": a.job_usd_per_hour,
+                        "expected_hours": round(a.expected_hours, 4),
+                        "cost_usd": float(to_cents(a.cost_usd)),
+                    }
+                    for a in g.allocations
+                ],
+            }
+            for g in plan.assignments
+        ],
+    }

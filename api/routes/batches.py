@@ -68,8 +68,7 @@ def _plan(
     body: BatchCreate, specs: list[dict[str, Any]], planner: JobPlanner
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(the plan's summary, each job's quote) of the batch."""
-    from api.cli.plan_batch import plan_record
-    from api.planning import catalog_at, planner_inputs
+    from api.planning import catalog_at, collection_plan_record, planner_inputs
     from costopt.planning.collection import (
         CollectionInfeasible,
         CollectionSpec,
@@ -161,7 +160,7 @@ def _plan(
                 "candidates": [planned, *others],
             }
         )
-    return {"as_of": as_of, **plan_record(plan)}, quotes
+    return {"as_of": as_of, **collection_plan_record(plan)}, quotes
 
 
 def _gpu_count(table: Any, row: int) -> float | None:

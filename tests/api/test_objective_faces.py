@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from api.app import create_app
 from api.cli import plan as plan_cli
+from api.cli.batch_file import BatchFile, build_spec
 from api.cli.main import app as cli_app
-from api.cli.plan_batch import BatchFile, build_spec
 from api.routes.plans import PlanRequest
 from costopt.planning.objectives import COLLECTION_OBJECTIVES, OBJECTIVES, build_collection_objective, build_objective
 from costopt.settings import Settings, get_settings
