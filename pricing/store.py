@@ -22,7 +22,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, Unpack
 
 import numpy as np
 import pandas as pd
@@ -157,21 +157,26 @@ def points_frame(points: Iterable[PricePoint]) -> pd.DataFrame:
     return frame
 
 
+class SnapshotFilters(TypedDict, total=False):
+    """The filters of :meth:`PriceStore.snapshot` and :meth:`PriceStore.snapshot_frame`; an absent one (or
+    None) means "any"."""
+
+    cloud: Cloud | Sequence[Cloud] | None
+    region: str | None
+    zone: str | None
+    accelerator: str | None
+    market: Market | None
+    instance_type: str | None
+    include_stale: bool
+    """Keep offers not confirmed within ``stale_after`` of the snapshot's time (default False)."""
+    limit: int | None
+    """At most this many offers, the cheapest (None: all)."""
+
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_OFFER_FIELDS = (
-    "cloud",
-    "region",
-    "zone",
-    "instance_type",
-    "market",
-    "usd_per_hour",
-    "vf",
-    "source",
-    "confirmed",
-    "stale",
-    "accelerator",
-    "gpu_count",
-)
+_RAW_TIME_COLUMNS = {"valid_from": "vf", "last_confirmed_at": "confirmed"}
+"""The two time columns of :data:`SNAPSHOT_COLUMNS` under their names in the mirror's raw snapshot (int64 ns)."""
+_OFFER_FIELDS = tuple(_RAW_TIME_COLUMNS.get(c, c) for c in SNAPSHOT_COLUMNS if c != "offer_id")
 """The snapshot columns :meth:`PriceStore.snapshot` turns into :class:`Offer` objects."""
 
 
@@ -363,36 +368,14 @@ class PriceStore:
         )
         return rows[0] if rows else None
 
-    def snapshot(
-        self,
-        at: datetime | None = None,
-        *,
-        cloud: Cloud | Sequence[Cloud] | None = None,
-        region: str | None = None,
-        zone: str | None = None,
-        accelerator: str | None = None,
-        market: Market | None = None,
-        instance_type: str | None = None,
-        include_stale: bool = False,
-        limit: int | None = None,
-    ) -> list[Offer]:
+    def snapshot(self, at: datetime | None = None, **filters: Unpack[SnapshotFilters]) -> list[Offer]:
         """Every offer's price in effect at ``at``, cheapest first (USD/h, then key).
 
         ``at`` None means the latest point of each offer, with staleness judged at the wall clock.
-        Filters None mean "any". Stale offers (not confirmed within ``stale_after`` of ``at``) are
-        left out unless ``include_stale``.
+        ``filters``: :class:`SnapshotFilters` (an absent filter means "any"; stale offers, not confirmed
+        within ``stale_after`` of ``at``, are left out unless ``include_stale``).
         """
-        raw, sel = self._select(
-            at,
-            cloud=cloud,
-            region=region,
-            zone=zone,
-            accelerator=accelerator,
-            market=market,
-            instance_type=instance_type,
-            include_stale=include_stale,
-            limit=limit,
-        )
+        raw, sel = self._select(at, filters)
         out: list[Offer] = []
         cols = {c: raw[c][sel].tolist() for c in _OFFER_FIELDS}  # plain Python values, no DataFrame
         for i in range(len(sel)):
@@ -420,51 +403,18 @@ class PriceStore:
         return out
 
     def snapshot_frame(
-        self,
-        at: datetime | None = None,
-        *,
-        cloud: Cloud | Sequence[Cloud] | None = None,
-        region: str | None = None,
-        zone: str | None = None,
-        accelerator: str | None = None,
-        market: Market | None = None,
-        instance_type: str | None = None,
-        include_stale: bool = False,
-        limit: int | None = None,
-        use_mirror: bool = True,
+        self, at: datetime | None = None, *, use_mirror: bool = True, **filters: Unpack[SnapshotFilters]
     ) -> pd.DataFrame:
         """:meth:`snapshot` as a DataFrame with columns :data:`SNAPSHOT_COLUMNS` (times as
         ``datetime64[ns, UTC]``). ``use_mirror=False`` forces the SQL path (the reference)."""
-        raw, sel = self._select(
-            at,
-            cloud=cloud,
-            region=region,
-            zone=zone,
-            accelerator=accelerator,
-            market=market,
-            instance_type=instance_type,
-            include_stale=include_stale,
-            limit=limit,
-            use_mirror=use_mirror,
-        )
+        raw, sel = self._select(at, filters, use_mirror=use_mirror)
         cols: dict[str, Any] = {c: raw[c][sel] for c in SNAPSHOT_COLUMNS if c in raw}
-        cols["valid_from"] = _utc_series(raw["vf"][sel])
-        cols["last_confirmed_at"] = _utc_series(raw["confirmed"][sel])
+        for column, raw_column in _RAW_TIME_COLUMNS.items():
+            cols[column] = _utc_series(raw[raw_column][sel])
         return pd.DataFrame({c: cols[c] for c in SNAPSHOT_COLUMNS})
 
     def _select(
-        self,
-        at: datetime | None,
-        *,
-        cloud: Cloud | Sequence[Cloud] | None,
-        region: str | None,
-        zone: str | None,
-        accelerator: str | None,
-        market: Market | None,
-        instance_type: str | None,
-        include_stale: bool,
-        limit: int | None,
-        use_mirror: bool = True,
+        self, at: datetime | None, filters: SnapshotFilters, *, use_mirror: bool = True
     ) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """The snapshot's columns (unfiltered, as :meth:`PriceMirror.snapshot` gives them) and the indices
         of the rows that pass the filters, cheapest first (USD/h, then key), at most ``limit``."""
@@ -474,20 +424,17 @@ class PriceStore:
         if raw is None:
             raw = self._snapshot_sql(at, judge_at, stale_ns)
         mask = np.ones(len(raw["offer_id"]), dtype=bool)
+        cloud, market, limit = filters.get("cloud"), filters.get("market"), filters.get("limit")
         if cloud is not None:
             clouds = [cloud.value] if isinstance(cloud, Cloud) else [c.value for c in cloud]
             mask &= np.isin(raw["cloud"], clouds)
-        for col, val in (
-            ("region", region),
-            ("zone", zone),
-            ("instance_type", instance_type),
-            ("accelerator", accelerator),
-        ):
+        for col in ("region", "zone", "instance_type", "accelerator"):
+            val = filters.get(col)
             if val is not None:
                 mask &= raw[col] == val
         if market is not None:
             mask &= raw["market"] == market.value
-        if not include_stale:
+        if not filters.get("include_stale", False):
             mask &= ~raw["stale"]
         sel = np.flatnonzero(mask)
         sel = sel[np.lexsort((raw["key_rank"][sel], raw["usd_per_hour"][sel]))]
