@@ -8,7 +8,8 @@ FastAPI's validation errors (malformed JSON, wrong types, missing or unknown fie
 ``invalid_request`` with one detail per field, its path and what to fix), for unknown routes (404) and
 methods (405), for bodies over the size limit (413, :class:`BodyLimit`), for a database that cannot
 serve right now (503 ``unavailable`` with ``Retry-After``: the server is down or restarting, a connection
-was cut, the pool is exhausted; :func:`costopt.db.engine.db_unavailable`; one warning line per failure, no
+was cut, the pool is exhausted, a query was cancelled on ``COSTOPT_DB_STATEMENT_TIMEOUT_S``, the message
+then saying which bound; :func:`costopt.db.engine.db_unavailable`; one warning line per failure, no
 traceback) and for unexpected exceptions (500 ``internal_error``, logged here with the request's method and
 path, never echoed to the caller).
 """
@@ -198,20 +199,46 @@ DB_RETRY_AFTER_S = 5
 async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     """A database error: 503 when it is worth retrying (:func:`costopt.db.engine.db_unavailable`); any
     other goes on to the 500 of an unexpected error (re-raised, as if this handler were not there)."""
-    from costopt.db.engine import db_unavailable
+    from costopt.db.engine import db_timeout, db_unavailable
 
     if not db_unavailable(exc):
         raise exc
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, first)
+    timeout = db_timeout(exc)
+    if timeout is None:
+        what = "the database is unavailable right now"
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, first)
+    else:
+        what = _timeout_message(request, timeout)
+        log.warning("database query timed out on %s %s: %s", request.method, request.url.path, first)
     return _response(
         503,
         "unavailable",
-        f"the database is unavailable right now; retry in {DB_RETRY_AFTER_S} s (GET /readyz answers 200 when it is "
-        "back; a submission retried with the same Idempotency-Key creates its job once)",
+        f"{what}; retry in {DB_RETRY_AFTER_S} s (GET /readyz answers 200 when it is back; a submission retried "
+        "with the same Idempotency-Key creates its job once)",
         None,
         {"Retry-After": str(DB_RETRY_AFTER_S)},
     )
+
+
+def _timeout_message(request: Request, timeout: str) -> str:
+    """What a statement the database cancelled on a time bound means (``timeout``: :func:`db_timeout`)."""
+    settings = getattr(request.app.state, "settings", None)
+    bound = getattr(settings, "db_statement_timeout_s", None)
+    limit = f" of {bound:g} s (COSTOPT_DB_STATEMENT_TIMEOUT_S)" if bound else ""
+    if timeout == "lock timeout":
+        return (
+            f"a database query waited too long for a lock held by another session (lock timeout: half the "
+            f"statement bound{limit}) and was cancelled"
+        )
+    if timeout == "busy timeout":
+        return f"the database file stayed locked by another writer past the busy timeout{limit}; the query gave up"
+    if timeout == "statement timeout":
+        return (
+            f"a database query ran past the statement bound{limit} (the database is stalled or overloaded) "
+            "and was cancelled"
+        )
+    return "a database query was cancelled by the database (an operator or a shutdown)"
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -40,11 +40,13 @@ log = logging.getLogger("costopt.wiring")
 def build_store(settings: Settings, *, migrate_schema: bool = True) -> PriceStore:
     """The price store on ``settings.database_url``, migrated to the newest schema by default; its pool
     keeps ``db_pool_size`` connections (a connection opened and closed per request would cost PostgreSQL
-    a new backend process each time)."""
+    a new backend process each time); each statement is bounded by ``db_statement_timeout_s``
+    (:func:`costopt.db.engine.make_engine`)."""
     url = settings.database_url
     in_memory = url.startswith("sqlite") and (url.rstrip("/") == "sqlite:" or ":memory:" in url)
     pool = {} if in_memory else {"pool_size": settings.db_pool_size, "max_overflow": settings.db_max_overflow}
-    engine = make_engine(url, **pool)  # an in-memory SQLite database is one connection: no pool to size
+    # an in-memory SQLite database is one connection: no pool to size
+    engine = make_engine(url, statement_timeout_s=settings.db_statement_timeout_s, **pool)
     if migrate_schema:
         migrate(engine)
     from pricing.screen import ScreenRules

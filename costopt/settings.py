@@ -135,6 +135,15 @@ class Settings(BaseSettings):
     db_max_overflow: int = Field(
         default=10, ge=0, description="Connections a service process may open beyond db_pool_size at a peak."
     )
+    db_statement_timeout_s: float = Field(
+        default=30.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds one database statement may wait before the database cancels it (0: no bound): "
+        "PostgreSQL's statement_timeout, and lock_timeout at half of it (a query stuck behind another "
+        "session's lock, a stalled server); SQLite's busy timeout (another connection's write lock). A "
+        "request so cancelled answers 503; a scheduled job logs one line and runs again at its next tick.",
+    )
     data_dir: Path | None = Field(
         default_factory=_default_data_dir,
         description="Folder of real public data (../shared/data when present); None when absent.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -10,25 +11,41 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 
 from costopt.errors import StoreError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 CONNECT_TIMEOUT_S = 5
 """Seconds a new PostgreSQL connection may take before it fails (libpq's ``connect_timeout``)."""
+SQLITE_BUSY_TIMEOUT_S = 30.0
+"""Seconds a SQLite statement waits for another connection's write lock when no bound is given."""
+_SQLITE_BUSY_MAX_S = 2_000_000.0
+"""The longest busy timeout SQLite takes (a C int of milliseconds): "no bound" (``statement_timeout_s=0``)."""
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, *, statement_timeout_s: float | None = None, **kwargs: Any) -> Engine:
     """Create an engine for ``url``. SQLite gets WAL, foreign keys and a busy timeout; its parent
-    folder is created. ``postgresql://`` URLs are routed to psycopg 3."""
+    folder is created. ``postgresql://`` URLs are routed to psycopg 3.
+
+    ``statement_timeout_s`` bounds how long one statement may wait for the database (None: the defaults
+    below; 0: no bound): on PostgreSQL the session's ``statement_timeout`` (the server cancels a statement
+    running longer: a stalled server, a query stuck behind another session's lock) and ``lock_timeout``
+    at half of it (a wait for a lock fails first, with a message naming the lock), through libpq's startup
+    ``options`` (merged with the URL's or ``connect_args``'s own; a ``statement_timeout`` given there
+    wins); on SQLite the busy timeout (how long a statement waits for another connection's write lock;
+    None: :data:`SQLITE_BUSY_TIMEOUT_S`). Either way the failure is an operational error, which
+    :func:`db_unavailable` counts as the database being unavailable (503, retried at the next tick)."""
+    if statement_timeout_s is not None and not (statement_timeout_s >= 0 and math.isfinite(statement_timeout_s)):
+        raise ValueError(f"a statement timeout is a finite number of seconds >= 0 (0: none), got {statement_timeout_s}")
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
     if url.startswith("sqlite"):
         path = url.split("///", 1)[1] if "///" in url else ""
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30}, **kwargs)
+        busy = SQLITE_BUSY_TIMEOUT_S if statement_timeout_s is None else statement_timeout_s or _SQLITE_BUSY_MAX_S
+        engine = create_engine(url, connect_args={"timeout": min(busy, _SQLITE_BUSY_MAX_S)}, **kwargs)
 
         @event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -46,7 +63,41 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     connect_args = dict(kwargs.pop("connect_args", None) or {})
     if "connect_timeout=" not in url:
         connect_args.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
+    if statement_timeout_s:
+        options = str(connect_args.get("options", make_url(url).query.get("options", "")) or "")
+        if "statement_timeout" not in options:
+            connect_args["options"] = f"{options} {pg_timeout_options(statement_timeout_s)}".strip()
     return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
+
+
+def pg_timeout_options(statement_timeout_s: float) -> str:
+    """libpq startup ``options`` setting a session's ``statement_timeout`` to ``statement_timeout_s`` and
+    its ``lock_timeout`` to half of it (whole milliseconds, at least 1 each; see :func:`make_engine`)."""
+    ms = max(1, round(statement_timeout_s * 1000))
+    return f"-c statement_timeout={ms} -c lock_timeout={max(1, ms // 2)}"
+
+
+def db_timeout(exc: BaseException) -> str | None:
+    """What timed out, when ``exc`` (or an exception it was raised from) is a statement the database
+    cancelled on a time bound: ``"statement timeout"`` or ``"lock timeout"`` (PostgreSQL's
+    ``statement_timeout`` / ``lock_timeout``, or a cancel from outside: ``"cancelled"``), ``"busy
+    timeout"`` (SQLite: the file stayed locked by another connection); None otherwise."""
+    import psycopg
+
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        orig = getattr(cur, "orig", None)
+        for err in (cur, orig):
+            if isinstance(err, psycopg.errors.LockNotAvailable):
+                return "lock timeout"
+            if isinstance(err, psycopg.errors.QueryCanceled):
+                return "statement timeout" if "statement timeout" in str(err) else "cancelled"
+            if isinstance(err, sqlite3.OperationalError) and any(m in str(err).lower() for m in ("locked", "busy")):
+                return "busy timeout"
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def db_unavailable(exc: BaseException) -> bool:
@@ -98,6 +149,8 @@ def migrate(engine: Engine, revision: str = "head") -> None:
     """Bring the database schema up to ``revision`` (idempotent)."""
     cfg = _alembic_config()
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":  # a migration may rewrite a large table: no statement bound
+            conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 
