@@ -11,6 +11,10 @@
   ``costopt_jobs_spend_usd_total``); and the leased fleets (:class:`FleetCollector`:
   ``costopt_fleets{state}``, ``costopt_fleet_instances{state}``, ``costopt_fleet_gpus{worker_type,state}``
   busy or idle, ``costopt_fleet_rounds_total``).
+- The simulated clock, when the service runs one (:class:`SimClockCollector`, in :data:`REGISTRY`):
+  ``costopt_sim_clock_lag_seconds`` (simulated seconds the clock is behind its time scale x wall time,
+  from ticks capped at ``COSTOPT_SIM_MAX_TICK``) and ``costopt_sim_clock_capped_ticks_total``; absent on
+  a real cloud.
 
 Units follow Prometheus conventions: seconds, Unix timestamps in seconds (UTC), counts.
 """
@@ -18,6 +22,7 @@ Units follow Prometheus conventions: seconds, Unix timestamps in seconds (UTC), 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -30,7 +35,7 @@ from prometheus_client import (
     Gauge,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -55,6 +60,33 @@ PRICE_COLLECTORS_ENABLED = Gauge(
     ["cloud"],
     registry=REGISTRY,
 )
+
+
+class SimClockCollector(Collector):
+    """How far behind the running simulated clock is (see the module doc); nothing when no driver runs.
+    Reads :func:`api.sim_clock.running_drivers` only when that module is loaded (a real cloud never
+    loads it)."""
+
+    def collect(self) -> Iterator[Metric]:
+        module = sys.modules.get("api.sim_clock")
+        drivers = module.running_drivers() if module is not None else []
+        if not drivers:
+            return
+        lag = GaugeMetricFamily(
+            "costopt_sim_clock_lag_seconds",
+            "Simulated seconds the simulated clock is behind COSTOPT_SIM_TIME_SCALE x the wall time since it "
+            "started, because late ticks were capped at COSTOPT_SIM_MAX_TICK (0: never behind).",
+        )
+        lag.add_metric([], sum(d.lag.total_seconds() for d in drivers))
+        yield lag
+        yield CounterMetricFamily(
+            "costopt_sim_clock_capped_ticks",
+            "Ticks of the simulated clock cut to COSTOPT_SIM_MAX_TICK (each came late: a loaded machine).",
+            value=float(sum(d.capped_ticks for d in drivers)),
+        )
+
+
+REGISTRY.register(SimClockCollector())
 
 
 class PriceSourceCollector(Collector):

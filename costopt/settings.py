@@ -303,6 +303,13 @@ class Settings(BaseSettings):
         default=timedelta(milliseconds=200),
         description="How often (wall clock) the service moves its simulated cloud's clock forward.",
     )
+    sim_max_tick: timedelta | None = Field(
+        default=None,
+        description="The most one tick may move the service's simulated clock (simulated time): a tick that "
+        "comes late (a loaded machine) moves this much, not scale x its wall time, and the clock runs slower "
+        "than sim_time_scale while the service is behind. None: 5 nominal ticks (5 x sim_tick x "
+        "sim_time_scale: 10 simulated minutes at the defaults).",
+    )
     sim_state_file: Path | None = Field(
         default=None,
         description="Where the service's simulated cloud keeps its state (clock, instances, their agents, "
@@ -548,6 +555,15 @@ class Settings(BaseSettings):
     def _sim_tick_positive(cls, value: timedelta) -> timedelta:
         if value <= timedelta(0):
             raise ValueError(f"COSTOPT_SIM_TICK must be > 0, got {value}")
+        return value
+
+    @field_validator("sim_max_tick")
+    @classmethod
+    def _sim_max_tick_positive(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
+            raise ValueError(
+                f"COSTOPT_SIM_MAX_TICK must be > 0 (simulated seconds or ISO 8601, e.g. PT10M), got {value}"
+            )
         return value
 
     @field_validator("engine_interval", "scheduler_lease_ttl")

@@ -5,13 +5,15 @@ price store."""
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from api.sim_clock import SimClockDriver, driver_for, service_clock, start_sim_clock
+from api.sim_clock import _DRIVERS, _DRIVERS_LOCK, SimClockDriver, driver_for, service_clock, start_sim_clock
 from api.wiring import build_catalog, build_cloud_provider, build_sim_throughput, build_store
 from costopt.agent import control, job_env
 from costopt.agent.contract import contract_env
@@ -47,7 +49,7 @@ def _cloud() -> SimCloud:
 def test_each_tick_moves_the_clock_by_the_wall_time_elapsed_times_the_scale(tmp_path: Path) -> None:
     cloud = _cloud()
     wall = Wall()
-    driver = SimClockDriver(cloud, scale=600.0, wall=wall)
+    driver = SimClockDriver(cloud, scale=600.0, max_tick=3600.0, wall=wall)  # no tick reaches the cap
     assert driver.advance() == START  # the first tick only takes the wall clock's reading
     wall.t += 1.5
     assert driver.advance() == START + timedelta(seconds=900)
@@ -75,7 +77,8 @@ def test_a_job_progresses_as_the_driver_ticks(tmp_path: Path) -> None:
 
 def test_the_thread_ticks_until_stopped_and_sleepers_wait_for_it() -> None:
     cloud = _cloud()
-    driver = SimClockDriver(cloud, scale=60.0, tick=0.001, wall=Wall(step=1.0))
+    # every tick reads 1 s of wall time for a 1 ms tick: uncapped here (the cap has its own tests)
+    driver = SimClockDriver(cloud, scale=60.0, tick=0.001, max_tick=60.0, wall=Wall(step=1.0))
     driver.start()
     try:
         assert driver.running
@@ -88,6 +91,68 @@ def test_the_thread_ticks_until_stopped_and_sleepers_wait_for_it() -> None:
     before = cloud.now()
     driver.sleep(30.0)  # not running: the sleeper moves the clock itself
     assert cloud.now() == before + timedelta(seconds=30)
+
+
+def test_a_late_tick_moves_the_clock_at_most_the_cap_and_the_driver_says_it_is_behind_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cloud = _cloud()
+    wall = Wall()
+    driver = SimClockDriver(cloud, scale=3600.0, tick=0.2, wall=wall)
+    assert driver.max_tick == 3600.0  # the default: 5 nominal ticks of 0.2 s x 3600
+    caplog.set_level(logging.WARNING, logger="costopt.sim_clock")
+    driver.advance()
+    wall.t += 1.0  # 5 nominal ticks late: still scale x wall
+    assert driver.advance() == START + timedelta(hours=1) and driver.capped_ticks == 0
+    wall.t += 40.0  # a tick 200 times late (50 agents on a loaded machine): 40 simulated hours uncapped
+    assert driver.advance() == START + timedelta(hours=2)
+    assert driver.lag == timedelta(hours=39) and driver.capped_ticks == 1
+    wall.t += 0.2  # a tick on time moves as before
+    assert driver.advance() == START + timedelta(hours=2, minutes=12)
+    for _ in range(5):  # late again within the minute: counted, not logged
+        wall.t += 10.0
+        driver.advance()
+    assert driver.now() == START + timedelta(hours=7, minutes=12)
+    assert driver.lag == timedelta(hours=39 + 5 * 9) and driver.capped_ticks == 6
+    behind = [r.getMessage() for r in caplog.records if "behind" in r.getMessage()]
+    assert len(behind) == 1, behind
+    assert "after 40.0 s of wall time" in behind[0] and "140400 simulated s behind" in behind[0]
+    assert "slower than 3600x" in behind[0]
+    wall.t += 20.0  # 70 s of wall time after the first line: the next capped tick says so again
+    driver.advance()
+    behind = [r.getMessage() for r in caplog.records if "behind" in r.getMessage()]
+    assert len(behind) == 2 and "6 capped tick(s) since the last such line" in behind[1], behind
+
+
+def test_the_cap_comes_from_the_settings_and_must_be_positive() -> None:
+    cloud = _cloud()
+    driver = SimClockDriver.from_settings(Settings(sim_max_tick=timedelta(minutes=3)), cloud)
+    assert driver.max_tick == 180.0
+    assert SimClockDriver.from_settings(Settings(sim_time_scale=600.0), cloud).max_tick == 600.0  # 10 minutes
+    with pytest.raises(ValidationError, match="COSTOPT_SIM_MAX_TICK"):
+        Settings(sim_max_tick=timedelta(0))
+    with pytest.raises(ValueError, match="cap"):
+        SimClockDriver(cloud, scale=600.0, max_tick=float("inf"))
+
+
+def test_the_running_drivers_lag_is_a_metric() -> None:
+    from api.metrics import render
+
+    cloud = _cloud()
+    driver = SimClockDriver(cloud, scale=60.0, tick=0.001, max_tick=30.0, wall=Wall(step=1.0))
+    assert b"costopt_sim_clock_lag_seconds" not in render()  # no driver runs
+    with _DRIVERS_LOCK:
+        _DRIVERS[cloud] = driver
+    driver.start()
+    try:
+        driver.sleep(90.0)  # three ticks at least, each cut from 60 to 30 simulated seconds
+        body = render().decode()
+    finally:
+        driver.stop()
+    lag = next(line for line in body.splitlines() if line.startswith("costopt_sim_clock_lag_seconds "))
+    capped = next(line for line in body.splitlines() if line.startswith("costopt_sim_clock_capped_ticks_total "))
+    assert float(lag.split()[1]) >= 90.0 and float(capped.split()[1]) >= 3.0, (lag, capped)
+    assert b"costopt_sim_clock_lag_seconds" not in render()  # stopped
 
 
 def test_bad_scales_and_ticks_are_refused() -> None:
