@@ -127,6 +127,7 @@ def build_fleet_executor(settings: Settings, service: JobService) -> FleetExecut
         boot_timeout_s=settings.fleet_boot_timeout,
         billing=billing,
         grid_s=settings.fleet_tick,
+        restart_overhead_s=settings.fleet_restart_overhead,
         unreachable={name: why for name in providers if (why := service_url_problem(settings, name)) is not None},
     )
 

@@ -196,6 +196,7 @@ def _settings(folder: Path, port: int, setup: ValidationSetup, base: Settings) -
         fleet_tick=setup.tick_s,
         fleet_worker_poll=setup.poll_s,
         fleet_dead_after=setup.dead_after_s,
+        fleet_restart_overhead=base.fleet_restart_overhead,
         provider="local",
         providers=[],
         local_provider_dir=folder / "local",
@@ -457,10 +458,18 @@ def _kill_leftovers(settings: Settings) -> None:
 
 
 def _simulate(
-    policy: str, jobs: Sequence[LiveJob], arrivals: Sequence[float], setup: ValidationSetup, restart_overhead_s: float
+    policy: str,
+    jobs: Sequence[LiveJob],
+    arrivals: Sequence[float],
+    setup: ValidationSetup,
+    restart_overhead_s: float,
+    fleet_overhead_s: float,
 ) -> Any:
+    """The trace simulated with ``restart_overhead_s`` charged per move, under the live fleet's rule
+    (``fleet_overhead_s``: the restart overhead its executor was configured with)."""
     import numpy as np
 
+    from costopt.gavel.mechanism import mechanism_rule
     from costopt.gavel.policies import get_policy
     from costopt.gavel.simulator import DEFAULT_PRICES_USD_PER_H, simulate_trace
     from costopt.gavel.trace import Trace
@@ -487,8 +496,9 @@ def _simulate(
         slo_s=np.full(n, np.inf),
         job_id=order.astype(np.int64),
     )
+    policy_obj = get_policy(policy)
     return simulate_trace(
-        get_policy(policy),
+        policy_obj,
         trace,
         workload,
         tuple([setup.per_label] * len(LABELS)),
@@ -496,9 +506,9 @@ def _simulate(
         gpus_per_server=1,
         prices=tuple(DEFAULT_PRICES_USD_PER_H[t] for t in LABELS),
         restart_overhead_s=min(max(restart_overhead_s, 0.0), setup.round_s / 2),
-        # the fleets' mechanism: shares since arrival, no hysteresis (the memory rule is not live yet)
-        memory_s=math.inf,
-        hysteresis=0.0,
+        # the fleets' rule: the mechanism's memory for aware policies (the default) and the hysteresis of the
+        # live fleet's configured restart overhead (COSTOPT_FLEET_RESTART_OVERHEAD), whatever the charge above
+        hysteresis=mechanism_rule(policy_obj.heterogeneity_aware, fleet_overhead_s, setup.round_s).hysteresis,
     )
 
 
@@ -535,8 +545,9 @@ def validate(
             live = _run_live(policy, jobs, setup, root / policy, base, progress)
             moved = float(np.mean(live.overheads)) if live.overheads else 0.0
             charged = moved if sim_overhead_s is None else sim_overhead_s
-            sim = _simulate(policy, jobs, live.arrivals, setup, charged)
-            sim0 = _simulate(policy, jobs, live.arrivals, setup, 0.0)
+            fleet_overhead = base.fleet_restart_overhead
+            sim = _simulate(policy, jobs, live.arrivals, setup, charged, fleet_overhead)
+            sim0 = _simulate(policy, jobs, live.arrivals, setup, 0.0, fleet_overhead)
             finished = [(a, d) for a, d in zip(live.arrivals, live.done_at, strict=True) if d is not None]
             jct = [d - a for a, d in finished]
             live_jct = float(np.mean(jct)) if jct else math.nan

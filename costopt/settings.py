@@ -481,6 +481,14 @@ class Settings(BaseSettings):
     fleet_boot_timeout: float = Field(
         default=600.0, gt=0, description="Seconds a new fleet instance's worker has to sync for the first time."
     )
+    fleet_restart_overhead: float = Field(
+        default=1.5,
+        ge=0,
+        description="Seconds a fleet job loses when a round moves it (its copy checkpoints, exits and starts "
+        "again elsewhere; 1.4-1.5 s measured by `costopt gavel validate` with local workers). Heterogeneity-aware "
+        "policies keep a running job on its GPUs unless a challenger's priority beats it by 1 + 6 x this / the "
+        "fleet's round_s, as in the simulator. 0: no hysteresis.",
+    )
     service_url: str = Field(
         default="http://127.0.0.1:8000",
         description="The URL fleet workers reach this service at (they sync over HTTP). Cloud instances cannot "

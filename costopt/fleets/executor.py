@@ -44,11 +44,13 @@ from costopt.fleets.model import (
     FleetState,
     InstanceState,
     NewInstance,
+    RoundLeases,
     capacity_of,
 )
-from costopt.fleets.rounds import plan_round
+from costopt.fleets.rounds import history_since, plan_round
 from costopt.fleets.store import FleetRepository, NewFleetJob
 from costopt.fleets.sync import hash_token, new_token
+from costopt.gavel.mechanism import mechanism_rule
 from costopt.gavel.policies import Policy
 from costopt.jobs.model import JobState
 from costopt.jobs.records import ConcurrentUpdate, IllegalTransition, JobNotFound, JobRecord, JobRepository
@@ -82,7 +84,10 @@ class FleetExecutor:
     ticks); ``full_every_s``: a fleet whose round is not over is looked at (liveness, launches, cancels,
     billing) at most this often; one whose round ended, at every tick; ``unreachable``: provider name -> why
     a worker on its instances could not reach ``service_url`` (those instances wait, pending, saying so,
-    instead of booting workers that never sync).
+    instead of booting workers that never sync); ``restart_overhead_s``: seconds a job loses when it moves
+    (its copy checkpoints, exits and starts again elsewhere): heterogeneity-aware policies hold a running
+    job unless a challenger's priority beats it by ``1 + 6 x restart_overhead_s / round_s``, as in the
+    simulator (:func:`costopt.gavel.mechanism.mechanism_rule`; 0: no hysteresis).
 
     A launch the provider refuses (:class:`~costopt.cloud.CloudError`, or ``ValueError`` for a spec it
     cannot send, e.g. a boot script above the cloud's size limit or a region it does not watch) puts the
@@ -104,9 +109,13 @@ class FleetExecutor:
         grid_s: float | None = None,
         full_every_s: float = 1.0,
         unreachable: Mapping[str, str] | None = None,
+        restart_overhead_s: float = 0.0,
     ) -> None:
         if dead_after_s <= 0 or boot_timeout_s <= 0 or (grid_s is not None and grid_s <= 0):
             raise ValueError("dead_after_s, boot_timeout_s and grid_s must be > 0")
+        if not restart_overhead_s >= 0:
+            raise ValueError("restart_overhead_s must be >= 0 seconds")
+        self.restart_overhead_s = float(restart_overhead_s)
         self.grid_s = grid_s
         self.repo = repo
         self.jobs = jobs
@@ -409,7 +418,25 @@ class FleetExecutor:
                     got[lease.wtype] = got.get(lease.wtype, 0.0) + held
         previous = current.assignment if open_round and current is not None else ()
         solve = self._must_solve(fleet, jobs, live)
-        decision = plan_round(fleet, live, jobs, previous, received, start, solve=solve, policy=self._policy(fleet))
+        policy = self._policy(fleet)
+        rule = mechanism_rule(policy.heterogeneity_aware, self.restart_overhead_s, fleet.round_s)
+        history: Sequence[RoundLeases] = ()
+        if rule.memory_s is not None:  # shares that forget: decayed from the stored leases (no state of its own)
+            history = self.repo.leases_since(
+                fleet.id, history_since((j.arrived_at for j in jobs), start, rule.memory_s)
+            )
+        decision = plan_round(
+            fleet,
+            live,
+            jobs,
+            previous,
+            received,
+            start,
+            solve=solve,
+            policy=policy,
+            restart_overhead_s=self.restart_overhead_s,
+            history=history,
+        )
         if decision.unplaced:
             log.info(
                 "fleet %s: round %d: no single instance could hold %s",

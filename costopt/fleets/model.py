@@ -403,6 +403,16 @@ class RoundRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class RoundLeases:
+    """What the decayed shares need of a stored round (:meth:`costopt.fleets.store.FleetRepository.
+    leases_since`): its start, its end (None: still open) and its leases as ``(job id, worker type)``."""
+
+    started_at: datetime
+    ended_at: datetime | None
+    leases: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Admission:
     """Where a job can run: ``types`` (worker type -> steps/s) and, for each type it cannot run on (or for
     the fleet), why."""

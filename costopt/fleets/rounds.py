@@ -5,9 +5,12 @@ reported (each job's steps done, the seconds of leases it received on each worke
 round), calls the fleet's policy when asked (a job arrived or left, the GPUs changed, or every
 ``resolve_rounds`` rounds), and runs :class:`~costopt.gavel.mechanism.RoundMechanism` for the round: the
 same policy objects and mechanism :func:`costopt.gavel.simulator.simulate_trace` drives with simulated
-progress. The mechanism is rebuilt at every boundary from the stored history (its ``received`` seconds
-and ``ever_ran`` flags), so any service replica can run any round. Then :func:`costopt.fleets.placement.
-place` puts the mechanism's units on instances.
+progress, under the same rule (:func:`costopt.gavel.mechanism.mechanism_rule`: for heterogeneity-aware
+policies, per-type queues, shares that forget with a 7200 s memory and a hysteresis from the fleet's
+restart overhead). The mechanism is rebuilt at every boundary from the stored history (its ``received``
+seconds, ``ever_ran`` flags, last round's types, and the decayed seconds recomputed from the stored
+rounds' leases by :func:`decayed_received`), so any service replica can run any round. Then
+:func:`costopt.fleets.placement.place` puts the mechanism's units on instances.
 
 Worker types are the accelerators of the fleet's live instances (alphabetical); a job's throughput on a
 type counts only when one live instance of it has the job's GPUs (a job runs within one instance). Times
@@ -16,20 +19,27 @@ given to the policy are seconds since the fleet was created. Space sharing is no
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from costopt.fleets.model import Assigned, FleetInstance, FleetJob, FleetRecord, InstanceState
+from costopt.fleets.model import Assigned, FleetInstance, FleetJob, FleetRecord, InstanceState, RoundLeases
 from costopt.fleets.placement import Slot, Unit, place
 
 if TYPE_CHECKING:
     from costopt.gavel.policies import Policy
 
-__all__ = ["RoundDecision", "plan_round"]
+__all__ = ["HISTORY_MEMORIES", "RoundDecision", "decayed_received", "history_since", "plan_round"]
+
+HISTORY_MEMORIES = 30.0
+"""Leases that started more than this many memories (``memory_s``) before a boundary are left out of the
+decayed seconds: each of their seconds weighs below ``exp(-30)`` (9.4e-14), so a job's share moves by less
+than 1e-9 (the mechanism's floor on shares) for any job younger than about a year (4,000 memories of
+7200 s). This bounds the rounds read per boundary to ``30 x memory_s / round_s`` (600 at 360-s rounds)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +58,36 @@ def _seconds(t: datetime, origin: datetime) -> float:
     return (t - origin).total_seconds()
 
 
+def history_since(arrivals: Iterable[datetime], now: datetime, memory_s: float) -> datetime:
+    """The earliest round start whose leases can count in the decayed seconds at ``now`` of jobs that
+    arrived at ``arrivals``: the latest of ``now - HISTORY_MEMORIES x memory_s`` and the first arrival (a
+    lease starts after its job arrived)."""
+    cutoff = now - timedelta(seconds=HISTORY_MEMORIES * memory_s)
+    return max(cutoff, min(arrivals, default=now))
+
+
+def decayed_received(
+    rounds: Iterable[RoundLeases], job_ids: Iterable[str], now: datetime, memory_s: float
+) -> dict[str, dict[str, float]]:
+    """Seconds of leases each of ``job_ids`` received on each worker type, a second run ``t`` seconds
+    before ``now`` weighted ``exp(-t / memory_s)``, from the stored ``rounds``: as
+    :class:`~costopt.gavel.mechanism.RoundMechanism` decays them round by round in the simulator, a
+    round's seconds weigh ``exp(-(now - its start) / memory_s)``. A round's seconds: from its start to its
+    end (the open round's ends at ``now``), as the executor credits ``received``."""
+    out: dict[str, dict[str, float]] = {j: {} for j in job_ids}
+    for rnd in rounds:
+        end = now if rnd.ended_at is None else min(rnd.ended_at, now)
+        held = (end - rnd.started_at).total_seconds()
+        if held <= 0:
+            continue
+        credit = held * math.exp(-(now - rnd.started_at).total_seconds() / memory_s)
+        for job_id, wtype in rnd.leases:
+            got = out.get(job_id)
+            if got is not None:
+                got[wtype] = got.get(wtype, 0.0) + credit
+    return out
+
+
 def plan_round(
     fleet: FleetRecord,
     instances: Sequence[FleetInstance],
@@ -58,6 +98,8 @@ def plan_round(
     *,
     solve: bool,
     policy: Policy | None = None,
+    restart_overhead_s: float = 0.0,
+    history: Iterable[RoundLeases] = (),
 ) -> RoundDecision:
     """The leases of the round starting at ``now`` (see the module docstring).
 
@@ -66,8 +108,11 @@ def plan_round(
     leases each job received on each worker type up to ``now``; ``solve``: call the policy (else keep the
     allocation in force, ``fleet.allocation``, for the jobs and types it names); ``policy``: the fleet's
     policy object when the caller keeps one between rounds (as the simulator does: a policy that keeps its
-    LP models picks among optimal allocations by its history), else a new one."""
-    from costopt.gavel.mechanism import RoundMechanism, fastest_first
+    LP models picks among optimal allocations by its history), else a new one. ``restart_overhead_s``:
+    seconds a job loses per move (sets the hysteresis of aware policies); ``history``: the leases of the
+    fleet's rounds that started since :func:`history_since` (the open one included), for the decayed
+    seconds of aware policies (ignored by the others)."""
+    from costopt.gavel.mechanism import RoundMechanism, fastest_first, mechanism_rule
     from costopt.gavel.policies import get_policy
     from costopt.gavel.state import ClusterState
 
@@ -128,14 +173,26 @@ def plan_round(
     else:
         x = _kept(fleet.allocation, jobs, types)
     # the mechanism, rebuilt from the stored history; constructed as the simulator constructs it
+    rule = mechanism_rule(policy.heterogeneity_aware, restart_overhead_s, fleet.round_s)
     mech = RoundMechanism(
         [cap[t] for t in types],
         [largest[t] for t in types],
         n,
-        type_order=fastest_first(tput) if policy.heterogeneity_aware else None,
+        type_order=fastest_first(tput) if rule.per_type_queues else None,
+        memory_s=rule.memory_s,
+        hysteresis=rule.hysteresis,
     )
-    mech.received[:] = np.array([[float(received.get(j.job_id, {}).get(t, 0.0)) for t in types] for j in jobs])
-    mech.ever_ran[:] = np.array([j.ever_ran for j in jobs], dtype=bool)
+    recent = None
+    if rule.memory_s is not None:
+        decayed = decayed_received(history, [j.job_id for j in jobs], now, rule.memory_s)
+        recent = np.array([[decayed[j.job_id].get(t, 0.0) for t in types] for j in jobs])
+    mech.resume(
+        np.array([[float(received.get(j.job_id, {}).get(t, 0.0)) for t in types] for j in jobs]),
+        np.array([j.ever_ran for j in jobs], dtype=bool),
+        now_s=state.now_s,
+        recent=recent,
+        last_type=np.array([last_type.get(j.job_id, -1) for j in jobs], dtype=np.int64),
+    )
     mech.set_allocation(
         np.arange(n, dtype=np.int64),
         state.scale_factor,

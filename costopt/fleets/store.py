@@ -39,6 +39,7 @@ from costopt.fleets.model import (
     InstanceState,
     NewFleet,
     NewInstance,
+    RoundLeases,
     RoundRecord,
 )
 
@@ -374,6 +375,23 @@ class FleetRepository:
                 .order_by(fleet_rounds.c.round)
             ).all()
         return [RoundRecord.of(r) for r in rows]
+
+    def leases_since(self, fleet_id: str, since: datetime, *, conn: Connection | None = None) -> list[RoundLeases]:
+        """The leases of the fleet's rounds that started at ``since`` or later, in order: the history the
+        decayed shares are recomputed from (:func:`costopt.fleets.rounds.history_since`). Reads three
+        columns and two keys of each lease (about half the time of :meth:`rounds`)."""
+        with self._reads(conn) as c:
+            rows = c.execute(
+                select(fleet_rounds.c.started_at, fleet_rounds.c.ended_at, fleet_rounds.c.assignment)
+                .where(fleet_rounds.c.fleet_id == fleet_id, fleet_rounds.c.started_at >= since)
+                .order_by(fleet_rounds.c.round)
+            ).all()
+        return [
+            RoundLeases(
+                r.started_at, r.ended_at, tuple((str(d["job_id"]), str(d["type"])) for d in json.loads(r.assignment))
+            )
+            for r in rows
+        ]
 
     def first_unbilled(self, fleet_id: str, *, conn: Connection | None = None) -> int | None:
         """The number of the fleet's first round not billed yet (None: every round is)."""

@@ -8,9 +8,11 @@ in the next round.
   received under allocations long gone fades instead of ruling its priority for the rest of its life
   (Gavel's reference implementation forgets by resetting its counters every 1920 s). With
   ``hysteresis`` ``h``, a unit that ran on a type last round has its priority there multiplied by
-  ``1 + h``: it keeps its GPUs unless a challenger's priority is clearly higher (the simulator sets
-  ``h`` from the restart cost, so it is 0 when moves are free). ``prior_s`` counts each unit as having
-  received its allocation for that long before it arrived (measured without effect; off by default).
+  ``1 + h``: it keeps its GPUs unless a challenger's priority is clearly higher (the simulator and live
+  fleets set ``memory_s`` and ``h`` by :func:`mechanism_rule`, ``h`` from the restart cost, so it is 0
+  when moves are free; live fleets rebuild the state each round with :meth:`RoundMechanism.resume`).
+  ``prior_s`` counts each unit as having received its allocation for that long before it arrived
+  (measured without effect; off by default).
 * Units are taken greedily in priority order (ties: larger allocation, earlier arrival, lower id): a
   unit is placed if none of its jobs runs yet this round and the type has ``scale_factor`` free GPUs.
   With ``type_order`` (one queue per worker type, as Gavel's reference implementation runs its
@@ -48,6 +50,34 @@ log = logging.getLogger(__name__)
 BoolArray = npt.NDArray[np.bool_]
 DEFAULT_ROUND_S = 360.0
 _MIN_SHARE = 1e-9  # a share received below this counts as nothing received
+AWARE_MEMORY_S = 7200.0
+"""Heterogeneity-aware policies weigh a second run ``t`` seconds ago by ``exp(-t / AWARE_MEMORY_S)`` in
+their priorities (issue 12; docs/gavel.md, *Mechanism*)."""
+AWARE_HYSTERESIS_PER_RESTART = 6.0
+"""A unit that ran on a type last round keeps it unless outranked by the factor
+``1 + AWARE_HYSTERESIS_PER_RESTART * restart_overhead_s / round_s`` (1 when moves are free)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MechanismRule:
+    """How a :class:`RoundMechanism` ranks units: ``per_type_queues`` (serve one queue per worker type,
+    fastest first), ``memory_s`` (None: shares since arrival) and ``hysteresis`` (>= 0)."""
+
+    per_type_queues: bool
+    memory_s: float | None
+    hysteresis: float
+
+
+def mechanism_rule(per_type_queues: bool, restart_overhead_s: float, round_s: float) -> MechanismRule:
+    """The rule the simulator and live fleets give a policy: with per-type queues (heterogeneity-aware
+    policies), shares that forget with :data:`AWARE_MEMORY_S` and a hysteresis of
+    :data:`AWARE_HYSTERESIS_PER_RESTART` x ``restart_overhead_s / round_s`` (seconds lost per move over
+    the round's length); else shares since arrival and no hysteresis."""
+    if not round_s > 0 or not restart_overhead_s >= 0:
+        raise InvalidState("need round_s > 0 and restart_overhead_s >= 0 seconds")
+    if not per_type_queues:
+        return MechanismRule(False, None, 0.0)
+    return MechanismRule(True, AWARE_MEMORY_S, AWARE_HYSTERESIS_PER_RESTART * restart_overhead_s / round_s)
 
 
 def fastest_first(throughput: FloatArray) -> tuple[int, ...]:
@@ -157,6 +187,40 @@ class RoundMechanism:
         self._a_list: list[int] = []
         self._b_list: list[int] = []
         self._pending: tuple[IntArray, IntArray] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+    def resume(
+        self,
+        received: FloatArray,
+        ever_ran: BoolArray,
+        *,
+        now_s: float,
+        recent: FloatArray | None = None,
+        last_type: IntArray | None = None,
+    ) -> None:
+        """Start from a stored history instead of recorded rounds (live fleets rebuild the mechanism at
+        every boundary). ``received``: seconds each job ran alone per type (jobs x types); ``recent``: the
+        same with a second run ``t`` seconds before ``now_s`` weighted ``exp(-t / memory_s)`` (required with
+        ``memory_s``, ignored without); ``last_type``: the type each job ran on alone last round (-1: it did
+        not run), which the hysteresis and sticky placement use. Call before :meth:`set_allocation`."""
+        shape = (self._n, self.n_types)
+        if np.shape(received) != shape or (recent is not None and np.shape(recent) != shape):
+            raise InvalidState(f"received seconds must be {self._n} jobs x {self.n_types} worker types")
+        self.received[:] = received
+        self.ever_ran[:] = ever_ran
+        if self.memory_s is not None:
+            if recent is None:
+                raise InvalidState("a mechanism with memory_s needs the decayed seconds (recent) to resume")
+            self._recent[:] = recent
+            self._decayed_at = float(now_s)
+        if last_type is not None:
+            lt = np.asarray(last_type, dtype=np.int64)
+            ran = np.nonzero(lt >= 0)[0]
+            self._last_type[:] = -1
+            self._last_partner[:] = -2
+            self._last_type[ran] = lt[ran]
+            self._last_partner[ran] = -1
+            self._last_consolidated[ran] = True
+            self._last_jobs = ran.astype(np.int64)
 
     def set_allocation(
         self,

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from costopt.gavel.errors import InvalidState
-from costopt.gavel.mechanism import DEFAULT_ROUND_S, RoundMechanism, fastest_first
+from costopt.gavel.mechanism import DEFAULT_ROUND_S, RoundMechanism, fastest_first, mechanism_rule
 from costopt.gavel.policies import Policy, get_policy
 from costopt.gavel.state import ClusterState, FloatArray, IntArray
 from costopt.gavel.trace import Trace, generate_trace
@@ -36,12 +36,6 @@ log = logging.getLogger(__name__)
 DEFAULT_CLUSTER = "36:36:36"
 DEFAULT_GPUS_PER_SERVER = 4
 DEFAULT_PRICES_USD_PER_H = {"v100": 2.48, "p100": 1.46, "k80": 0.45}
-AWARE_MEMORY_S = 7200.0
-"""Heterogeneity-aware policies' mechanism weighs a second run ``t`` seconds ago by
-``exp(-t / AWARE_MEMORY_S)`` in its priorities (issue 12; docs/gavel.md, *Against the reference*)."""
-AWARE_HYSTERESIS_PER_RESTART = 6.0
-"""... and lets a job keep its GPUs unless a challenger's priority is higher by the factor
-``1 + AWARE_HYSTERESIS_PER_RESTART * restart_overhead_s / round_s`` (1 when moves are free)."""
 """On-demand USD per GPU-hour of GCP's V100, P100 and K80 in us-central1 (2020), for the cost policies."""
 
 
@@ -189,10 +183,11 @@ def simulate_trace(
     the next arrival or completion repeat the current one and are advanced in one step (exact; off
     only to check that). ``per_type_queues``: the mechanism serves one queue per worker type, fastest
     first (default: for heterogeneity-aware policies; agnostic ones use one queue over all types).
-    ``memory_s``: the priorities' memory (see :class:`RoundMechanism`; default: :data:`AWARE_MEMORY_S`
-    with per-type queues, else since arrival; ``math.inf``: since arrival). ``hysteresis``: a running
-    unit's priority bonus (default: :data:`AWARE_HYSTERESIS_PER_RESTART` x ``restart_overhead_s /
-    round_s`` with per-type queues, else 0). ``prior_s``: see :class:`RoundMechanism` (default 0)."""
+    ``memory_s``: the priorities' memory (see :class:`RoundMechanism`; ``math.inf``: since arrival) and
+    ``hysteresis``: a running unit's priority bonus; by default both as
+    :func:`~costopt.gavel.mechanism.mechanism_rule` gives them (with per-type queues, a 7200-s memory and
+    6 x ``restart_overhead_s / round_s``; else since arrival and 0), the rule live fleets use too.
+    ``prior_s``: see :class:`RoundMechanism` (default 0)."""
     wall0 = time.perf_counter()
     if round_s <= 0 or restart_overhead_s < 0 or restart_overhead_s >= round_s:
         raise InvalidState("need round_s > 0 and 0 <= restart_overhead_s < round_s")
@@ -213,17 +208,14 @@ def simulate_trace(
     interval = round_s if resolve_interval_s is None else resolve_interval_s
     cons = workload.consolidated[trace.entry]  # (n, J)
     per_type = policy.heterogeneity_aware if per_type_queues is None else per_type_queues
+    rule = mechanism_rule(per_type, restart_overhead_s, round_s)  # live fleets' too (costopt/fleets/rounds.py)
     mech = RoundMechanism(
         list(capacity),
         [gpus_per_server] * nt,
         n,
         type_order=fastest_first(cons) if per_type else None,
-        memory_s=(AWARE_MEMORY_S if per_type else None) if memory_s is None else memory_s,
-        hysteresis=(
-            (AWARE_HYSTERESIS_PER_RESTART if per_type else 0.0) * restart_overhead_s / round_s
-            if hysteresis is None
-            else hysteresis
-        ),
+        memory_s=rule.memory_s if memory_s is None else memory_s,
+        hysteresis=rule.hysteresis if hysteresis is None else hysteresis,
         prior_s=prior_s,
     )
     spread = workload.spread[trace.entry]

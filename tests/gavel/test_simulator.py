@@ -159,7 +159,8 @@ def test_aware_policies_decay_their_priorities_memory_and_agnostic_ones_keep_it_
 ) -> None:
     import math
 
-    from costopt.gavel.simulator import AWARE_MEMORY_S, generated_trace
+    from costopt.gavel.mechanism import AWARE_MEMORY_S
+    from costopt.gavel.simulator import generated_trace
 
     trace = generated_trace(workload, 2.0, 3, (5, 15))
 
