@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from costopt.risk.hazard import HazardModel
     from costopt.throughput.catalog import ThroughputCatalog
     from costopt.throughput.model import Precision
+    from costopt.throughput.registry import Measurement
     from providers.sim_agent import ThroughputFn
 
 log = logging.getLogger("costopt.wiring")
@@ -113,18 +114,47 @@ def build_catalog(
     database (when ``engine`` is given), and estimates for unmeasured GPUs (marked estimated), for
     jobs at ``precision`` (the file is at fp32; that precision's measurements are folded in, and the
     estimator keeps the file's cells only where they hold at it; see docs/throughput.md)."""
+    from costopt.throughput.registry import MeasurementRegistry
+
+    measurements = None if engine is None else tuple(MeasurementRegistry(engine).all())
+    return _catalog_of(
+        _stamp(settings.resolved_throughput_file()), measurements, precision, settings.estimate_new_accelerators
+    )
+
+
+def _stamp(path: Path | None) -> tuple[str, int, int] | None:
+    """(path, size, mtime in ns) of a file: what the per-process caches below are keyed on (a changed file is
+    a new stamp); None for no file."""
+    if path is None:
+        return None
+    st = path.stat()
+    return (str(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _catalog_of(
+    stamp: tuple[str, int, int] | None,
+    measurements: tuple[Measurement, ...] | None,
+    precision: Precision,
+    estimate: bool,
+) -> ThroughputCatalog:
+    """The catalog :func:`build_catalog` describes, built once per process for the same file (``stamp``),
+    registered ``measurements`` (None: no database), precision and estimation setting: a service, a test's
+    app or a simulated cloud built again over an unchanged registry shares it (the estimator's fit is
+    ~0.5 s of CPU). Catalogs are read-only, so sharing one is safe."""
     from costopt.throughput.catalog import ThroughputCatalog
     from costopt.throughput.estimate import estimate_catalog, load_accelerator_specs
     from costopt.throughput.loaders import load_throughput_file
-    from costopt.throughput.registry import MeasurementRegistry
+    from costopt.throughput.registry import fold_measurements
 
-    path = settings.resolved_throughput_file()
     catalog = (
-        ThroughputCatalog.from_measurements(load_throughput_file(path)) if path is not None else ThroughputCatalog()
+        ThroughputCatalog.from_measurements(load_throughput_file(Path(stamp[0])))
+        if stamp is not None
+        else ThroughputCatalog()
     )
-    if engine is not None:
-        catalog = MeasurementRegistry(engine).apply(catalog, precision)
-    if settings.estimate_new_accelerators:
+    if measurements is not None:
+        catalog = fold_measurements(catalog, measurements, precision)
+    if estimate:
         catalog = estimate_catalog(catalog, load_accelerator_specs(), precision=precision)
     return catalog
 
@@ -137,8 +167,7 @@ def build_hazards(settings: Settings) -> HazardModel:
     if logs is None or not logs.is_dir():
         return HazardModel()
     files = sorted(logs.glob("*/availability/*.out"))
-    stamp = tuple((str(p), st.st_size, st.st_mtime_ns) for p in files for st in (p.stat(),))
-    return _hazards_of(stamp)
+    return _hazards_of(tuple(stamp for p in files if (stamp := _stamp(p)) is not None))
 
 
 @functools.lru_cache(maxsize=4)
@@ -150,6 +179,18 @@ def _hazards_of(stamp: tuple[tuple[str, int, int], ...]) -> HazardModel:
 
     lifetimes, _ = load_availability_logs(Path(path) for path, _, _ in stamp)
     return HazardModel.from_lifetimes(lifetimes)
+
+
+def build_sim_hazards(settings: Settings) -> HazardModel:
+    """The simulated cloud's reclaim rates: ``COSTOPT_SIM_SPOT_HAZARD_PER_HOUR`` for every spot offer when set
+    (the same rate per offer, whatever its zone or shape), else :func:`build_hazards`'s (the planner's)."""
+    from costopt.domain import Cloud
+    from costopt.risk.hazard import HazardModel
+
+    rate = settings.sim_spot_hazard_per_hour
+    if rate is None:
+        return build_hazards(settings)
+    return HazardModel(defaults=dict.fromkeys(Cloud, rate))
 
 
 def build_assumptions(settings: Settings) -> Assumptions:
@@ -184,7 +225,7 @@ def build_cloud_provider(
                 settings,
                 name="sim",
                 prices=prices,
-                hazards=build_hazards(settings),
+                hazards=build_sim_hazards(settings),
                 overrides={"rate": build_sim_throughput(settings, prices, store.engine)},
             )
             _SIM_CLOUDS[store] = shared

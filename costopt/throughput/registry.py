@@ -14,6 +14,7 @@ A job given by its own ``throughput`` (no catalog job type) is learnt as its own
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -132,20 +133,27 @@ class MeasurementRegistry:
         """``catalog`` with every recorded measurement taken at ``precision`` folded in, oldest first. At a
         precision other than ``fp32`` a measurement replaces a file (``measured``, fp32) cell instead of
         being averaged with it. Jobs' own job types (:func:`is_own_job_type`) are left out."""
-        cells = dict(catalog.cells)
-        order = list(catalog.job_type_order)
-        for m in self.all():
-            if source_precision(m.source) != precision or is_own_job_type(m.job_type):
-                continue
-            key = ThroughputKey(m.job_type, normalize_accelerator(m.accelerator), m.gpu_count, m.placement)
-            old = cells.get(key)
-            if precision != DEFAULT_PRECISION and old is not None and old.provenance == "measured":
-                del cells[key]  # replaced, not averaged (and placed last, as a new cell)
-                old = None
-            cells[key] = fold_measurement(old, m.steps_per_s, m.n_measurements, m.provenance)
-            order.append(m.job_type)
-        # one catalog built at the end (a catalog per measurement copied every cell and pair each time)
-        return ThroughputCatalog(cells, catalog.pairs, tuple(order))
+        return fold_measurements(catalog, self.all(), precision)
+
+
+def fold_measurements(
+    catalog: ThroughputCatalog, measurements: Iterable[Measurement], precision: Precision = DEFAULT_PRECISION
+) -> ThroughputCatalog:
+    """:meth:`MeasurementRegistry.apply` on ``measurements`` (oldest first) instead of the database's."""
+    cells = dict(catalog.cells)
+    order = list(catalog.job_type_order)
+    for m in measurements:
+        if source_precision(m.source) != precision or is_own_job_type(m.job_type):
+            continue
+        key = ThroughputKey(m.job_type, normalize_accelerator(m.accelerator), m.gpu_count, m.placement)
+        old = cells.get(key)
+        if precision != DEFAULT_PRECISION and old is not None and old.provenance == "measured":
+            del cells[key]  # replaced, not averaged (and placed last, as a new cell)
+            old = None
+        cells[key] = fold_measurement(old, m.steps_per_s, m.n_measurements, m.provenance)
+        order.append(m.job_type)
+    # one catalog built at the end (a catalog per measurement copied every cell and pair each time)
+    return ThroughputCatalog(cells, catalog.pairs, tuple(order))
 
 
 def _measurement(r: Any) -> Measurement:

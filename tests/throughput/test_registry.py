@@ -41,6 +41,38 @@ def test_later_measurements_update_the_estimate_as_a_weighted_mean(engine: Engin
     assert [m.source for m in reg.all()] == ["job-42"]
 
 
+def test_the_catalog_is_built_once_per_process_while_its_file_and_registry_are_unchanged(
+    engine: Engine, shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """build_catalog shares one catalog between callers while the throughput file (path, size, mtime) and the
+    registered measurements are the same, and builds a new one when either changes."""
+    import shutil
+
+    import costopt.throughput.loaders as loaders
+
+    loads: list[Path] = []
+    real = loaders.load_throughput_file
+
+    def counting(path: Path) -> object:
+        loads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(loaders, "load_throughput_file", counting)
+    own = tmp_path / "throughputs.json"  # a file of this test's own: no other test's cached catalog
+    shutil.copyfile(shared_data / "gavel" / "simulation_throughputs.json", own)
+    settings = Settings(throughput_file=own, estimate_new_accelerators=False)
+    first = build_catalog(settings, engine)
+    assert build_catalog(settings, engine) is first and loads == [own]  # unchanged: built once
+    MeasurementRegistry(engine).add(Measurement(R50, "v100", 1, 2.0, source="job-1"))
+    measured = build_catalog(settings, engine)  # a new measurement: a new catalog with it folded in
+    assert measured is not first and len(loads) == 2
+    cell, base = measured.get(R50, "v100"), first.get(R50, "v100")
+    assert cell is not None and base is not None and cell.n_measurements == base.n_measurements + 1
+    with own.open("a", encoding="utf-8") as fh:
+        fh.write("\n")  # the same content, a new size: read again
+    assert build_catalog(settings, engine) is not measured and len(loads) == 3
+
+
 def test_a_negative_measurement_is_refused_and_not_stored(engine: Engine) -> None:
     reg = MeasurementRegistry(engine)
     with pytest.raises(InvalidThroughput):
