@@ -316,6 +316,19 @@ class Settings(BaseSettings):
         "draws), written at every change and read back at start, so a restarted service (even after kill -9) "
         "finds its instances as on a real cloud. None: the simulated cloud lives and dies with the process.",
     )
+    sim_seed: int = Field(
+        default=0,
+        description="Seed of the service's simulated cloud: each spot offer's reclaim times (drawn in simulated "
+        "time from it and the offer) and its launches' capacity failures.",
+    )
+    sim_spot_hazard_per_hour: float | None = Field(
+        default=None,
+        ge=0,
+        description="Reclaims per hour of every spot offer of the service's simulated cloud (a Poisson process "
+        "per offer; every instance alive on the offer at a reclaim is preempted), instead of the hazard model's "
+        "rates from the availability logs. The planner's hazards are unchanged. None: the hazard model's; 0: "
+        "no reclaim. For drills (bench/kill_drill.py --spot-hazard).",
+    )
     local_provider_dir: Path = Field(
         default=PROJECT_ROOT / "var" / "local-provider",
         description="State folder of the local provider (instances, tokens, events): a restarted service finds "

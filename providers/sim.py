@@ -627,18 +627,20 @@ class SimCloud:
         hazards: HazardModel | None = None,
         start: datetime | None = None,
         clock: SimClock | None = None,
-        seed: int | Sequence[int] = 0,
+        seed: int | Sequence[int] | None = None,
         config: SimConfig | None = None,
         rate: ThroughputFn | None = None,
     ) -> SimCloud:
         """The service's simulated cloud over ``prices`` (the composition root passes the price store's
         view) and ``hazards`` (None: the model's documented defaults), its clock starting at ``start``
-        (None: ``COSTOPT_SIM_START``) unless ``clock`` is given; ``config`` None: :class:`SimConfig`'s
-        documented defaults. The caller
+        (None: ``COSTOPT_SIM_START``) unless ``clock`` is given; ``seed`` None: ``COSTOPT_SIM_SEED``;
+        ``config`` None: :class:`SimConfig`'s documented defaults. The caller
         moves the clock (:meth:`run_until`, :meth:`run_to`, the service's ``api.sim_clock`` driver). ``rate``:
         the agents' throughput by job type (``api.wiring.build_sim_throughput``)."""
         if clock is None and start is None:
             start = settings.sim_start
+        if seed is None:
+            seed = settings.sim_seed
         return cls(prices, hazards, clock=clock, start=start, seed=seed, config=config, rate=rate)
 
     # --- time -----------------------------------------------------------------------------------------

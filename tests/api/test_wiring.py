@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from api.wiring import build_hazards, build_sources, source_intervals
+from api.wiring import build_hazards, build_sim_hazards, build_sources, source_intervals
 from costopt.risk.hazard import HazardModel
 from costopt.settings import Settings
 
@@ -60,3 +60,22 @@ def test_the_hazards_are_parsed_once_while_the_logs_are_unchanged_and_again_when
     again = build_hazards(settings)
     assert len(parses) == 2 and again is not first and again != first
     assert build_hazards(Settings(availability_logs_dir=tmp_path / "none")) == HazardModel()  # no logs: defaults
+
+
+def test_the_simulated_clouds_reclaim_rate_is_its_setting_when_set_and_the_planners_hazards_otherwise(
+    tmp_path: Path,
+) -> None:
+    from costopt.domain import Cloud, Market
+
+    settings = Settings(availability_logs_dir=tmp_path / "none", sim_spot_hazard_per_hour=0.4)
+    hazards = build_sim_hazards(settings)
+    for cloud, zone, acc in (
+        (Cloud.AWS, "us-east-1a", "v100"),
+        (Cloud.GCP, "us-west1-b", "k80"),
+        (Cloud.SIM, "", None),
+    ):
+        assert hazards.rate(cloud, zone[:-2] or "r", zone, acc, 1, Market.SPOT) == 0.4  # every spot offer alike
+        assert hazards.rate(cloud, "r", zone, acc, 1, Market.ON_DEMAND) == 0.0
+    assert build_hazards(settings) == HazardModel()  # the planner's hazards are not the simulated cloud's
+    unset = Settings(availability_logs_dir=tmp_path / "none")
+    assert build_sim_hazards(unset) == build_hazards(unset)

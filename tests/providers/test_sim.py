@@ -230,6 +230,24 @@ def test_preemptions_are_deterministic_per_seed() -> None:
     assert lifetimes(11) != lifetimes(12)
 
 
+def test_the_services_simulated_cloud_is_seeded_by_its_setting() -> None:
+    from costopt.settings import Settings
+
+    def lifetime(settings: Settings) -> datetime | None:
+        cloud = SimCloud.from_settings(settings, prices=PRICES, hazards=HIGH_HAZARD, start=T)
+        inst = cloud.launch(spec(), "t")
+        cloud.run_until(T + timedelta(hours=12), watch=())
+        return cloud.describe(inst.instance_id).terminated_at
+
+    seeded = lifetime(Settings(sim_seed=12))
+    assert seeded is not None and seeded == lifetime(Settings(sim_seed=12))  # COSTOPT_SIM_SEED: the draws' seed
+    assert lifetime(Settings(sim_seed=13)) != seeded
+    direct = sim(HIGH_HAZARD, seed=12)
+    inst = direct.launch(spec(), "t")
+    direct.run_until(T + timedelta(hours=12), watch=())
+    assert direct.describe(inst.instance_id).terminated_at == seeded
+
+
 def test_one_offer_meets_the_same_reclaims_whoever_launches_on_it() -> None:
     # common random numbers: an offer's reclaim times do not depend on what else the sim did
     a = sim(HIGH_HAZARD, seed=5)
