@@ -1,7 +1,8 @@
 """The rebalancer: move running jobs to cheaper offers when the decision rule says it pays.
 
 One pass (:meth:`Rebalancer.run_once`) looks at every ``running`` job whose team has not asked to
-cancel it, at the service clock's "now":
+cancel it, each at the service clock's "now" when its turn comes (a move blocks for minutes of that clock:
+after one, the next job is read again and skipped when no longer running, and priced then):
 
 1. the job as the rule sees it (:class:`~costopt.migration.decision.RunningJob`): remaining steps
    ``steps_total - steps_done``; its current offer priced now by :meth:`Placements.at_offer`; its
@@ -164,17 +165,24 @@ class Rebalancer:
         """One pass over every running job (see the module doc); never raises for one job's failure."""
         now = utc(self.clock())
         items: list[RebalanceItem] = []
+        moved = False
         for job in self.repo.in_states([JobState.RUNNING]):
             if job.provider == FLEET_PROVIDER:  # its fleet's policy places it
                 continue
+            if moved:  # a move blocks for its checkpoint, launch and verification (minutes of the service
+                # clock): the jobs after it are decided as they are then, at the prices then
+                job = self.repo.get(job.id)
+                if job.state is not JobState.RUNNING:
+                    continue
             try:
-                item, chosen = self._decide(job, now)
+                item, chosen = self._decide(job, utc(self.clock()))
             except Exception as exc:
                 log.exception("rebalancer: job %s: deciding failed", job.id)
                 items.append(_failed(job, f"deciding failed: {type(exc).__name__}: {exc}"))
                 continue
             if item.outcome is Outcome.PROPOSED and not dry_run:
                 item = self._move(job, item, chosen)
+                moved = True
             items.append(item)
         report = RebalanceReport(now, dry_run, tuple(items))
         moved = report.with_outcome(Outcome.PROPOSED if dry_run else Outcome.MOVED)

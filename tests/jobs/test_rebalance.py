@@ -280,3 +280,30 @@ def test_without_move_events_a_finished_migration_counts_unless_it_is_on_another
     assert by_id[first_launch].outcome is Outcome.PROPOSED
     assert by_id[moved_lately].outcome is Outcome.STAYED and Reason.DWELL.text in by_id[moved_lately].reason
     assert by_id[wall_clock].outcome is Outcome.PROPOSED
+
+
+def test_after_a_move_the_next_job_is_decided_as_it_is_then_at_the_prices_then(repo, clock):
+    # A move blocks for its checkpoint, launch and verification: here 40 minutes of the service clock, in
+    # which the cheap offer's price rises and one of the other jobs finishes. The one left is priced at
+    # T0 + 40 min (it stays: nothing beats its offer any more); the finished one is not weighed.
+    jobs = {_running(repo, name=n) for n in ("a", "b", "c")}
+    prices = {HERE: (3.0, 10.0), CHEAP: (1.0, 10.0)}
+    placements = FakePlacements(prices)
+    left: list[str] = []
+
+    class SlowMove(FakeMove):
+        def __call__(self, job_id, placements_, *, reason, expected_saving_usd):  # type: ignore[no-untyped-def]
+            done = super().__call__(job_id, placements_, reason=reason, expected_saving_usd=expected_saving_usd)
+            clock.t += timedelta(minutes=40)
+            prices[CHEAP] = (3.5, 10.0)
+            finished, stays = sorted(jobs - {job_id})
+            repo.transition(finished, JobState.SUCCEEDED, "finished")
+            left.append(stays)
+            return done
+
+    move = SlowMove(repo)
+    report = _rebalancer(repo, placements, move, clock).run_once(dry_run=False)
+    [(moved, *_)] = move.calls
+    assert placements.calls == [(moved, T0), (left[0], T0 + timedelta(minutes=40))]
+    assert [(i.job_id, i.outcome) for i in report.items] == [(moved, Outcome.MOVED), (left[0], Outcome.STAYED)]
+    assert report.at == T0
