@@ -165,11 +165,11 @@ class Rebalancer:
         """One pass over every running job (see the module doc); never raises for one job's failure."""
         now = utc(self.clock())
         items: list[RebalanceItem] = []
-        moved = False
+        a_move_ran = False
         for job in self.repo.in_states([JobState.RUNNING]):
             if job.provider == FLEET_PROVIDER:  # its fleet's policy places it
                 continue
-            if moved:  # a move blocks for its checkpoint, launch and verification (minutes of the service
+            if a_move_ran:  # a move blocks for its checkpoint, launch and verification (minutes of the service
                 # clock): the jobs after it are decided as they are then, at the prices then
                 job = self.repo.get(job.id)
                 if job.state is not JobState.RUNNING:
@@ -182,7 +182,7 @@ class Rebalancer:
                 continue
             if item.outcome is Outcome.PROPOSED and not dry_run:
                 item = self._move(job, item, chosen)
-                moved = True
+                a_move_ran = True
             items.append(item)
         report = RebalanceReport(now, dry_run, tuple(items))
         moved = report.with_outcome(Outcome.PROPOSED if dry_run else Outcome.MOVED)
