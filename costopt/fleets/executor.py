@@ -29,7 +29,8 @@ import logging
 import math
 import secrets
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -44,10 +45,9 @@ from costopt.fleets.model import (
     FleetState,
     InstanceState,
     NewInstance,
-    RoundLeases,
     capacity_of,
 )
-from costopt.fleets.rounds import history_since, plan_round
+from costopt.fleets.rounds import decayed_received, history_since, plan_round
 from costopt.fleets.store import FleetRepository, NewFleetJob
 from costopt.fleets.sync import hash_token, new_token
 from costopt.gavel.mechanism import mechanism_rule
@@ -63,6 +63,16 @@ TICK_ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)
 """Where the service's interval schedules count their ticks from (``api.ticks.ANCHOR``)."""
 ENDED = (CloudState.TERMINATED, CloudState.PREEMPTED, CloudState.STOPPED)
 LAUNCH_RETRY_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Folded:
+    """A fleet's decayed seconds per job and worker type (``counts``) of its rounds numbered up to
+    ``through``, all closed, decayed to ``at`` (the boundary that started round ``through + 1``)."""
+
+    through: int
+    at: datetime
+    counts: Mapping[str, Mapping[str, float]]
 
 
 @dataclass(slots=True)
@@ -131,6 +141,8 @@ class FleetExecutor:
         self._lock = threading.Lock()
         self.full_every_s = full_every_s
         self._policies: dict[str, Policy] = {}
+        self._folded: dict[str, _Folded] = {}
+        self.history_read: deque[int] = deque(maxlen=1000)  # rounds read per boundary for decayed shares
         self._last_full = datetime.min.replace(tzinfo=UTC)
 
     def tick(self) -> ExecutorReport:
@@ -399,11 +411,8 @@ class FleetExecutor:
         current = self.repo.round(fleet.id, fleet.round) if fleet.round else None
         open_round = current is not None and current.ended_at is None
         runnable = {x.job_id for x in jobs}
-        jobs = [
-            j
-            for j in self.repo.jobs(fleet.id, statuses=(FleetJobStatus.WAITING, FleetJobStatus.RUNNING))
-            if j.job_id in runnable and j.arrived_at <= start
-        ]
+        unfinished = self.repo.jobs(fleet.id, statuses=(FleetJobStatus.WAITING, FleetJobStatus.RUNNING))
+        jobs = [j for j in unfinished if j.job_id in runnable and j.arrived_at <= start]
         live = [i for i in self.repo.instances(fleet.id) if i.state is InstanceState.RUNNING]
         if not jobs or not live:
             if open_round and current is not None:
@@ -420,11 +429,9 @@ class FleetExecutor:
         solve = self._must_solve(fleet, jobs, live)
         policy = self._policy(fleet)
         rule = mechanism_rule(policy.heterogeneity_aware, self.restart_overhead_s, fleet.round_s)
-        history: Sequence[RoundLeases] = ()
-        if rule.memory_s is not None:  # shares that forget: decayed from the stored leases (no state of its own)
-            history = self.repo.leases_since(
-                fleet.id, history_since((j.arrived_at for j in jobs), start, rule.memory_s)
-            )
+        decayed = None
+        if rule.memory_s is not None:  # shares that forget: decayed from the stored leases
+            decayed = self._decayed(fleet, jobs, {j.job_id for j in unfinished}, start, rule.memory_s)
         decision = plan_round(
             fleet,
             live,
@@ -435,7 +442,7 @@ class FleetExecutor:
             solve=solve,
             policy=policy,
             restart_overhead_s=self.restart_overhead_s,
-            history=history,
+            decayed=decayed,
         )
         if decision.unplaced:
             log.info(
@@ -458,6 +465,8 @@ class FleetExecutor:
             active=[j.job_id for j in jobs],
             previous_ended_at=start if open_round else None,
         ):
+            if decayed is not None:  # every round up to fleet.round is now closed and folded in, to start
+                self._folded[fleet.id] = _Folded(fleet.round, start, decayed)
             out.rounds.append(f"{fleet.id}:{fleet.round + 1}")
             log.info(
                 "fleet %s: round %d at %s: %d leases over %s%s",
@@ -468,6 +477,32 @@ class FleetExecutor:
                 dict(decision.capacity),
                 " (policy solved)" if allocation is not None else "",
             )
+
+    def _decayed(
+        self,
+        fleet: FleetRecord,
+        jobs: Sequence[FleetJob],
+        unfinished: Collection[str],
+        start: datetime,
+        memory_s: float,
+    ) -> dict[str, dict[str, float]]:
+        """Each unfinished job's seconds of leases per worker type decayed to ``start``
+        (:func:`costopt.fleets.rounds.decayed_received`): the counts this process folded at the fleet's
+        last boundary, aged, plus the rounds since (usually one) when those are exactly the rounds after
+        it; else (the first boundary this process runs, or another replica's rounds in between that it
+        cannot account for) recomputed from the leases of the rounds since
+        :func:`~costopt.fleets.rounds.history_since`."""
+        kept = self._folded.pop(fleet.id, None)
+        if kept is not None and kept.at <= start:
+            new = [r for r in self.repo.leases_since(fleet.id, kept.at) if r.number > kept.through]
+            if [r.number for r in new] == list(range(kept.through + 1, fleet.round + 1)):
+                self.history_read.append(len(new))
+                got = decayed_received(new, None, start, memory_s, start=kept.counts, start_at=kept.at)
+                return {j: c for j, c in got.items() if j in unfinished}
+        history = self.repo.leases_since(fleet.id, history_since((j.arrived_at for j in jobs), start, memory_s))
+        self.history_read.append(len(history))
+        got = decayed_received(history, None, start, memory_s)
+        return {j: c for j, c in got.items() if j in unfinished}
 
     def _policy(self, fleet: FleetRecord) -> Policy:
         """The fleet's policy object, kept between boundaries in this process (a policy keeps its LP models

@@ -405,8 +405,9 @@ class RoundRecord:
 @dataclass(frozen=True, slots=True)
 class RoundLeases:
     """What the decayed shares need of a stored round (:meth:`costopt.fleets.store.FleetRepository.
-    leases_since`): its start, its end (None: still open) and its leases as ``(job id, worker type)``."""
+    leases_since`): its number, start, end (None: still open) and leases as ``(job id, worker type)``."""
 
+    number: int
     started_at: datetime
     ended_at: datetime | None
     leases: tuple[tuple[str, str], ...]

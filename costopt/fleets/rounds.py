@@ -67,14 +67,28 @@ def history_since(arrivals: Iterable[datetime], now: datetime, memory_s: float) 
 
 
 def decayed_received(
-    rounds: Iterable[RoundLeases], job_ids: Iterable[str], now: datetime, memory_s: float
+    rounds: Iterable[RoundLeases],
+    job_ids: Iterable[str] | None,
+    now: datetime,
+    memory_s: float,
+    *,
+    start: Mapping[str, Mapping[str, float]] | None = None,
+    start_at: datetime | None = None,
 ) -> dict[str, dict[str, float]]:
-    """Seconds of leases each of ``job_ids`` received on each worker type, a second run ``t`` seconds
-    before ``now`` weighted ``exp(-t / memory_s)``, from the stored ``rounds``: as
-    :class:`~costopt.gavel.mechanism.RoundMechanism` decays them round by round in the simulator, a
+    """Seconds of leases each of ``job_ids`` (None: every job of the leases) received on each worker type,
+    a second run ``t`` seconds before ``now`` weighted ``exp(-t / memory_s)``, from the stored ``rounds``:
+    as :class:`~costopt.gavel.mechanism.RoundMechanism` decays them round by round in the simulator, a
     round's seconds weigh ``exp(-(now - its start) / memory_s)``. A round's seconds: from its start to its
-    end (the open round's ends at ``now``), as the executor credits ``received``."""
-    out: dict[str, dict[str, float]] = {j: {} for j in job_ids}
+    end (the open round's ends at ``now``), as the executor credits ``received``. ``start``: counts of
+    earlier rounds decayed to ``start_at``, aged to ``now`` and added (the executor folds new rounds in)."""
+    out: dict[str, dict[str, float]] = {} if job_ids is None else {j: {} for j in job_ids}
+    if start is not None:
+        if start_at is None or start_at > now:
+            raise ValueError("start_at (not after now) is needed with start counts")
+        f = math.exp(-(now - start_at).total_seconds() / memory_s)
+        for job_id, had in start.items():
+            if job_ids is None or job_id in out:
+                out[job_id] = {t: v * f for t, v in had.items()}
     for rnd in rounds:
         end = now if rnd.ended_at is None else min(rnd.ended_at, now)
         held = (end - rnd.started_at).total_seconds()
@@ -82,7 +96,7 @@ def decayed_received(
             continue
         credit = held * math.exp(-(now - rnd.started_at).total_seconds() / memory_s)
         for job_id, wtype in rnd.leases:
-            got = out.get(job_id)
+            got = out.get(job_id) if job_ids is not None else out.setdefault(job_id, {})
             if got is not None:
                 got[wtype] = got.get(wtype, 0.0) + credit
     return out
@@ -99,7 +113,7 @@ def plan_round(
     solve: bool,
     policy: Policy | None = None,
     restart_overhead_s: float = 0.0,
-    history: Iterable[RoundLeases] = (),
+    decayed: Mapping[str, Mapping[str, float]] | None = None,
 ) -> RoundDecision:
     """The leases of the round starting at ``now`` (see the module docstring).
 
@@ -109,9 +123,9 @@ def plan_round(
     allocation in force, ``fleet.allocation``, for the jobs and types it names); ``policy``: the fleet's
     policy object when the caller keeps one between rounds (as the simulator does: a policy that keeps its
     LP models picks among optimal allocations by its history), else a new one. ``restart_overhead_s``:
-    seconds a job loses per move (sets the hysteresis of aware policies); ``history``: the leases of the
-    fleet's rounds that started since :func:`history_since` (the open one included), for the decayed
-    seconds of aware policies (ignored by the others)."""
+    seconds a job loses per move (sets the hysteresis of aware policies); ``decayed``: each job's seconds
+    of leases per worker type decayed to ``now`` (:func:`decayed_received` over the fleet's rounds since
+    :func:`history_since`, the open one included), which aware policies need (the others ignore it)."""
     from costopt.gavel.mechanism import RoundMechanism, fastest_first, mechanism_rule
     from costopt.gavel.policies import get_policy
     from costopt.gavel.state import ClusterState
@@ -184,8 +198,9 @@ def plan_round(
     )
     recent = None
     if rule.memory_s is not None:
-        decayed = decayed_received(history, [j.job_id for j in jobs], now, rule.memory_s)
-        recent = np.array([[decayed[j.job_id].get(t, 0.0) for t in types] for j in jobs])
+        if decayed is None:
+            raise ValueError(f"policy {policy.name} forgets received seconds: plan_round needs them decayed")
+        recent = np.array([[float(decayed.get(j.job_id, {}).get(t, 0.0)) for t in types] for j in jobs])
     mech.resume(
         np.array([[float(received.get(j.job_id, {}).get(t, 0.0)) for t in types] for j in jobs]),
         np.array([j.ever_ran for j in jobs], dtype=bool),

@@ -43,7 +43,13 @@ class LiveFleet:
     executor: FleetExecutor
     fleet_id: str
     tmp: Path
+    provider: FakeProvider
+    overhead_s: float
     rounds: int = 0
+
+    def replica(self) -> FleetExecutor:
+        """Another service replica's executor (nothing of the fleet in its memory)."""
+        return _executor(self.repo, self.jobs, self.provider, self.overhead_s)
 
     def submit(self, name: str) -> str:
         job_id = f"job-{name}"
@@ -83,7 +89,17 @@ def _live(engine: Engine, tmp_path: Path, restart_overhead_s: float) -> LiveFlee
             resolve_rounds=1000,
         )
     )
-    executor = FleetExecutor(
+    executor = _executor(repo, jobs, provider, restart_overhead_s)
+    executor.tick()  # launches the instance
+    (inst,) = repo.instances(fleet.id)
+    assert inst.instance_id is not None
+    token = provider.launched[inst.instance_id].env["COSTOPT_WORKER_TOKEN"]
+    WorkerSync(repo, jobs, poll_s=0.5).sync(inst.id, token, {"copies": []})
+    return LiveFleet(clock, repo, jobs, executor, fleet.id, tmp_path, provider, restart_overhead_s)
+
+
+def _executor(repo: FleetRepository, jobs: JobRepository, provider: FakeProvider, overhead_s: float) -> FleetExecutor:
+    return FleetExecutor(
         repo,
         jobs,
         {"local": provider},
@@ -92,14 +108,8 @@ def _live(engine: Engine, tmp_path: Path, restart_overhead_s: float) -> LiveFlee
         dead_after_s=1e9,  # the worker syncs once: its instance stays running
         boot_timeout_s=300,
         full_every_s=0.0,
-        restart_overhead_s=restart_overhead_s,
+        restart_overhead_s=overhead_s,
     )
-    executor.tick()  # launches the instance
-    (inst,) = repo.instances(fleet.id)
-    assert inst.instance_id is not None
-    token = provider.launched[inst.instance_id].env["COSTOPT_WORKER_TOKEN"]
-    WorkerSync(repo, jobs, poll_s=0.5).sync(inst.id, token, {"copies": []})
-    return LiveFleet(clock, repo, jobs, executor, fleet.id, tmp_path)
 
 
 class SimulatorMechanism:
@@ -145,8 +155,11 @@ def test_a_job_that_had_the_gpu_long_ago_regains_priority_as_its_share_decays(en
     new = SimulatorMechanism(live, ["job-a", "job-b"], True, 1.5)
     old = SimulatorMechanism(live, ["job-a", "job-b"], False, 1.5)  # since arrival, no hysteresis
     a_live = a_old = 0
+    first = live.executor
     for r in range(solo + 20):
         arriving = ("a",) if r == 0 else ("b",) if r == solo else ()
+        if r == solo + 10:  # another replica takes over: it recomputes the decayed seconds from every lease
+            live.executor = live.replica()
         rnd = live.next_round(arriving)
         got = {x.job_id for x in rnd.assignment}
         assert got == new.round(rnd), f"round {r + 1}: live {got} but the simulator's mechanism ran otherwise"
@@ -157,6 +170,9 @@ def test_a_job_that_had_the_gpu_long_ago_regains_priority_as_its_share_decays(en
             a_live += got == {"job-a"}
             a_old += by_old == {"job-a"}
     assert (a_live, a_old) == (8, 5)  # of the 20 rounds after b arrived (the allocation says 10)
+    # rounds of leases read per boundary: each executor folds the round that just ended into its counts
+    assert list(first.history_read) == [0] + [1] * (solo + 9)
+    assert list(live.executor.history_read) == [solo + 10] + [1] * 9
 
 
 def _shares(history: list[str], k: int) -> dict[str, float]:
@@ -197,17 +213,21 @@ def test_a_running_job_is_not_rotated_off_for_a_gain_smaller_than_the_hysteresis
     assert held_back >= 10 and moves == 7  # without the hysteresis the two alternate: 29 moves in 30 rounds
 
 
-def test_decayed_seconds_come_from_the_stored_leases_and_old_ones_are_left_out() -> None:
-    def rnd(start_s: float, end_s: float | None, job: str) -> RoundLeases:
-        return RoundLeases(
-            T0 + timedelta(seconds=start_s), None if end_s is None else T0 + timedelta(seconds=end_s), ((job, "v100"),)
-        )
+def test_decayed_seconds_come_from_the_stored_leases_and_folding_new_rounds_in_gives_the_same() -> None:
+    def rnd(number: int, start_s: float, end_s: float | None, job: str) -> RoundLeases:
+        end = None if end_s is None else T0 + timedelta(seconds=end_s)
+        return RoundLeases(number, T0 + timedelta(seconds=start_s), end, ((job, "v100"),))
 
     now = T0 + timedelta(seconds=1000)
-    rounds = [rnd(0, 360, "a"), rnd(360, 700, "b"), rnd(700, None, "a")]  # the open round ends now
+    rounds = [rnd(1, 0, 360, "a"), rnd(2, 360, 700, "b"), rnd(3, 700, None, "a")]  # the open round ends now
     got = decayed_received(rounds, ["a", "b", "gone"], now, 7200.0)
     assert got["a"]["v100"] == pytest.approx(360 * math.exp(-1000 / 7200) + 300 * math.exp(-300 / 7200), rel=1e-12)
     assert got["b"]["v100"] == pytest.approx(340 * math.exp(-640 / 7200), rel=1e-12) and got["gone"] == {}
+    # the executor's fold: the counts at 700 s (rounds 1-2, closed), aged to now, plus round 3
+    before = decayed_received(rounds[:2], None, T0 + timedelta(seconds=700), 7200.0)
+    folded = decayed_received(rounds[2:], None, now, 7200.0, start=before, start_at=T0 + timedelta(seconds=700))
+    assert folded.keys() == {"a", "b"}
+    assert all(folded[j]["v100"] == pytest.approx(got[j]["v100"], rel=1e-12) for j in ("a", "b"))
     # the rounds read are bounded by HISTORY_MEMORIES memories, or by the first arrival when later
     late = T0 + timedelta(days=100)
     assert history_since([T0, late], late, 7200.0) == late - timedelta(seconds=HISTORY_MEMORIES * 7200.0)
