@@ -530,11 +530,27 @@ def add_job_service_jobs(
     ]
 
 
-def _timeouts(provider: CloudProvider) -> dict[str, float]:
+def _timeouts(provider: CloudProvider, settings: Settings | None = None) -> dict[str, float]:
     """A provider's own migrator timeouts when it has them (the simulated cloud's, in its seconds: its
-    boot and restore take minutes of simulated time), else the migrator's defaults."""
+    boot and restore take minutes of simulated time), else the migrator's defaults. On the simulated cloud
+    the checkpoint timeout also covers one tick of the service's clock driver (``settings``: its
+    ``COSTOPT_SIM_MAX_TICK``): a request written during a tick is seen by the agents at the start of the
+    next one, which may move the clock that much (a late tick on a loaded machine), so without it a move
+    rolled back whenever a tick moved the clock more than the timeout (420 s; a tick moves up to 600 s at
+    600x)."""
     own = getattr(provider, "migrator_timeouts", None)
-    return dict(own()) if callable(own) else {}
+    out = dict(own()) if callable(own) else {}
+    if settings is not None and provider.name == "sim" and "checkpoint_timeout" in out:
+        from api.sim_clock import DEFAULT_MAX_TICKS
+
+        cap = settings.sim_max_tick
+        tick = (
+            cap.total_seconds()
+            if cap is not None
+            else DEFAULT_MAX_TICKS * settings.sim_tick.total_seconds() * settings.sim_time_scale
+        )
+        out["checkpoint_timeout"] += tick
+    return out
 
 
 def build_migration_jobs(
@@ -575,7 +591,7 @@ def build_migration_jobs(
             unavailable=unavailable,
             now=clock.now,
             sleep=clock.sleep,
-            **_timeouts(prov),  # type: ignore[arg-type]  # checkpoint_timeout and verify_timeout only
+            **_timeouts(prov, settings),  # type: ignore[arg-type]  # checkpoint_timeout and verify_timeout only
         ),
         reconcile_interval=settings.reconcile_interval,
         watch_interval=settings.interruption_poll_interval,

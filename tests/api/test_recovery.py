@@ -101,3 +101,21 @@ def test_the_service_schedules_the_migration_jobs_only_when_enabled(tmp_path: Pa
     assert Settings().migration_jobs_enabled  # on by default (make run runs jobs)
     with TestClient(create_app(_settings(tmp_path, migration_jobs_enabled=False, **base))) as client:
         assert client.app.state.scheduler is None  # type: ignore[attr-defined]
+
+
+def test_on_the_simulated_cloud_a_checkpoint_request_may_wait_one_tick_of_the_clock_driver(
+    store: PriceStore, tmp_path: Path
+) -> None:
+    # The agents see a request at the start of the next tick, which may move the clock up to the cap
+    # (COSTOPT_SIM_MAX_TICK): a timeout shorter than a tick rolled every move back on a loaded machine.
+    from providers.sim import SimCloud
+
+    def timeouts(**kw: object) -> tuple[float, float]:
+        settings = _settings(tmp_path, provider="sim", sim_time_scale=600.0, sim_tick=timedelta(seconds=0.2), **kw)
+        migrator = build_migration_jobs(settings, store).migrators["sim"]
+        return migrator.checkpoint_timeout, migrator.verify_timeout
+
+    own = SimCloud(prices=None, start=T0).migrator_timeouts()  # type: ignore[arg-type]  # no price read
+    assert own["checkpoint_timeout"] == 420.0  # boot 3 min + restore 2 + checkpoint 1 + 1 min
+    assert timeouts() == (420.0 + 5 * 0.2 * 600.0, own["verify_timeout"])  # the default cap: 5 nominal ticks
+    assert timeouts(sim_max_tick=timedelta(minutes=2)) == (420.0 + 120.0, own["verify_timeout"])
