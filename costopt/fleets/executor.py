@@ -16,10 +16,12 @@ Per fleet, each pass:
    token whose SHA-256 only is stored;
 6. **round boundary**: when the round in force ends (rounds are ``round_s`` apart on one grid, as the
    simulator's), credits each lease of the ended round with its seconds, re-solves the policy when jobs
-   arrived or left, the GPUs changed or ``resolve_rounds`` rounds passed, runs the mechanism
-   (:func:`costopt.fleets.rounds.plan_round`) and writes the new round and each job's target (the
-   workers read them at their next sync). A job that arrived after the boundary's time waits for the
-   next one (as in the simulator). Starting a round is a compare-and-set on the fleet's round number;
+   arrived or left, the GPUs changed or ``resolve_rounds`` rounds passed, runs the mechanism under the
+   simulator's rule (:func:`costopt.fleets.rounds.plan_round`; for aware policies the shares decay, from
+   the stored leases, and a hysteresis from ``restart_overhead_s`` holds running jobs) and writes the
+   new round and each job's target (the workers read them at their next sync). A job that arrived after
+   the boundary's time waits for the next one (as in the simulator). Starting a round is a
+   compare-and-set on the fleet's round number;
 7. **billing** (``billing``, when given): the ledger lines of the rounds that ended.
 """
 

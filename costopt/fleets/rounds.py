@@ -39,7 +39,8 @@ HISTORY_MEMORIES = 30.0
 """Leases that started more than this many memories (``memory_s``) before a boundary are left out of the
 decayed seconds: each of their seconds weighs below ``exp(-30)`` (9.4e-14), so a job's share moves by less
 than 1e-9 (the mechanism's floor on shares) for any job younger than about a year (4,000 memories of
-7200 s). This bounds the rounds read per boundary to ``30 x memory_s / round_s`` (600 at 360-s rounds)."""
+7200 s). This bounds the rounds read when an executor recomputes them (its first boundary of a fleet;
+then it folds each new round in) to ``30 x memory_s / round_s`` (600 at 360-s rounds)."""
 
 
 @dataclass(frozen=True, slots=True)
