@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup run test lint typecheck unit bench clean browser fuzz mutate drills
+.PHONY: setup run test lint typecheck unit bench clean browser fuzz mutate drills test-all-backends
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ test: lint typecheck unit
 # `make test` runs a short version (tests/api/test_fuzz.py). Figures: docs/reliability.md.
 fuzz: setup
 	$(BIN)/python -m tests.api.fuzzing --examples 250 --min-requests 5000
+
+# Every case of the modules marked one_backend_each on both backends too (make test runs each on one, in turn).
+test-all-backends: setup browser
+	COSTOPT_TEST_ALL_BACKENDS=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/pytest -n 2 -q
 
 # Fault drills kept out of `make test` for time (the service killed and restarted); bench/kill_drill.py is the full one.
 drills: setup

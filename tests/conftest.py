@@ -188,8 +188,45 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     yield from migrated_engine(request.param, tmp_path, replay=True)
 
 
+ALL_BACKENDS_ENV = "COSTOPT_TEST_ALL_BACKENDS"
+"""Set (to anything but empty or 0): tests marked ``one_backend_each`` run on both backends too
+(``make test-all-backends``)."""
+
+
+def _one_backend_each(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``one_backend_each`` (modules whose subject is not the database: clouds, the job engine,
+    the migrator's state machine, the HTTP faces) run each case on one backend instead of both: a module's
+    cases (a test function with its other parameters) take SQLite and PostgreSQL in turn, in collection
+    order, so both backends run every such module and no case runs twice. The store, the ledger, the reports'
+    queries, the importer and the replicas run everything on both. ``COSTOPT_TEST_ALL_BACKENDS=1`` keeps both."""
+    if os.environ.get(ALL_BACKENDS_ENV, "") not in ("", "0"):
+        return
+    cases: dict[tuple[str, str], int] = {}  # (module, case) -> the case's index in its module
+    per_module: dict[str, int] = {}
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.get_closest_marker("one_backend_each") is None or params.get("engine") not in ("sqlite", "postgres"):
+            keep.append(item)
+            continue
+        module = item.nodeid.split("::")[0]
+        others = sorted((k, str(v)) for k, v in params.items() if k != "engine")
+        case = (module, f"{getattr(item, 'originalname', item.name)}{others}")
+        if case not in cases:
+            cases[case] = per_module.get(module, 0)
+            per_module[module] = cases[case] + 1
+        wanted = ("sqlite", "postgres")[cases[case] % 2]
+        (keep if params["engine"] == wanted else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` run first (otherwise in collection order): with ``pytest -n 2`` and the small
-    scheduling chunks of ``addopts`` (``--maxschedchunk``), the workers share the long tests at the start
-    instead of one worker finishing a minute-long test alone at the end."""
+    """Tests marked ``one_backend_each`` keep one backend per case (:func:`_one_backend_each`). Tests marked
+    ``slow`` run first (otherwise in collection order): with ``pytest -n 2`` and the small scheduling chunks
+    of ``addopts`` (``--maxschedchunk``), the workers share the long tests at the start instead of one worker
+    finishing a minute-long test alone at the end."""
+    _one_backend_each(config, items)
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

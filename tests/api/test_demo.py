@@ -26,6 +26,8 @@ from costopt.settings import Settings
 from pricing.importer import import_paths
 from pricing.store import PriceStore
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 AWS_SPOT_FILE = "aws_spot_price_history_2019-12_2020-03_p2_p3.csv"
 START = datetime(2020, 1, 6, tzinfo=UTC)
 

@@ -42,6 +42,8 @@ from pricing.importer import import_paths
 from pricing.store import PriceStore
 from providers.sim import SimCloud
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 START = datetime(2020, 2, 29, tzinfo=UTC)
 AWS_SPOT_FILE = "aws_spot_price_history_2019-12_2020-03_p2_p3.csv"
 JOB_TYPE = "ResNet-50 (batch size 128)"

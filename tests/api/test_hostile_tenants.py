@@ -23,6 +23,8 @@ from costopt.db.schema import metadata
 from costopt.jobs.teams import TeamPolicy
 from tests.api.jobs_helpers import BODY, Service, bearer, error_of, service
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 OFFER = {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "instance_type": "p3.2xlarge", "market": "spot"}
 FLEET = {"name": "lab", "policy": "max_min_fairness_perf", "instances": [{"offer": OFFER, "count": 1}]}
 

@@ -19,6 +19,8 @@ from costopt.jobs.model import JobState
 from costopt.planning.model import money
 from tests.api.jobs_helpers import BODY, JOB_TYPE, P3_2X_SPOT, P3_8X_SPOT, Service, bearer, error_of, service
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 
 @pytest.fixture
 def svc(engine: Engine, tmp_path: Path) -> Iterator[Service]:

@@ -15,6 +15,8 @@ from sqlalchemy import Engine, func, select
 from costopt.db.jobs_schema import jobs
 from tests.api.jobs_helpers import BODY, Service, error_of, service
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 
 @pytest.fixture
 def svc(engine: Engine, tmp_path: Path) -> Iterator[Service]:

@@ -20,6 +20,8 @@ from costopt.reports.focus import FOCUS_COLUMNS, X_COLUMNS
 from tests.api.jobs_helpers import Service, error_of, service
 from tests.api.report_helpers import bill
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 D = Decimal
 
 

@@ -23,6 +23,8 @@ from sqlalchemy import Engine
 from tests.api.jobs_helpers import Service, service
 from tests.api.report_helpers import bill
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 ARTIFACTS = Path(os.environ.get("COSTOPT_ARTIFACTS_DIR", Path(__file__).resolve().parents[2] / "var" / "artifacts"))
 
 

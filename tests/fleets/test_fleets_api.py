@@ -16,6 +16,8 @@ from costopt.gavel.policies import POLICY_NAMES
 from costopt.jobs.model import JobState
 from tests.api.jobs_helpers import JOB_TYPE, Service, error_of, service
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 V100 = {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1a", "instance_type": "p3.2xlarge", "market": "spot"}
 K80 = {"cloud": "aws", "region": "us-east-1", "zone": "us-east-1b", "instance_type": "p2.xlarge", "market": "spot"}
 FLEET: dict[str, Any] = {

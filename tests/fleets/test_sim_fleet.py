@@ -43,6 +43,8 @@ from providers.sim import SimCloud, SimConfig, SimError
 from providers.sim_worker import SimWorker
 from tests.price_support import step_prices
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 START = datetime(2020, 3, 1, tzinfo=UTC)
 V100 = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.SPOT)
 K80 = OfferKey(Cloud.AWS, "us-east-1", "us-east-1b", "p2.xlarge", Market.SPOT)

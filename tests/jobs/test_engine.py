@@ -29,6 +29,8 @@ from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider
 from tests.jobs.engine_support import LOCAL_A, LOCAL_B, PRICES, Harness, placement, train_command
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 
 @pytest.fixture
 def h(engine, local: LocalProvider, tmp_path: Path) -> Iterator[Harness]:

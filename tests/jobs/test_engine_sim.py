@@ -31,6 +31,8 @@ from costopt.simulated import WorkloadTiming
 from providers.sim import SimCloud, SimConfig
 from tests.price_support import step_prices
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 START = datetime(2020, 3, 1, tzinfo=UTC)
 OD_A = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.ON_DEMAND)
 OD_B = OfferKey(Cloud.AWS, "us-west-2", "us-west-2b", "p3.2xlarge", Market.ON_DEMAND)

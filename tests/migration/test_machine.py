@@ -32,6 +32,8 @@ from costopt.planning.model import EgressRates
 from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 OFFER_A = OfferKey(Cloud.LOCAL, "local", "local-a", "cpu-1", Market.SPOT)
 OFFER_B = OfferKey(Cloud.LOCAL, "local", "local-b", "cpu-1", Market.SPOT)
 OFFERS = (OFFER_A, OFFER_B)

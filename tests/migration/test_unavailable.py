@@ -29,6 +29,8 @@ from tests.migration.test_machine import (
     make_migrator,
 )
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 A = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.SPOT)
 B = OfferKey(Cloud.GCP, "us-central1", "", "a2-highgpu-1g", Market.SPOT)

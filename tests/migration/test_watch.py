@@ -28,6 +28,8 @@ from costopt.migration.watch import DbWatermark, InterruptionWatcher, MemoryWate
 from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 A = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.SPOT)
 B = OfferKey(Cloud.GCP, "us-central1", "us-central1-a", "n1-standard-8", Market.SPOT)

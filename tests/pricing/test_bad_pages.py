@@ -33,6 +33,8 @@ from pricing.importer import import_file, import_paths, import_source
 from pricing.screen import gpu_counts, screen_frame
 from pricing.store import PriceStore, points_frame
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 ROOT = Path(__file__).resolve().parents[1] / "fixtures"
 CORPUS = ROOT / "bad_pages"
 MANIFEST: dict[str, dict[str, str]] = json.loads((CORPUS / "MANIFEST.json").read_text(encoding="utf-8"))

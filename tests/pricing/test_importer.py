@@ -299,6 +299,7 @@ def test_learned_instance_types_never_overwrite_known_rows(store: PriceStore, sh
 # --------------------------------------------------------------------------------------------- GCP
 
 
+@pytest.mark.one_backend_each  # SQLite (the reimport test imports the file on PostgreSQL)
 def test_gcp_history_imports_fractional_shapes_and_date_only_snapshots(store: PriceStore, shared_data: Path) -> None:
     raw = pd.read_csv(shared_data / GCP_CSV_NAME, dtype=str, keep_default_na=False)
     report = import_file(store, shared_data / GCP_CSV_NAME)
@@ -327,12 +328,13 @@ def test_gcp_history_imports_fractional_shapes_and_date_only_snapshots(store: Pr
 # --------------------------------------------------------------------------------------------- idempotence
 
 
+@pytest.mark.one_backend_each  # the backends in turn (tests/conftest.py): the two large CSVs on one each
 @pytest.mark.parametrize(
     "name",
     [
+        GCP_CSV_NAME,
         AWS_CSV_NAME,
         AZURE_CSV_NAME,
-        GCP_CSV_NAME,
         f"{AWS_PAGES}/eu-west-1/2020-03-13.p3.2xlarge.json",
         f"{AZURE_SHEETS}/us_east.csv",
         "list_prices",
@@ -511,6 +513,7 @@ def gcp_with_bad_snapshot(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.one_backend_each  # refused before any write: each case on one backend, both in turn
 @pytest.mark.parametrize(
     ("make", "error", "where", "says"),
     [

@@ -24,6 +24,8 @@ from tests.aws_support import REGION, fake_session
 from tests.migration.test_watch import Clock, InProcessCloud
 from tests.providers.test_aws_provider import queued, send_notice
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 T0 = datetime(2026, 3, 2, 14, 0, tzinfo=UTC)
 OFFERS = (
     OfferKey(Cloud.AWS, REGION, "us-east-1a", "g5.xlarge", Market.SPOT),

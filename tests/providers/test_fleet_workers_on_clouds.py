@@ -63,6 +63,8 @@ from tests.aws_support import MOTO_ACCOUNT, REGION, fake_session
 from tests.providers.azure_fake import FakeArm, make_provider
 from tests.providers.gcp_fake import PROJECT, ZONE, FakeCompute
 
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
 T0 = datetime(2026, 12, 2, 4, 0, tzinfo=UTC)
 CLOUDS = ("aws", "gcp", "azure")
 WORKER_VARS = (
