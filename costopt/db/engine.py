@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import sqlite3
 from pathlib import Path
@@ -146,17 +147,22 @@ def _alembic_config() -> Config:
 
 
 def migrate(engine: Engine, revision: str = "head") -> None:
-    """Bring the database schema up to ``revision`` (idempotent)."""
+    """Bring the database schema up to ``revision`` (idempotent). A database already at the head revision is
+    left as it is without running Alembic (whose upgrade loads its environment and every revision script:
+    most of a service's start on a migrated database)."""
     cfg = _alembic_config()
     with engine.begin() as conn:
+        if revision == "head" and MigrationContext.configure(conn).get_current_revision() == head_revision():
+            return
         if conn.dialect.name == "postgresql":  # a migration may rewrite a large table: no statement bound
             conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 
 
+@functools.cache
 def head_revision() -> str | None:
-    """The newest migration shipped with this code."""
+    """The newest migration shipped with this code (read once per process: the scripts ship with it)."""
     return ScriptDirectory.from_config(_alembic_config()).get_current_head()
 
 
