@@ -83,10 +83,15 @@ its plan time (:meth:`JobPlanner.price_epoch`; None: live now), unavailable offe
 constraints: bounds how late an offer turning stale by the wall clock alone (``stale_after``) is noticed
 in live mode."""
 TABLE_CACHE_SIZE = 64
+"""Offer tables kept at most (each the whole offers frame and its table: ~1-3 MB). Entries past their
+:data:`TABLE_TTL_S` are dropped at every insertion (:func:`_put`), so in a steady service the cache holds
+the tables made in the last 30 s; the cap bounds a burst of distinct keys (constraints, exclusions)."""
 PLAN_CACHE_SIZE = 256
+"""Quotes kept at most (per job planning fields and table; each lives as long as its table's entry:
+expired ones are dropped at every insertion)."""
 ONE_TABLE_CACHE_SIZE = 1024
-"""One-offer tables kept (running jobs' offers, for their ETA; each a row)."""
-"""Quotes kept (per job planning fields and table; each lives as long as its table's entry)."""
+"""One-offer tables kept at most (running jobs' offers, for their ETA; each a row; expired ones are
+dropped at every insertion)."""
 CONSTRAINT_ORDER = ("clouds", "regions", "markets", "accelerators", "max_usd_per_hour")
 _LIST_CONSTRAINTS = {"clouds": "cloud", "regions": "region", "markets": "market"}
 """The constraints that list the values allowed in an offers frame's column (constraint -> column)."""
@@ -148,6 +153,19 @@ def objective_of(doc: Mapping[str, Any], *, elapsed_hours: float = 0.0, spent_us
             return MinCost()
         params["budget_usd"] = rest
     return build_objective(str(doc.get("name") or "min-cost"), params)
+
+
+def _put(cache: dict[Any, Any], key: Any, entry: tuple[Any, ...], size: int) -> None:
+    """Store ``entry`` (its expiry, monotonic seconds, first) under ``key`` in one of the planner's caches:
+    first drop the expired entries (never served again: a lookup checks the expiry), then, when ``size``
+    are still held, all of them. Expired entries were kept until the cap before, so the tables of every
+    price version of the last minutes stayed in memory (the soak's growth, issue 14). Call under the lock."""
+    now = time.monotonic()
+    for k in [k for k, e in cache.items() if e[0] <= now]:
+        del cache[k]
+    if len(cache) >= size:
+        cache.clear()
+    cache[key] = entry
 
 
 def offer_doc(c: Candidate) -> dict[str, Any]:
@@ -367,9 +385,7 @@ class JobPlanner:
             plan = prefer_measured(plan, float(margin))
         if memo is not None:
             with self._tables_lock:
-                if len(self._plans) >= PLAN_CACHE_SIZE:
-                    self._plans.clear()
-                self._plans[memo] = (found.expires, plan, catalog)
+                _put(self._plans, memo, (found.expires, plan, catalog), PLAN_CACHE_SIZE)
         return now, plan
 
     def _one_offer_table(self, offer: OfferKey, now: Now, hazards: HazardModel) -> OfferTable:
@@ -395,9 +411,7 @@ class JobPlanner:
         )
         table = OfferTable.from_frame(one, hazards)
         with self._tables_lock:
-            if len(self._one_tables) >= ONE_TABLE_CACHE_SIZE:
-                self._one_tables.clear()
-            self._one_tables[key] = (time.monotonic() + TABLE_TTL_S, table)
+            _put(self._one_tables, key, (time.monotonic() + TABLE_TTL_S, table), ONE_TABLE_CACHE_SIZE)
         return table
 
     @staticmethod
@@ -470,9 +484,7 @@ class JobPlanner:
         table = OfferTable.from_frame(apply_constraints(offers, constraints), hazards)
         expires = time.monotonic() + TABLE_TTL_S
         with self._tables_lock:
-            if len(self._tables) >= TABLE_CACHE_SIZE:
-                self._tables.clear()
-            self._tables[key] = (expires, offers, table)
+            _put(self._tables, key, (expires, offers, table), TABLE_CACHE_SIZE)
         return _Table(now, offers, table, key, expires)
 
     def price_epoch(self, version: int, t: datetime | None) -> tuple[Any, ...] | None:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -347,13 +347,38 @@ class JobEngine:
                     _log_failure(f"engine: job {job.id}", exc)
                     out.errors.append(f"{job.id}: {type(exc).__name__}: {exc}")
             self._started = True
-            live = {job.id for job in jobs}
-            for cache in (self._event_logs, self._history_done):
-                for job_id in [j for j in cache if j not in live]:
-                    del cache[job_id]
+            self._forget(job.id for job in jobs)
             return TickReport(at, len(jobs), tuple(out.changed), tuple(out.busy), tuple(out.errors))
         finally:
             self._tick_lock.release()
+
+    def _forget(self, active: Iterable[str]) -> None:
+        """Drop the per-job state of every job not in ``active`` (this tick's active jobs): what the engine
+        holds in memory is bounded by the active jobs, not by every job it ever ran (a finished job's
+        ranked placements, progress mark, history marks and done worker were kept for the process's life
+        before: the soak, issue 14). A job's worker still running is kept (its state comes back with it)."""
+        live = set(active)
+        with self._work_lock:
+            for job_id in [j for j, fut in self._work.items() if j not in live and fut.done()]:
+                del self._work[job_id]
+            live |= self._work.keys()
+        for cache in self._per_job():
+            for job_id in [j for j in list(cache) if j not in live]:  # list(): workers add keys meanwhile
+                cache.pop(job_id, None)
+        self._orphaned &= live
+
+    def _per_job(self) -> tuple[dict[str, Any], ...]:
+        """The engine's per-job maps besides its workers (``_work``) and orphans."""
+        return (self._event_logs, self._history_done, self._history_mark, self._seen_steps, self._ranked, self._moved)
+
+    def held_jobs(self) -> frozenset[str]:
+        """The jobs this engine keeps any per-job state of in memory (bounded by the active jobs and the
+        workers in flight: :meth:`tick` forgets the others)."""
+        with self._work_lock:
+            held = set(self._work)
+        for cache in self._per_job():
+            held |= set(cache)
+        return frozenset(held | self._orphaned)
 
     def view(self, job: JobRecord | str, at: datetime | None = None) -> JobView:
         """:func:`costopt.jobs.view.job_view` of a job (a record or an id) at ``at`` (default: now)."""

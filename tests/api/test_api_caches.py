@@ -356,3 +356,23 @@ def test_a_running_jobs_eta_is_priced_on_a_cached_one_offer_table(
     svc.app.state.providers["sim"].clock.advance_to(T0 + timedelta(hours=5))
     assert svc.client.get(f"/v1/jobs/{job_id}", headers=svc.alpha).json()["eta"] is not None
     assert reads == [P3_2X_SPOT.instance_type] * 2  # a new price in effect: read again
+
+
+def test_the_planners_caches_drop_expired_entries_as_they_grow(svc: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An offer table (and its quotes) past its TTL is never served again, so it is dropped at the next
+    insertion instead of being kept until the cache is full: after a new price and the TTL, the planner
+    holds the new version's table only (the soak's memory growth, issue 14)."""
+    import api.job_planning as jp
+
+    now = [1000.0]
+    monkeypatch.setattr(jp.time, "monotonic", lambda: now[0])
+    planner = svc.app.state.job_planner
+    svc.submit(svc.alpha)
+    assert len(planner._tables) == 1 and len(planner._plans) == 1
+    for i in range(3):  # a new price version each time, then the TTL
+        sim_now = svc.app.state.providers["sim"].clock.now()
+        svc.store.write([PricePoint(P3_2X_SPOT, sim_now, 0.5 + i / 100, "t")])
+        now[0] += jp.TABLE_TTL_S + 1
+        svc.submit(svc.alpha)
+    assert len(planner._tables) == 1 and len(planner._plans) == 1
+    assert next(iter(planner._tables))[0] == read_version(svc.store.engine)

@@ -416,3 +416,17 @@ def test_a_tick_logs_a_lost_race_in_one_line_and_a_real_fault_with_its_traceback
     fault = [r for r in caplog.records if broken.id in r.getMessage()]
     assert len(race) == 1 and race[0].levelno == logging.WARNING and race[0].exc_info is None
     assert len(fault) == 1 and fault[0].levelno == logging.ERROR and fault[0].exc_info is not None
+
+
+def test_a_finished_job_leaves_no_state_in_the_engine_after_the_next_tick(h: Harness) -> None:
+    """The engine's per-job memory (ranked placements, progress and history marks, workers) is bounded by
+    the active jobs: a finished job's is dropped at the next tick (the soak's growth, issue 14)."""
+    job = h.submit(train_command(30), 30, job_type="demo")
+    h.run_until(job.id, lambda j: j.state is JobState.RUNNING)
+    assert job.id in h.engine.held_jobs()  # a running job's state is kept
+    done = h.run_until(job.id, _terminal)
+    assert done.state is JobState.SUCCEEDED, done.reason
+
+    h.engine.tick()
+
+    assert job.id not in h.engine.held_jobs()
