@@ -13,8 +13,12 @@ RUN pip install --no-cache-dir -e . \
     && useradd --create-home --uid 10001 costopt \
     && mkdir -p /app/var && chown costopt /app/var
 USER costopt
+# MALLOC_ARENA_MAX=2: glibc's malloc keeps up to 8 arenas per core, one per thread that allocates; the
+# service's threads (engine workers, scheduler, request pool) each freed memory into their own and RSS grew
+# with what the arenas held free (bench/soak.py, docs/reliability.md "Soak")
 ENV COSTOPT_API_HOST=0.0.0.0 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    MALLOC_ARENA_MAX=2
 EXPOSE 8000
 # exec: the service is the container's main process and gets `docker stop`'s SIGTERM (graceful shutdown)
 CMD ["sh", "-c", "costopt db migrate && exec costopt serve"]

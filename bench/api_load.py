@@ -62,10 +62,126 @@ T = TypeVar("T")
 
 
 def make_app() -> Any:
-    """The uvicorn factory (``--factory bench.api_load:make_app``): the service on the COSTOPT_* env."""
+    """The uvicorn factory (``--factory bench.api_load:make_app``): the service on the COSTOPT_* env.
+
+    Memory probes for soaks (environment read here only, never by the service; ``bench/snapshot_diff.py``
+    reads what they write): ``BENCH_MEMORY_DIR`` set, each worker appends its RSS to ``<pid>.rss`` there
+    every ``BENCH_MEMORY_EVERY_S`` seconds (default 30); with ``BENCH_TRACEMALLOC=1`` it also traces its
+    allocations (10 frames) and writes a snapshot ``<pid>-<seconds since start>.snap`` each time; with
+    ``BENCH_MALLOC_TRIM=1`` it calls glibc's ``malloc_trim(0)`` after each sample and appends the RSS
+    after it (what the allocator held of freed memory)."""
     from api.app import create_app
 
+    out = os.environ.get("BENCH_MEMORY_DIR")
+    if out:
+        app = create_app()
+        _start_memory_probe(Path(out), float(os.environ.get("BENCH_MEMORY_EVERY_S", "30")), app)
+        return app
     return create_app()
+
+
+def _start_memory_probe(out: Path, every_s: float, app: Any) -> None:
+    """Sample this process's memory every ``every_s`` seconds in a daemon thread (:func:`make_app`)."""
+    import threading
+    import tracemalloc
+
+    trace = os.environ.get("BENCH_TRACEMALLOC") == "1"
+    trim = os.environ.get("BENCH_MALLOC_TRIM") == "1"
+    if trace:
+        tracemalloc.start(10)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+
+    def loop() -> None:
+        while True:
+            time.sleep(every_s)
+            t = int(time.monotonic() - started)
+            line = f"{t} rss_mb={_rss_kib() / 1024:.1f}"
+            if trace:
+                name = out / f"{os.getpid()}-{t:05d}.snap"
+                tracemalloc.take_snapshot().dump(str(name) + ".tmp")
+                os.replace(str(name) + ".tmp", name)
+                line += f" traced_mb={tracemalloc.get_traced_memory()[0] / 2**20:.1f}"
+            line += _native_pools() + _held(app)
+            if trim:
+                line += f" after_trim_mb={_malloc_trim() / 1024:.1f}"
+            with (out / f"{os.getpid()}.rss").open("a") as f:
+                f.write(line + "\n")
+
+    threading.Thread(target=loop, name="bench-memory-probe", daemon=True).start()
+
+
+def _native_pools() -> str:
+    """Memory tracemalloc does not see: pyarrow's pool (pandas' ``str`` columns) and glibc's arenas."""
+    import sys
+
+    pa = sys.modules.get("pyarrow")
+    return (f" arrow_mb={pa.total_allocated_bytes() / 2**20:.1f}" if pa is not None else "") + _malloc_info()
+
+
+def _held(app: Any) -> str:
+    """The sizes of the service's in-process state that grows with jobs: the job planner's caches (tables,
+    one-offer tables, quotes), the engine's per-job state, the simulated cloud's instances and tokens.
+    (Read through ``app.state``, never ``gc.get_objects()``: that hands out tuples still being built to
+    this thread, and the service's ``_PyTuple_Resize`` then fails with ``SystemError``.)"""
+    state = app.state
+    out = ""
+    planner = getattr(state, "job_planner", None)
+    if planner is not None:
+        sizes = {k: len(getattr(planner, k, ())) for k in ("_tables", "_one_tables", "_plans")}
+        out += " planner=" + ",".join(f"{k.strip('_')}:{n}" for k, n in sizes.items())
+    service = getattr(state, "job_service", None)
+    if service is not None:
+        out += f" engine_held={len(service.engine.held_jobs())}"
+    sim = (getattr(state, "providers", None) or {}).get("sim")
+    if sim is not None:
+        sizes = {k: len(getattr(sim, k, ())) for k in ("_instances", "_tokens", "_live", "_scheduled")}
+        out += " sim=" + ",".join(f"{k.strip('_')}:{n}" for k, n in sizes.items())
+    return out
+
+
+def _malloc_info() -> str:
+    """glibc's ``mallinfo2``: memory in use in malloc's arenas and mmaps, and free in its arenas (held,
+    not returned), plus SQLite's own allocations (``sqlite3_memory_used``)."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [
+            (n, ctypes.c_size_t)
+            for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+        ] + [("keepcost", ctypes.c_size_t)]
+
+    out = ""
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+        fn.restype = MallInfo2
+        m = fn()
+        out += f" malloc_used_mb={(m.uordblks + m.hblkhd) / 2**20:.1f} malloc_free_mb={m.fordblks / 2**20:.1f}"
+    except (OSError, AttributeError):
+        pass
+    try:
+        lib = ctypes.CDLL("libsqlite3.so.0")
+        lib.sqlite3_memory_used.restype = ctypes.c_int64
+        out += f" sqlite_mb={lib.sqlite3_memory_used() / 2**20:.1f}"
+    except (OSError, AttributeError):
+        pass
+    return out
+
+
+def _rss_kib() -> int:
+    """This process's resident set (KiB, ``/proc/self/status``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _malloc_trim() -> int:
+    """glibc's ``malloc_trim(0)`` (free memory of every arena back to the system); the RSS after (KiB)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return _rss_kib()
 
 
 # -- databases ------------------------------------------------------------------------------------------

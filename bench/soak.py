@@ -501,6 +501,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "COSTOPT_AWS_ENDPOINT_URL": "http://127.0.0.1:9",
             "COSTOPT_GCP_BILLING_ENDPOINT": "http://127.0.0.1:9",
             "COSTOPT_GCP_COMPUTE_ENDPOINT": "http://127.0.0.1:9",
+            # as the image runs it (Dockerfile): glibc's malloc with 2 arenas, not 8 per core, so memory
+            # freed by one thread is reused by the others instead of held per arena (docs/reliability.md)
+            "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2"),
         }
         load_before = os.getloadavg()
         with server(url, workers=workers, job_work=True, log_dir=Path(logs), extra_env=env) as srv:
