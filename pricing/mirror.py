@@ -219,10 +219,22 @@ class PriceMirror:
 def with_key_rank(frame: pd.DataFrame) -> pd.DataFrame:
     """Add ``key_rank``: each offer's position in (cloud, region, zone, instance_type, market) order,
     the tie-breaker of snapshots (so sorting needs no string comparison per query)."""
-    order = frame.sort_values(["cloud", "region", "zone", "instance_type", "market"], kind="stable").index
-    rank = pd.Series(np.arange(len(frame), dtype=np.int64), index=order)
-    frame["key_rank"] = rank.reindex(frame.index).to_numpy()
+    n = len(frame)
+    if n <= _SMALL_SORT:  # numpy's stable lexsort on the strings: ~0.3 ms where pandas' sort costs ~7 ms
+        order = np.lexsort([frame[c].to_numpy() for c in reversed(_KEY_ORDER)])
+        rank = np.empty(n, dtype=np.int64)
+        rank[order] = np.arange(n, dtype=np.int64)
+        frame["key_rank"] = rank
+        return frame
+    by_key = frame.sort_values(list(_KEY_ORDER), kind="stable").index
+    frame["key_rank"] = pd.Series(np.arange(n, dtype=np.int64), index=by_key).reindex(frame.index).to_numpy()
     return frame
+
+
+_KEY_ORDER = ("cloud", "region", "zone", "instance_type", "market")
+_SMALL_SORT = 256
+"""Up to this many offers :func:`with_key_rank` sorts with numpy (comparing Python strings per pair: slower
+than pandas' sort on thousands of offers, much faster on a few)."""
 
 
 def snapshot_columns_from(

@@ -130,3 +130,34 @@ def test_a_reader_on_a_fresh_engine_agrees_with_a_long_lived_one(store: PriceSto
         assert _view(store) == _view(PriceStore(fresh_engine))
     finally:
         fresh_engine.dispose()
+
+
+@pytest.mark.parametrize("offers", [0, 1, 40, 256, 257, 900])
+def test_key_rank_is_each_offers_position_in_key_order_on_both_sort_paths(offers: int) -> None:
+    """with_key_rank sorts a few offers with numpy and many with pandas: the same ranks, ties (the same key
+    twice) in row order."""
+    import random
+
+    import pandas as pd
+
+    from pricing.mirror import with_key_rank
+
+    r = random.Random(offers)
+    rows = [
+        (
+            r.choice(["aws", "gcp"]),
+            r.choice(["us-east-1", "eu-west-1"]),
+            r.choice(["", "a", "b"]),
+            f"t{r.randint(0, 9)}",
+            r.choice(["spot", "on_demand"]),
+        )
+        for _ in range(offers)
+    ]
+    frame = pd.DataFrame(
+        rows, columns=["cloud", "region", "zone", "instance_type", "market"], index=range(100, 100 + offers)
+    )
+    ranks = with_key_rank(frame)["key_rank"].tolist()
+    expected = [0] * offers
+    for position, row in enumerate(sorted(range(offers), key=lambda i: (rows[i], i))):
+        expected[row] = position
+    assert ranks == expected
