@@ -210,7 +210,9 @@ class MigrationJobs:
     - ``resume_on_start``: the first reconciler pass resumes every migration left active (by a crash).
       Assumes one service process drives migrations per database;
     - ``clock``: the service clock's now (:mod:`costopt.clock`) the watchers and the reconciler read
-      (None: each provider's own clock when it has one, else the wall clock).
+      (None: each provider's own clock when it has one, else the wall clock);
+    - ``recovery_workers``: how many recoveries one watcher pass runs at once (its clock's ``sleep`` must
+      wait for the clock, not move it: the service's).
     """
 
     def __init__(
@@ -226,6 +228,7 @@ class MigrationJobs:
         watch_overlap: timedelta = timedelta(minutes=10),
         resume_on_start: bool = True,
         clock: Callable[[], datetime] | None = None,
+        recovery_workers: int = 1,
     ) -> None:
         if reconcile_interval <= timedelta(0) or watch_interval <= timedelta(0):
             raise ValueError(f"intervals must be positive (reconcile {reconcile_interval}, watch {watch_interval})")
@@ -248,6 +251,7 @@ class MigrationJobs:
                 unavailable=self.unavailable,
                 overlap=watch_overlap,
                 clock=clock or _provider_clock(m.provider),
+                workers=recovery_workers,
             )
             for name, m in self.migrators.items()
         }
@@ -597,6 +601,7 @@ def build_migration_jobs(
         watch_interval=settings.interruption_poll_interval,
         watch_overlap=settings.interruption_overlap,
         clock=clock.now,
+        recovery_workers=settings.recovery_workers,
     )
 
 

@@ -316,6 +316,13 @@ class Settings(BaseSettings):
         "draws), written at every change and read back at start, so a restarted service (even after kill -9) "
         "finds its instances as on a real cloud. None: the simulated cloud lives and dies with the process.",
     )
+    recovery_workers: int = Field(
+        default=8,
+        ge=1,
+        description="How many recoveries one pass of the service's interruption watcher runs at once (each "
+        "waits for its new copy's first progress): a reclaim that takes every instance of an offer is "
+        "recovered side by side. 1: one job after another.",
+    )
     sim_seed: int = Field(
         default=0,
         description="Seed of the service's simulated cloud: each spot offer's reclaim times (drawn in simulated "

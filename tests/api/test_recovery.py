@@ -119,3 +119,10 @@ def test_on_the_simulated_cloud_a_checkpoint_request_may_wait_one_tick_of_the_cl
     assert own["checkpoint_timeout"] == 420.0  # boot 3 min + restore 2 + checkpoint 1 + 1 min
     assert timeouts() == (420.0 + 5 * 0.2 * 600.0, own["verify_timeout"])  # the default cap: 5 nominal ticks
     assert timeouts(sim_max_tick=timedelta(minutes=2)) == (420.0 + 120.0, own["verify_timeout"])
+
+
+def test_the_services_watchers_recover_side_by_side(store: PriceStore, tmp_path: Path) -> None:
+    base = {"provider": "local", "local_provider_dir": tmp_path / "local"}
+    assert build_migration_jobs(_settings(tmp_path, **base), store).watchers["local"].workers == 8
+    jobs = build_migration_jobs(_settings(tmp_path, recovery_workers=3, **base), store)
+    assert jobs.watchers["local"].workers == 3

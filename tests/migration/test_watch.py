@@ -437,3 +437,32 @@ def test_events_are_acknowledged_once_acted_on_and_failed_requests_are_not(
     third = watcher.poll()
     assert [r.state for r in third.recoveries] == ["done"]
     assert s.cloud.acknowledged[-1] == taken  # after its recovery ran
+
+
+def test_copies_taken_at_once_are_recovered_at_once(s: Setup, tmp_path: Path) -> None:
+    # A reclaim takes every instance of an offer: the jobs' recoveries run side by side (the pass waits
+    # for them all), not one after another. The cloud lets a launch through only once all three are in
+    # flight; one after another, the first launch finds nobody and fails (BrokenBarrierError).
+    import threading
+
+    for n in (1, 2, 3):
+        s.migrator.register_job(f"job-{n}", ["train"], str(tmp_path / "ckpt" / f"job-{n}"))
+        assert s.migrator.start(f"job-{n}", OFFERS).state is State.DONE
+    together = threading.Barrier(3, timeout=30)
+    lock = threading.Lock()
+    launch = s.cloud.launch
+
+    def side_by_side(spec: LaunchSpec, idempotency_token: str) -> Instance:
+        together.wait()
+        with lock:
+            return launch(spec, idempotency_token)
+
+    s.cloud.launch = side_by_side  # type: ignore[method-assign]
+    for n in (1, 2, 3):
+        s.cloud.preempt(s.migrator.job(f"job-{n}").instance_id or "")
+    report = s.watcher(workers=3).poll()
+    assert sorted(r.job_id for r in report.recoveries if r.recovered) == ["job-1", "job-2", "job-3"]
+    assert report.waiting == ()
+    assert {s.migrator.job(f"job-{n}").epoch for n in (1, 2, 3)} == {2}
+    with pytest.raises(ValueError, match="workers must be >= 1"):
+        s.watcher(workers=0)
