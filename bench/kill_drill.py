@@ -10,12 +10,15 @@ clock driver that moves it), so a kill costs simulated time only through what th
 One run:
 
 1. a fresh SQLite database (or ``--database-url``, e.g. a PostgreSQL database you created) migrated, with
-   the instance catalog and the replayed 2020 AWS spot prices; a team and a member key;
-2. ``costopt serve`` in a subprocess: the simulated cloud at ``--time-scale`` (3600x: a simulated hour per
-   wall second), the service's own job engine, interruption watcher, reconciler, rebalancer (every 15
-   simulated minutes, so jobs move when another zone is cheaper) and fleet rounds;
+   the instance catalog and the replayed 2020 AWS spot prices, with the drill's **price steps** (below)
+   written into them; a team and a member key;
+2. ``costopt serve`` in a subprocess: first at 1x for the submissions (step 3; then stopped with SIGTERM, not
+   a kill, and started again, so every run submits at ``START`` + a few simulated seconds however long the
+   posts take), then the simulated cloud at ``--time-scale`` (3600x: a simulated hour per wall second),
+   the service's own job engine, interruption watcher, reconciler, rebalancer (every 15 simulated
+   minutes, so jobs move when another zone is cheaper) and fleet rounds;
 3. ``--jobs`` ResNet-50 jobs on AWS spot (steps drawn from ``--seed``); spot preemptions are drawn by the
-   simulated cloud from the hazard model; with ``--fleet-jobs N``, a fleet of three sim spot instances
+   simulated cloud (**reclaims**, below); with ``--fleet-jobs N``, a fleet of three sim spot instances
    (2 V100, 1 K80) is leased first and the first N jobs (an eighth of their drawn steps) go into it (its
    simulated workers run them; it is released at the end);
 4. ``--kills`` times: wait a random up-time (uniform in ``--up``), SIGKILL the server, restart it (the
@@ -26,6 +29,24 @@ One run:
    ledger's total (the jobs' ``cost_so_far_usd``) against the run without kills (``--baseline``, default
    on: the same jobs, no kill) within one boot interval (``timing.boot``, 3 min) of the dearest
    instance's price per kill.
+
+Moves and preemptions, the same in every run of one seed (drawn in simulated time, never wall time):
+
+- **Price steps** (``--price-steps``, default 2; 0: the replayed prices as they are): the 2020 prices give
+  the rebalancer nothing worth a move in these hours, so the drill imports a copy of them (written in the
+  run's folder) where, from step i on (at ``START + i x --price-step-every`` simulated hours, default 3,
+  plus 0-1 h drawn from ``--seed``), every AWS spot price is ``--price-factor`` (default 3) times the
+  replayed one except in one *spared* zone (drawn from ``--seed`` among the zones selling p3.2xlarge then,
+  neither the previous step's spared zone nor the zone where p3.2xlarge is cheapest then); each step also
+  adds, per offer, the record in effect then, so prices change at the step. The service's rebalancer
+  (every 15 simulated minutes) then moves the jobs outside the spared zone through the Migrator.
+- **Reclaims** (``--spot-hazard``, default 0.15 per simulated hour; 0: none; negative: the hazard model's
+  rates from the availability logs, which drew none in these runs): ``COSTOPT_SIM_SPOT_HAZARD_PER_HOUR``,
+  each spot offer's Poisson process of reclaims (every instance alive on the offer at a reclaim is
+  preempted after the cloud's notice), seeded by ``COSTOPT_SIM_SEED`` = ``--seed``; the service's
+  interruption watcher and Migrator recover the jobs. The planner's hazards are unchanged.
+
+With both on, a check requires the killed run to show at least one move and one preemption.
 
     .venv/bin/python bench/kill_drill.py --jobs 50 --kills 20 --seed 1
     .venv/bin/python bench/kill_drill.py --jobs 5 --kills 3 --no-baseline     # a small version
@@ -40,6 +61,7 @@ tolerance of that one).
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import pickle
@@ -74,6 +96,97 @@ FLEET: dict[str, Any] = {
 }
 FLEET_JOB: dict[str, Any] = {"job_type": BODY["job_type"], "command": BODY["command"]}
 BOOT = timedelta(minutes=3)  # providers.sim's default WorkloadTiming.boot
+STEP_TYPE = "p3.2xlarge"  # the type the jobs run on (V100: the cheapest per step); its zones are the spared ones
+
+
+@dataclass(frozen=True)
+class PriceStep:
+    """From ``at`` (simulated time) on, every AWS spot price is ``factor`` times the replayed one, except in
+    ``spared`` (the replayed price), until the next step."""
+
+    at: datetime
+    spared: str
+    factor: float
+
+
+def _read_prices(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _at(row: dict[str, str]) -> datetime:
+    return datetime.fromisoformat(row["timestamp_utc"].replace("Z", "+00:00"))
+
+
+def _in_effect(rows: list[dict[str, str]], at: datetime) -> dict[tuple[str, str, str], dict[str, str]]:
+    """The replayed record in effect at ``at`` per (zone, instance type, product)."""
+    last: dict[tuple[str, str, str], tuple[datetime, dict[str, str]]] = {}
+    for r in rows:
+        t = _at(r)
+        key = (r["availability_zone"], r["instance_type"], r["product_description"])
+        if t <= at and (key not in last or last[key][0] <= t):
+            last[key] = (t, r)
+    return {k: v[1] for k, v in last.items()}
+
+
+def price_schedule(
+    rows: list[dict[str, str]], *, seed: int, steps: int, every_h: float, factor: float
+) -> list[PriceStep]:
+    """``steps`` price steps drawn from ``seed``: step i (1..steps) at ``START + i * every_h`` hours plus a
+    jitter uniform in [0, 1) h (whole seconds); its spared zone is drawn among the zones selling
+    :data:`STEP_TYPE` (Linux spot) at that time, neither the previous step's spared zone nor the zone where
+    it is cheapest then (where the jobs are likely to be: so each step makes a move pay)."""
+    rng = random.Random(f"kill-drill-prices-{seed}")
+    out: list[PriceStep] = []
+    spared = None
+    for i in range(1, steps + 1):
+        at = START + timedelta(seconds=round((i * every_h + rng.random()) * 3600))
+        offered = {
+            z: float(r["spot_usd_per_hour"])
+            for (z, it, prod), r in _in_effect(rows, at).items()
+            if it == STEP_TYPE and prod == "Linux/UNIX"
+        }
+        if not offered:
+            raise RuntimeError(f"no {STEP_TYPE} spot price at {at}: the price steps need the replayed AWS prices")
+        cheapest = min(sorted(offered), key=lambda z: offered[z])
+        candidates = sorted(set(offered) - {cheapest, spared}) or sorted(offered)
+        spared = rng.choice(candidates)
+        out.append(PriceStep(at, spared, factor))
+    return out
+
+
+def write_prices(rows: list[dict[str, str]], schedule: list[PriceStep], path: Path) -> int:
+    """The replayed prices with ``schedule`` applied, as a CSV of the same kind at ``path``: every record
+    from a step on is multiplied by its factor unless in the spared zone, and each step adds, per offer, the
+    record in effect then (so the price changes at the step, not at the offer's next replayed change).
+    Returns the records written."""
+    from decimal import ROUND_HALF_EVEN
+
+    def factor(zone: str, at: datetime) -> float:
+        current = [s for s in schedule if s.at <= at]
+        if not current or current[-1].spared == zone:
+            return 1.0
+        return current[-1].factor
+
+    def priced(r: dict[str, str], at: datetime) -> dict[str, str]:
+        usd = Decimal(r["spot_usd_per_hour"]) * Decimal(str(factor(r["availability_zone"], at)))
+        return {
+            **r,
+            "timestamp_utc": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "spot_usd_per_hour": str(usd.quantize(Decimal("0.000001"), ROUND_HALF_EVEN)),
+        }
+
+    out = [priced(r, _at(r)) for r in rows]
+    for step in schedule:
+        seen = {
+            (r["availability_zone"], r["instance_type"], r["product_description"]) for r in rows if _at(r) == step.at
+        }
+        out += [priced(r, step.at) for key, r in sorted(_in_effect(rows, step.at).items()) if key not in seen]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(out)
+    return len(out)
 
 
 def _free_port() -> int:
@@ -161,8 +274,14 @@ class Service:
                 self.proc.wait(30)
 
 
-def _prepare(folder: Path, database_url: str | None, data_dir: Path | None) -> tuple[dict[str, str], str]:
-    """The run's database and the server's environment; returns (env, a member key)."""
+def _prepare(
+    folder: Path,
+    database_url: str | None,
+    data_dir: Path | None,
+    schedule: list[PriceStep] | None = None,
+) -> tuple[dict[str, str], str]:
+    """The run's database (with the replayed prices, ``schedule`` applied) and the server's environment;
+    returns (env, a member key)."""
     from api.wiring import build_store, seed_catalog
     from costopt.jobs.teams import Role, TeamRepository
     from costopt.settings import Settings
@@ -189,7 +308,12 @@ def _prepare(folder: Path, database_url: str | None, data_dir: Path | None) -> t
     store = build_store(settings)
     try:
         seed_catalog(store, settings)
-        reports = import_paths(store, [base.data_dir / "prices" / AWS_SPOT_FILE])
+        prices = base.data_dir / "prices" / AWS_SPOT_FILE
+        if schedule:  # a copy of the replayed prices with the drill's price steps
+            stepped = folder / f"stepped-{AWS_SPOT_FILE}"
+            write_prices(_read_prices(prices), schedule, stepped)
+            prices = stepped
+        reports = import_paths(store, [prices])
         bad = [r for r in reports if r.status in ("failed", "refused")]
         if bad:
             raise RuntimeError(f"the replayed AWS spot prices did not import: {bad}")
@@ -220,9 +344,13 @@ def run(
     data_dir: Path | None = None,
     timeout_s: float = 2400.0,
     fleet_jobs: int = 0,
+    schedule: list[PriceStep] | None = None,
+    spot_hazard: float | None = None,
     say: Any = print,
 ) -> RunResult:
-    """One run (module docstring) in ``folder``; ``kills`` 0: the baseline."""
+    """One run (module docstring) in ``folder``; ``kills`` 0: the baseline. ``schedule``: the price steps
+    written into the replayed prices; ``spot_hazard``: reclaims per hour of every spot offer of the simulated
+    cloud (None: the hazard model's from the availability logs). The simulated cloud is seeded with ``seed``."""
     import httpx
 
     from costopt.agent import control
@@ -232,7 +360,10 @@ def run(
     rng = random.Random(seed)
     sizes = [rng.randrange(steps[0], steps[1] + 1, 1000) for _ in range(jobs)]
     ups = [rng.uniform(*up) for _ in range(kills)]
-    env, key = _prepare(folder, database_url, data_dir)
+    env, key = _prepare(folder, database_url, data_dir, schedule)
+    env["COSTOPT_SIM_SEED"] = str(seed)
+    if spot_hazard is not None:
+        env["COSTOPT_SIM_SPOT_HAZARD_PER_HOUR"] = str(spot_hazard)
     env["COSTOPT_SIM_TIME_SCALE"] = str(time_scale)
     env["COSTOPT_SIM_TICK"] = "PT0.25S"
     port = _free_port()
@@ -241,6 +372,9 @@ def run(
     res = RunResult(jobs=jobs)
     t0 = time.monotonic()
     try:
+        # The submissions at 1x (a simulated second per wall second), then a clean restart at the run's scale:
+        # every run submits at the same simulated time (START + a few seconds) however long the posts take.
+        service.env = {**env, "COSTOPT_SIM_TIME_SCALE": "1"}
         service.start()
         fleet_id = None
         if fleet_jobs:
@@ -257,6 +391,11 @@ def run(
             if r.status_code not in (200, 201):
                 raise RuntimeError(f"submission {i} answered {r.status_code}: {r.text}")
             ids.append(r.json()["id"])
+        service.stop()
+        submitted = _saved_cloud(Path(env["COSTOPT_SIM_STATE_FILE"])).now()
+        service.env = env
+        service.start()
+        say(f"  submitted at 1x by {submitted:%H:%M:%S} simulated; the clock now runs at {time_scale:g}x")
 
         def docs() -> list[dict[str, Any]]:
             for attempt in range(10):  # a loaded machine may answer slowly: retry rather than give up
@@ -347,6 +486,8 @@ def _table(rows: list[tuple[str, str, str, str]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from costopt.settings import Settings
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--jobs", type=int, default=50)
     p.add_argument("--kills", type=int, default=20)
@@ -357,6 +498,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps-min", type=int, default=100_000)
     p.add_argument("--steps-max", type=int, default=400_000)
     p.add_argument("--fleet-jobs", type=int, default=0, help="jobs (of --jobs) submitted into a leased sim fleet")
+    p.add_argument(
+        "--price-steps",
+        type=int,
+        default=2,
+        help="price steps written into the replayed prices, so that moves pay (0: the replayed prices as they are)",
+    )
+    p.add_argument(
+        "--price-step-every",
+        type=float,
+        default=3.0,
+        help="step i comes at i x this many simulated hours after the start, plus 0-1 h drawn from --seed",
+    )
+    p.add_argument(
+        "--price-factor", type=float, default=3.0, help="the stepped prices: this times the replayed (default 3)"
+    )
+    p.add_argument(
+        "--spot-hazard",
+        type=float,
+        default=0.15,
+        help="reclaims per simulated hour of each spot offer, drawn from --seed (0: none; negative: the hazard "
+        "model's rates from the availability logs)",
+    )
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True, help="also run without kills")
     p.add_argument(
         "--baselines",
@@ -369,6 +532,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     folder = a.folder or Path(tempfile.mkdtemp(prefix="costopt-kill-drill-"))
+    schedule = []
+    if a.price_steps > 0:
+        data = Settings().data_dir
+        if data is None:
+            p.error("the price steps rewrite the replayed AWS spot prices: set COSTOPT_DATA_DIR to the shared data")
+        rows = _read_prices(data / "prices" / AWS_SPOT_FILE)
+        schedule = price_schedule(
+            rows, seed=a.seed, steps=a.price_steps, every_h=a.price_step_every, factor=a.price_factor
+        )
     common = {
         "jobs": a.jobs,
         "seed": a.seed,
@@ -376,10 +548,18 @@ def main(argv: list[str] | None = None) -> int:
         "up": (a.up_min, a.up_max),
         "steps": (a.steps_min, a.steps_max),
         "fleet_jobs": a.fleet_jobs,
+        "schedule": schedule,
+        "spot_hazard": None if a.spot_hazard < 0 else a.spot_hazard,
     }
     load0 = os.getloadavg()
     cpu0 = os.times()
     print(f"kill drill in {folder}: {a.jobs} jobs, {a.kills} kills, seed {a.seed}, {a.time_scale:g}x")
+    hazard = "the hazard model's" if a.spot_hazard < 0 else f"{a.spot_hazard:g} per offer-hour"
+    print(f"  spot reclaims: {hazard}; price steps (x{a.price_factor:g} outside the spared zone):")
+    for step in schedule:
+        print(
+            f"    {step.at:%Y-%m-%d %H:%M:%S} (+{(step.at - START).total_seconds() / 3600:.2f} h): {step.spared} spared"
+        )
     killed = run(kills=a.kills, folder=folder / "killed", database_url=a.database_url, **common)
     bases: list[RunResult] = []
     for b in range(a.baselines if a.baseline else 0):
@@ -401,6 +581,8 @@ def main(argv: list[str] | None = None) -> int:
         "zero orphaned instances": not killed.orphans,
         "ledger within a boot interval per kill": within,
     }
+    if schedule and a.spot_hazard != 0:  # the issue's run has migrations and preemptions: shown, not assumed
+        checks["moves and preemptions happened"] = killed.moves > 0 and killed.preemptions > 0
     rows = [("figure", "killed run", "baseline", "check")]
 
     def row(name: str, f: Any, check: str = "") -> None:
@@ -419,7 +601,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     row("orphaned instances", lambda r: len(r.orphans), "pass" if checks["zero orphaned instances"] else "FAIL")
     row("instances launched", lambda r: r.instances)
-    row("moves / preemptions / recoveries", lambda r: f"{r.moves} / {r.preemptions} / {r.recoveries}")
+    row(
+        "moves / preemptions / recoveries",
+        lambda r: f"{r.moves} / {r.preemptions} / {r.recoveries}",
+        ("pass" if checks["moves and preemptions happened"] else "FAIL")
+        if "moves and preemptions happened" in checks
+        else "",
+    )
     if a.fleet_jobs:
         row("fleet cost USD (its jobs + idle)", lambda r: f"{r.fleet_usd} (idle {r.fleet_idle_usd})")
     if a.fleet_jobs:

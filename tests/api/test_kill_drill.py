@@ -1,6 +1,8 @@
 """kill -9 mid-run, small (issue 14; the full drill is ``bench/kill_drill.py``): ``costopt serve`` on the
 simulated cloud with its state file, SIGKILLed while 2 jobs run and restarted: every job succeeds
-with exactly its steps (the agent's audit) and no instance is left alive in the simulated cloud."""
+with exactly its steps (the agent's audit) and no instance is left alive in the simulated cloud. The drill's
+price steps (no service; not marked ``drill``): drawn from the seed, applied from each step on outside
+its spared zone."""
 
 from __future__ import annotations
 
@@ -29,3 +31,35 @@ def test_the_service_killed_mid_run_restarts_and_every_job_ends_exactly(tmp_path
     assert res.problems == [] and res.succeeded == res.exact == 2
     assert res.orphans == [] and res.instances >= 2
     assert res.total_usd > 0 and res.state_saves > 0
+
+
+def test_the_price_steps_are_drawn_from_the_seed_and_step_every_price_but_the_spared_zones(
+    tmp_path: Path, shared_data: Path
+) -> None:
+    from datetime import timedelta
+
+    from bench.kill_drill import AWS_SPOT_FILE, START, STEP_TYPE, _at, _read_prices, price_schedule, write_prices
+
+    rows = _read_prices(shared_data / "prices" / AWS_SPOT_FILE)
+    schedule = price_schedule(rows, seed=2, steps=2, every_h=3.0, factor=3.0)
+    assert schedule == price_schedule(rows, seed=2, steps=2, every_h=3.0, factor=3.0)  # the seed's, every run
+    assert schedule != price_schedule(rows, seed=3, steps=2, every_h=3.0, factor=3.0)
+    first, second = schedule
+    assert START + timedelta(hours=3) <= first.at < START + timedelta(hours=4) <= second.at < START + timedelta(hours=7)
+    assert first.spared != second.spared
+    n = write_prices(rows, schedule, tmp_path / "stepped.csv")
+    stepped = _read_prices(tmp_path / "stepped.csv")
+    assert n == len(stepped) > len(rows)
+
+    def price(table: list[dict[str, str]], zone: str, at: object) -> float:
+        found = [r for r in table if r["availability_zone"] == zone and r["instance_type"] == STEP_TYPE]
+        found = [r for r in found if r["product_description"] == "Linux/UNIX" and _at(r) <= at]  # type: ignore[operator]
+        return float(max(found, key=_at)["spot_usd_per_hour"])
+
+    other = "eu-west-1a" if "eu-west-1a" not in (first.spared, second.spared) else "us-east-1d"
+    before = first.at - timedelta(seconds=1)
+    assert price(stepped, other, before) == price(rows, other, before)  # nothing changes before the first step
+    assert price(stepped, other, first.at) == round(3 * price(rows, other, first.at), 6)  # at the step, not later
+    assert price(stepped, first.spared, first.at) == price(rows, first.spared, first.at)
+    assert price(stepped, first.spared, second.at) == round(3 * price(rows, first.spared, second.at), 6)
+    assert price(stepped, second.spared, second.at) == price(rows, second.spared, second.at)
