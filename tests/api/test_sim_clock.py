@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from api.sim_clock import _DRIVERS, _DRIVERS_LOCK, SimClockDriver, driver_for, service_clock, start_sim_clock
+from api.sim_clock import _DRIVERS_LOCK, SimClockDriver, driver_for, service_clock, start_sim_clock
 from api.wiring import build_catalog, build_cloud_provider, build_sim_throughput, build_store
 from costopt.agent import control, job_env
 from costopt.agent.contract import contract_env
@@ -135,14 +135,19 @@ def test_the_cap_comes_from_the_settings_and_must_be_positive() -> None:
         SimClockDriver(cloud, scale=600.0, max_tick=float("inf"))
 
 
-def test_the_running_drivers_lag_is_a_metric() -> None:
+def test_the_running_drivers_lag_is_a_metric(monkeypatch: pytest.MonkeyPatch) -> None:
+    import weakref
+
+    import api.sim_clock
     from api.metrics import render
 
+    drivers: weakref.WeakKeyDictionary[SimCloud, SimClockDriver] = weakref.WeakKeyDictionary()
+    monkeypatch.setattr(api.sim_clock, "_DRIVERS", drivers)  # none of the other tests' services in this process
     cloud = _cloud()
     driver = SimClockDriver(cloud, scale=60.0, tick=0.001, max_tick=30.0, wall=Wall(step=1.0))
     assert b"costopt_sim_clock_lag_seconds" not in render()  # no driver runs
     with _DRIVERS_LOCK:
-        _DRIVERS[cloud] = driver
+        drivers[cloud] = driver
     driver.start()
     try:
         driver.sleep(90.0)  # three ticks at least, each cut from 60 to 30 simulated seconds
