@@ -83,7 +83,7 @@ def test_two_workers_on_postgresql_share_one_admin_key(tmp_path: Path) -> None:
         log = out.open("w+b")
         proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 90
+            deadline = time.monotonic() + 300  # a hang's bound: two workers' imports took > 90 s at load 15
             while time.monotonic() < deadline and b"admin key (shown once)" not in out.read_bytes():
                 assert proc.poll() is None, out.read_text()
                 time.sleep(0.2)

@@ -114,15 +114,16 @@ def test_a_pass_by_hand_holds_the_lease_without_taking_a_tick(engine):
 
 
 def test_the_heartbeat_keeps_a_long_run_from_being_overlapped(engine):
-    ttl = timedelta(seconds=0.3)
+    # renewed every third of the ttl by a thread: 2 s leave it room on a loaded machine (0.3 s did not, at load 15)
+    ttl = timedelta(seconds=2)
     a, b = LeaseStore(engine, owner="a"), LeaseStore(engine, owner="b")
     start = datetime.now(UTC)
     with a.hold("reconcile", ttl, tick=start) as won:
         assert won
-        deadline = time.monotonic() + 1.2  # four ttls
+        deadline = time.monotonic() + 5.0  # two and a half ttls
         while time.monotonic() < deadline:
             assert not b.claim_tick("reconcile", datetime.now(UTC), ttl)
-            time.sleep(0.05)
+            time.sleep(0.25)
     state = b.get("reconcile")
     assert state is not None and state.expires_at is None  # released at the end of the block
     assert b.claim_tick("reconcile", datetime.now(UTC), ttl)
