@@ -65,6 +65,7 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Engine, bindparam, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from costopt.agent import control
 from costopt.agent.contract import contract_env
@@ -213,25 +214,32 @@ class Migrator:
         env: Mapping[str, str] | None = None,
         image: str | None = None,
     ) -> JobRecord:
-        """Register a job (idempotent: an existing job is returned unchanged). ``image``: what every copy
-        launches (None: the migrator's ``image``, else the provider's default)."""
-        with self.engine.begin() as conn:
-            row = conn.execute(_JOB, {"b_job_id": job_id}).first()
-            if row is None:
-                conn.execute(
-                    insert(migration_jobs).values(
-                        job_id=job_id,
-                        provider=self.provider.name,
-                        command=json.dumps(list(command)),
-                        env=json.dumps(dict(env or {})),
-                        checkpoint_uri=checkpoint_uri,
-                        epoch=0,
-                        status=JobStatus.PENDING.value,
-                        reason="registered",
-                        updated_at=self.now(),
-                        image=image,
+        """Register a job (idempotent: an existing job is returned unchanged, also when another process
+        registers it between this one's read and its insert). ``image``: what every copy launches (None: the
+        migrator's ``image``, else the provider's default)."""
+        try:
+            with self.engine.begin() as conn:
+                row = conn.execute(_JOB, {"b_job_id": job_id}).first()
+                if row is None:
+                    conn.execute(
+                        insert(migration_jobs).values(
+                            job_id=job_id,
+                            provider=self.provider.name,
+                            command=json.dumps(list(command)),
+                            env=json.dumps(dict(env or {})),
+                            checkpoint_uri=checkpoint_uri,
+                            epoch=0,
+                            status=JobStatus.PENDING.value,
+                            reason="registered",
+                            updated_at=self.now(),
+                            image=image,
+                        )
                     )
-                )
+        except IntegrityError:
+            with self.engine.connect() as conn:
+                if conn.execute(_JOB, {"b_job_id": job_id}).first() is None:
+                    raise  # not the race (the job is still not there): the constraint's own error
+            log.info("job %s was registered by another process at the same time: its record stands", job_id)
         return self.job(job_id)
 
     def job(self, job_id: str) -> JobRecord:

@@ -227,6 +227,34 @@ def test_a_registered_job_starts_as_epoch_1_from_scratch(engine: Engine, local: 
     assert_one_copy(mig, local)
 
 
+def test_registering_a_job_another_process_registered_between_read_and_insert_returns_its_record(
+    engine: Engine, local: LocalProvider, tmp_path: Path
+) -> None:
+    """Two processes registering one job at once (seen in the soak: a duplicate key of pk_migration_jobs logged
+    with a traceback): the one whose insert loses gets the winner's record, not an error."""
+    from sqlalchemy import event
+
+    a, b = make_migrator(engine, local), make_migrator(engine, local)
+    first = a.register_job("job-1", ENDLESS, str(tmp_path / "ckpt" / "job-1"))
+    stale: list[str] = []
+
+    def read_before_the_other_commit(
+        conn: object, cursor: object, statement: str, parameters: object, context: object, many: bool
+    ) -> tuple[str, object]:
+        # b's first read of the job misses a's row, as a read just before a's commit would
+        if not stale and statement.lstrip().upper().startswith("SELECT") and "FROM migration_jobs" in statement:
+            stale.append(statement)
+            statement += " AND 1 = 0"
+        return statement, parameters
+
+    event.listen(engine, "before_cursor_execute", read_before_the_other_commit, retval=True)
+    try:
+        second = b.register_job("job-1", ["other"], str(tmp_path / "other"))
+    finally:
+        event.remove(engine, "before_cursor_execute", read_before_the_other_commit)
+    assert stale and second == first  # the read missed it, the insert collided, a's record stands
+
+
 def test_a_move_checkpoints_launches_the_next_epoch_verifies_it_and_terminates_the_old_copy(
     engine: Engine, local: LocalProvider, tmp_path: Path
 ) -> None:
