@@ -13,8 +13,8 @@ One run:
    the instance catalog and the replayed 2020 AWS spot prices, with the drill's **price steps** (below)
    written into them; a team and a member key;
 2. ``costopt serve`` in a subprocess: first at 1x for the submissions (step 3; then stopped with SIGTERM, not
-   a kill, and started again, so every run submits at ``START`` + a few simulated seconds however long the
-   posts take), then the simulated cloud at ``--time-scale`` (3600x: a simulated hour per wall second),
+   a kill, and started again, so every run submits at ``START`` + that phase's wall seconds, not x the
+   time scale), then the simulated cloud at ``--time-scale`` (3600x: a simulated hour per wall second),
    the service's own job engine, interruption watcher, reconciler, rebalancer (every 15 simulated
    minutes, so jobs move when another zone is cheaper) and fleet rounds;
 3. ``--jobs`` ResNet-50 jobs on AWS spot (steps drawn from ``--seed``); spot preemptions are drawn by the
