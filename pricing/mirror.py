@@ -94,9 +94,11 @@ class PriceMirror:
         self._too_many_points_at: int | None = None
 
     # ---------------------------------------------------------------- loading
-    def offers(self) -> pd.DataFrame:
-        """Current offers frame (reloaded when the store changed)."""
-        version = read_version(self.engine)
+    def offers(self, version: int | None = None) -> pd.DataFrame:
+        """Current offers frame (reloaded when the store changed). ``version``: the store's price version the
+        caller just read (None: read it here)."""
+        if version is None:
+            version = read_version(self.engine)
         with self._lock:
             if self._offers is None or self._offers.version != version:
                 self._offers = _Offers(version, self._load_offers())
@@ -130,9 +132,10 @@ class PriceMirror:
         )
         return with_key_rank(frame.set_index("offer_id", drop=False))
 
-    def points(self) -> _Points | None:
-        """All change points (None when there are more than ``max_points``)."""
-        version = read_version(self.engine)
+    def points(self, version: int | None = None) -> _Points | None:
+        """All change points (None when there are more than ``max_points``). ``version``: as for :meth:`offers`."""
+        if version is None:
+            version = read_version(self.engine)
         with self._lock:
             if self._points is not None and self._points.version == version:
                 return self._points
@@ -179,14 +182,15 @@ class PriceMirror:
         not mirrored (too many): the caller then asks SQL."""
         if (at is not None and at.tzinfo is None) or judge_at.tzinfo is None:
             raise ValueError("naive datetime: pass a tz-aware UTC time")
-        offers = self.offers()
+        version = read_version(self.engine)  # once for both: one round trip, and offers and points of one version
+        offers = self.offers(version)
         if at is None:
             rows = np.arange(len(offers))
             price = offers["cur_price"].to_numpy()
             vf = offers["cur_vf"].to_numpy()
             source = offers["cur_source"].to_numpy()
         else:
-            pts = self.points()
+            pts = self.points(version)
             if pts is None:
                 return None
             t = dt_to_ns(at.astimezone(UTC))
