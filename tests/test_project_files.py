@@ -148,14 +148,24 @@ def test_the_compose_settings_serve_on_the_local_postgresql(
     compose_database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``create_app`` with the compose file's settings migrates and seeds PostgreSQL and answers /readyz.
-    The scheduler starts paused: no collector reaches a cloud from a test."""
+    The scheduler starts paused: no collector reaches a cloud from a test. The seed is the curated list prices
+    only (the whole real data's import, ~15 s of CPU, is tests/pricing/test_importer.py's)."""
     from apscheduler.schedulers.background import BackgroundScheduler
     from fastapi.testclient import TestClient
 
+    import api.wiring
     from api.app import create_app
 
     settings = _compose_settings_here(compose_database)
     assert settings.data_dir is not None and settings.data_dir.is_dir(), "../shared/data is missing"
+    seeded: list[list[Path]] = []
+    real_seed_paths = api.wiring.seed_paths
+
+    def list_prices_only(s: Any) -> list[Path]:
+        seeded.append(real_seed_paths(s))  # what it would seed: the mounted data folder's files too
+        return [s.catalog_dir / "list_prices.csv"]
+
+    monkeypatch.setattr(api.wiring, "seed_paths", list_prices_only)
     start = BackgroundScheduler.start
     monkeypatch.setattr(BackgroundScheduler, "start", lambda self, paused=False: start(self, paused=True))
     with TestClient(create_app(settings)) as client:
@@ -164,6 +174,7 @@ def test_the_compose_settings_serve_on_the_local_postgresql(
         assert client.get("/metrics").status_code == 200
         latest = client.get("/v1/prices/latest", params={"limit": 1})
         assert latest.status_code == 200 and latest.json()["count"] == 1, latest.text
+    assert seeded and any(p.is_relative_to(settings.data_dir) for p in seeded[0])  # the compose mount's data
 
 
 def test_ci_runs_the_readmes_test_command() -> None:
