@@ -225,7 +225,7 @@ def _one_backend_each(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked ``one_backend_each`` keep one backend per case (:func:`_one_backend_each`). Tests marked
-    ``slow`` run first (otherwise in collection order): with ``pytest -n 2`` and the small scheduling chunks
+    ``slow`` run first (otherwise in collection order): with ``pytest -n 3`` and the small scheduling chunks
     of ``addopts`` (``--maxschedchunk``), the workers share the long tests at the start instead of one worker
     finishing a minute-long test alone at the end."""
     _one_backend_each(config, items)
