@@ -4,7 +4,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 # uv installs the pinned dependencies (downloads in parallel: a fresh .venv in ~2.5 min here instead of
-# pip's ~4.5); pip stays the fallback if uv fails.
+# pip's ~4.5), compiling their bytecode as pip does (else every test process compiles it at first import);
+# pip stays the fallback if uv fails.
 UV     := uv==0.13.9
 
 .PHONY: setup run test lint typecheck unit bench clean browser fuzz mutate drills test-all-backends
@@ -12,7 +13,7 @@ UV     := uv==0.13.9
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(UV)
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev]' || $(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[dev]' || $(BIN)/python -m pip install --quiet -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
