@@ -117,16 +117,14 @@ def build_catalog(
     from costopt.throughput.registry import MeasurementRegistry
 
     measurements = None if engine is None else tuple(MeasurementRegistry(engine).all())
-    return _catalog_of(
-        _stamp(settings.resolved_throughput_file()), measurements, precision, settings.estimate_new_accelerators
-    )
+    path = settings.resolved_throughput_file()
+    stamp = None if path is None else _stamp(path)
+    return _catalog_of(stamp, measurements, precision, settings.estimate_new_accelerators)
 
 
-def _stamp(path: Path | None) -> tuple[str, int, int] | None:
+def _stamp(path: Path) -> tuple[str, int, int]:
     """(path, size, mtime in ns) of a file: what the per-process caches below are keyed on (a changed file is
-    a new stamp); None for no file."""
-    if path is None:
-        return None
+    a new stamp)."""
     st = path.stat()
     return (str(path), st.st_size, st.st_mtime_ns)
 
@@ -167,7 +165,7 @@ def build_hazards(settings: Settings) -> HazardModel:
     if logs is None or not logs.is_dir():
         return HazardModel()
     files = sorted(logs.glob("*/availability/*.out"))
-    return _hazards_of(tuple(stamp for p in files if (stamp := _stamp(p)) is not None))
+    return _hazards_of(tuple(_stamp(p) for p in files))
 
 
 @functools.lru_cache(maxsize=4)
