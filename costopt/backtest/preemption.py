@@ -26,6 +26,14 @@ logs; see docs/planning.md for how thin they are). A policy's *saving* over the 
 ``1 - policy cost / baseline cost`` (mean costs over the start days, and seeds); what *survives* is the
 saving with preemptions over the saving without. Against on-demand (never preempted) the ratio is
 reported as well.
+
+A run is a function of what it is given: the job, the simulated cloud's arguments (prices, hazards,
+start, seed, throughput), the rebalancer's rule, and the answers its placements give. Two policies of a
+start day and seed whose placements answer every question of the first one's run alike (static policies
+that pick the same start offer: ``multi_cloud`` and ``multi_gpu`` while Azure is not the cheaper,
+``gpu_type`` and ``baseline`` where the V100 is the best single GPU) therefore run alike: the study runs the
+first through the service and reuses its outcome for the second (:class:`_Trace`; ``reuse=False`` runs
+every run).
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ from costopt.backtest.paper import (
 )
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.jobs.offline import ALWAYS_MOVE, OfflineJob, OfflineRun, memory_database, run_offline
-from costopt.jobs.placement import Placement
+from costopt.jobs.placement import Placement, Placements
 from costopt.jobs.records import JobRecord
 from costopt.ledger.prices import StepPrices
 from costopt.migration.decision import MigrationRule
@@ -181,10 +189,51 @@ class GridPlacements:
         return [self._placement(o, t, remaining_steps) for o in order[:top]]
 
 
+class _Trace:
+    """Placements that answer as ``inner`` and keep every question with its answer, in order: a run's
+    answers, to tell whether another policy's placements would have answered that run alike
+    (:meth:`answers_alike`)."""
+
+    def __init__(self, inner: Placements) -> None:
+        self.inner = inner
+        self.asked: list[tuple[Callable[[Placements], object], object]] = []
+
+    def rank(
+        self,
+        job: JobRecord,
+        *,
+        remaining_steps: float,
+        at: datetime,
+        exclude: Collection[OfferKey] = (),
+        top: int = 10,
+    ) -> Sequence[Placement]:
+        excluded = tuple(exclude)
+
+        def ask(p: Placements) -> tuple[Placement, ...]:
+            return tuple(p.rank(job, remaining_steps=remaining_steps, at=at, exclude=excluded, top=top))
+
+        answer = ask(self.inner)
+        self.asked.append((ask, answer))
+        return list(answer)
+
+    def at_offer(self, job: JobRecord, offer: OfferKey, *, remaining_steps: float, at: datetime) -> Placement | None:
+        def ask(p: Placements) -> Placement | None:
+            return p.at_offer(job, offer, remaining_steps=remaining_steps, at=at)
+
+        answer = ask(self.inner)
+        self.asked.append((ask, answer))
+        return answer
+
+    def answers_alike(self, other: Placements) -> bool:
+        """Whether ``other`` answers every question asked so far as ``inner`` did (equal placements, in
+        order)."""
+        return all(ask(other) == answer for ask, answer in self.asked)
+
+
 def run_policy(
     cloud: SimulatedCloud,
     prices: StepPrices,
-    placements: GridPlacements,
+    placements: Placements,
     jobs: Sequence[OfflineJob],
     *,
     until: datetime,
@@ -234,9 +283,13 @@ class PreemptionCell:
 
 @dataclass(frozen=True, eq=False)
 class PreemptionStudy:
+    """The cells; ``runs``: the study's runs; ``reused``: how many of them took the outcome of a run their
+    placements answered alike (module docstring) instead of running again; ``seconds``: wall time."""
+
     cells: tuple[PreemptionCell, ...]
     runs: int
     seconds: float
+    reused: int = 0
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame([{k: getattr(c, k) for k in PreemptionCell.__slots__} for c in self.cells])
@@ -301,13 +354,15 @@ def preemption_study(
     start_days: int | None = None,
     checkpoint_gb: Mapping[str, float] = PAPER_CHECKPOINT_GB,
     horizon: timedelta = timedelta(days=60),
+    reuse: bool = True,
 ) -> PreemptionStudy:
     """Run the study (module docstring). ``cloud_factory(prices, hazards, start=, seed=, rate=)`` builds
     the simulated cloud of one run (``providers.sim.sim_factory()``). ``start_days``: use only the first
     ``n`` of the paper's 30 (for quick runs). Every policy runs with the same seeds on the same offers
     (common random numbers: an offer's reclaims are the same whichever policy uses it). ``baseline`` and
     ``on_demand`` are always run (the ratios need them). Raises :class:`BacktestError` on an unknown policy
-    or model."""
+    or model. ``reuse``: take a run's outcome from an earlier run of the same start day and seed whose
+    placements answered alike (module docstring); False runs every run."""
     t0 = time.perf_counter()
     unknown = [p for p in policies if p not in STUDY_POLICIES]
     if unknown:
@@ -315,7 +370,7 @@ def preemption_study(
     run_policies = list(dict.fromkeys(["baseline", "on_demand", *policies]))
     db = memory_database()  # one per study (per worker process), emptied before each run
     cells: list[PreemptionCell] = []
-    runs = 0
+    runs = reused = 0
     for region in regions:
         setup = region_setup(inputs, region, models=models, job_days=job_days)
         days = setup.start_days if start_days is None else setup.start_days[:start_days]
@@ -338,23 +393,43 @@ def preemption_study(
                 job = OfflineJob(steps, spec, name=f"{model}/{n:g}")
                 for d, day in enumerate(days):
                     start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+                    # the runs of this start day per (hazards, seed): their rule, answers and outcome
+                    done: dict[tuple[bool, int], list[tuple[MigrationRule | None, _Trace, _Outcome]]] = {}
                     for p in run_policies:
                         policy = setup.policies[p]
                         placements = GridPlacements(setup, policy, model, rule, keys)
                         p_rule = None if policy.mode == "static" else (ALWAYS_MOVE if policy.mode == "free" else rule)
-                        for hz, seed_list, sink in ((NO_HAZARD, [0], clean), (hazards, list(seeds), noisy)):
+                        for noisy_run, hz, seed_list, sink in (
+                            (False, NO_HAZARD, [0], clean),
+                            (True, hazards, list(seeds), noisy),
+                        ):
                             for s in seed_list:
-                                cloud = cloud_factory(prices, hz, start=start, seed=[s, d], rate=rate)
-                                run = run_policy(
-                                    cloud, prices, placements, [job], until=start + horizon, rule=p_rule, db=db
+                                earlier = done.setdefault((noisy_run, s), [])
+                                same = next(
+                                    (
+                                        o
+                                        for r, trace, o in earlier
+                                        if reuse and r is p_rule and trace.answers_alike(placements)
+                                    ),
+                                    None,
                                 )
-                                sink[p].append(_outcome(run))
                                 runs += 1
+                                if same is not None:
+                                    sink[p].append(same)
+                                    reused += 1
+                                    continue
+                                trace = _Trace(placements)
+                                cloud = cloud_factory(prices, hz, start=start, seed=[s, d], rate=rate)
+                                run = run_policy(cloud, prices, trace, [job], until=start + horizon, rule=p_rule, db=db)
+                                out = _outcome(run)
+                                sink[p].append(out)
+                                if reuse:
+                                    earlier.append((p_rule, trace, out))
                 paper = _paper_reductions(setup, model, steps, gb, days, run_policies)
                 cells.extend(_cells(region, model, n, len(days), len(seeds), clean, noisy, paper, policies))
-            log.info("%s %s: %d runs so far", region, model, runs)
+            log.info("%s %s: %d runs so far (%d reused)", region, model, runs, reused)
     db.dispose()
-    return PreemptionStudy(tuple(cells), runs, time.perf_counter() - t0)
+    return PreemptionStudy(tuple(cells), runs, time.perf_counter() - t0, reused)
 
 
 def _paper_reductions(

@@ -313,3 +313,22 @@ def test_the_preemption_study_reproduces_the_engine_without_preemptions_and_pays
     # AWS's 2-minute notice fits the simulated agent's 1-minute checkpoint: a preempted copy loses no
     # work, the job pays the restarts and the time its copies are not training
     assert k80.lost_work_share == 0 and k80.mean_hours > k80.mean_hours_clean
+
+
+def test_the_study_reuses_only_runs_whose_placements_answer_alike(paper_inputs, hazards) -> None:
+    """On 2020-02-18 (before Azure's prices) ResNet-50's ``gpu_type`` picks the baseline's V100 and
+    ``multi_cloud`` the ``multi_gpu`` offer: those two runs of each (clean, seed) take the earlier
+    one's outcome, and the cells are those of running every run."""
+    from costopt.backtest.preemption import preemption_study
+
+    kw: dict[str, object] = {"models": (RESNET,), "job_days": (1.0,), "seeds": (0,), "start_days": 1}
+    reused = preemption_study(paper_inputs, sim_factory(), hazards, **kw)  # type: ignore[arg-type]
+    every = preemption_study(paper_inputs, sim_factory(), hazards, reuse=False, **kw)  # type: ignore[arg-type]
+    assert (reused.runs, every.runs) == (14, 14)
+    assert (reused.reused, every.reused) == (4, 0)
+    assert reused.frame().equals(every.frame())  # the same cells (NaN where no saving), run by run
+    # a policy on another offer is run: A3C's gpu_type (K80) is not the baseline's V100
+    a3c = preemption_study(
+        paper_inputs, sim_factory(), hazards, models=("A3C",), job_days=(1.0,), seeds=(0,), start_days=1
+    )
+    assert a3c.reused == 2  # only multi_cloud, as multi_gpu
