@@ -95,6 +95,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 scheduler.start()
             add_fleet_job(scheduler, app.state.fleet_executor, settings, LeaseStore(store.engine))
         app.state.scheduler = scheduler
+        if settings.gc_freeze:  # what lives now lives as long as the process: out of the full GC passes
+            from api.heap import settle
+            from api.planning import planner_inputs
+
+            try:  # the first quote's catalog, built before the heap settles
+                planner_inputs(settings, store)
+            except Exception as exc:  # the first quote will say it again, to its caller
+                log.warning("the planner's catalog could not be built at start-up: %s", exc)
+            settle()
         try:
             yield
         finally:

@@ -422,6 +422,12 @@ class Settings(BaseSettings):
     http_timeout_s: float = 30.0
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    gc_freeze: bool = Field(
+        default=True,
+        description="At the end of the service's start-up, freeze the objects alive then out of the garbage "
+        "collector's full passes (api/heap.py: 100-400 ms pauses of every request otherwise, the REST p99). "
+        "The test suite turns it off (its processes build and drop hundreds of apps).",
+    )
     # The CLI as a client of the service (costopt jobs ..., costopt admin ...).
     api_url: str = Field(
         default="http://127.0.0.1:8000", description="Where the CLI's job and admin commands reach the service."

@@ -19,6 +19,9 @@ from typing import Any
 # tests/planning took 49 s (93 s of CPU) with the default threads, 25 s (45 s of CPU) with one.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+# The services the tests build (and the ones they start as processes) keep their heaps collectable: a frozen
+# heap (COSTOPT_GC_FREEZE, api/heap.py) would keep every dropped test app's cycles for the process's life.
+os.environ.setdefault("COSTOPT_GC_FREEZE", "false")
 
 import pytest  # noqa: E402
 from sqlalchemy import Engine, event, text  # noqa: E402
