@@ -50,8 +50,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         install_job_service(app, store, settings)
         from api.sim_clock import start_sim_clock
 
-        # the simulated cloud's time runs COSTOPT_SIM_TIME_SCALE x faster than real time (None: a real cloud)
-        app.state.sim_clock = start_sim_clock(settings, app.state.providers)
+        # the simulated cloud's time runs COSTOPT_SIM_TIME_SCALE x faster than real time (None: a real cloud);
+        # the stepped clock (COSTOPT_SIM_CLOCK=stepped) starts once it has the scheduled jobs it runs (below)
+        app.state.sim_clock = start_sim_clock(settings, app.state.providers, start=settings.sim_clock != "stepped")
         issued = app.state.teams.bootstrap_admin()
         if issued is not None:
             # the one time this key is ever shown (only its hash is stored); never logged
@@ -88,13 +89,29 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
         if fleet_executor_enabled(settings):  # the fleets' rounds, once per tick across replicas
             from api.scheduler import new_scheduler
+            from api.sim_clock import SteppedClockDriver
             from costopt.jobs.leases import LeaseStore
 
-            if scheduler is None:
-                scheduler = new_scheduler()
-                scheduler.start()
-            add_fleet_job(scheduler, app.state.fleet_executor, settings, LeaseStore(store.engine))
+            if isinstance(app.state.sim_clock, SteppedClockDriver):  # in lockstep with the stepped clock
+                from datetime import timedelta
+
+                from api.fleet_service import FLEETS_JOB_ID, fleets_job
+                from api.scheduler import OnServiceClock
+                from api.ticks import Every
+
+                stepped = app.state.sim_clock
+                every = Every(timedelta(seconds=settings.fleet_tick))
+                stepped.add_job(
+                    FLEETS_JOB_ID, OnServiceClock(every, stepped.now, fleets_job, [app.state.fleet_executor])
+                )
+            else:
+                if scheduler is None:
+                    scheduler = new_scheduler()
+                    scheduler.start()
+                add_fleet_job(scheduler, app.state.fleet_executor, settings, LeaseStore(store.engine))
         app.state.scheduler = scheduler
+        if app.state.sim_clock is not None:
+            app.state.sim_clock.start()  # idempotent
         if settings.gc_freeze:  # what lives now lives as long as the process: out of the full GC passes
             from api.heap import settle
             from api.planning import planner_inputs
@@ -145,11 +162,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 def _service_time(settings: Settings, sim_clock: object) -> ServiceTime | None:
     """The job-side schedules on the simulated clock when the service runs one (None: wall clock)."""
     from api.scheduler import ServiceTime
-    from api.sim_clock import SimClockDriver
+    from api.sim_clock import SimClockDriver, SteppedClockDriver
 
     if not isinstance(sim_clock, SimClockDriver):
         return None
-    return ServiceTime(now=sim_clock.now, poll=settings.sim_tick)
+    # the stepped clock (COSTOPT_SIM_CLOCK=stepped) runs them itself, in lockstep with its steps
+    stepper = sim_clock if isinstance(sim_clock, SteppedClockDriver) else None
+    return ServiceTime(now=sim_clock.now, poll=settings.sim_tick, stepper=stepper)
 
 
 def install_job_service(app: FastAPI, store: PriceStore, settings: Settings) -> None:

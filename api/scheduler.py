@@ -360,10 +360,19 @@ def watch_job(jobs: MigrationJobs) -> None:
 class ServiceTime:
     """Job-side schedules counted on the service clock instead of the wall clock (the simulated cloud's
     clock, running ``COSTOPT_SIM_TIME_SCALE`` x faster than real time): the scheduler polls every ``poll``
-    of wall time and each job runs when its schedule has a tick on ``now`` it has not run yet."""
+    of wall time and each job runs when its schedule has a tick on ``now`` it has not run yet. ``stepper``
+    (``COSTOPT_SIM_CLOCK=stepped``): the clock's driver runs the jobs itself, in lockstep with its steps,
+    instead of the scheduler."""
 
     now: Callable[[], datetime]
     poll: timedelta
+    stepper: Stepper | None = None
+
+
+class Stepper(Protocol):
+    """A clock that runs the service's scheduled jobs itself (:class:`api.sim_clock.SteppedClockDriver`)."""
+
+    def add_job(self, name: str, work: OnServiceClock, *, group: str | None = None) -> None: ...
 
 
 class OnServiceClock:
@@ -389,6 +398,10 @@ class OnServiceClock:
         self.last: datetime | None = None if first_run_now else schedule.tick_at(now())
         self.__name__ = getattr(work, "__name__", "work")
 
+    def due(self) -> bool:
+        """True when the schedule has a tick at ``now()`` not run yet (a call would run the work)."""
+        return self.last is None or self.schedule.tick_at(self.now()) > self.last
+
     def __call__(self) -> bool:
         tick = self.schedule.tick_at(self.now())
         if self.last is not None and tick <= self.last:
@@ -410,7 +423,8 @@ def _add(
     lease_ttl: timedelta,
     first_run_now: bool = True,
     service_time: ServiceTime | None = None,
-) -> Job:
+    group: str | None = None,
+) -> Job | None:
     if service_time is None:
         return add_leased_job(
             scheduler,
@@ -425,6 +439,9 @@ def _add(
         )
     # The simulated cloud lives in this process (a replica has its own): no lease across replicas.
     on_clock = OnServiceClock(schedule, service_time.now, work, args, first_run_now=first_run_now)
+    if service_time.stepper is not None:  # the stepped clock runs it (``group``: jobs sharing a lock)
+        service_time.stepper.add_job(name, on_clock, group=group)
+        return None
     return add_leased_job(scheduler, name, description, Every(service_time.poll), on_clock, ())
 
 
@@ -437,8 +454,9 @@ def add_migration_jobs(
     service_time: ServiceTime | None = None,
 ) -> list[Job]:
     """``migration:reconcile`` and ``migration:watch``, first runs right away, under ``leases`` when given
-    (``service_time``: their intervals counted on the service clock)."""
-    return [
+    (``service_time``: their intervals counted on the service clock; with its ``stepper``, run by it and not
+    returned)."""
+    added = [
         _add(
             scheduler,
             job_id,
@@ -449,12 +467,14 @@ def add_migration_jobs(
             leases=leases,
             lease_ttl=lease_ttl,
             service_time=service_time,
+            group="migration",  # both take MigrationJobs.lock
         )
         for job_id, func, interval, name in (
             (RECONCILE_JOB_ID, reconcile_job, jobs.reconcile_interval, "reconcile instances with jobs"),
             (WATCH_JOB_ID, watch_job, jobs.watch_interval, "react to preemption notices and preemptions"),
         )
     ]
+    return [j for j in added if j is not None]
 
 
 # -- the job service --------------------------------------------------------------------------------
@@ -506,8 +526,9 @@ def add_job_service_jobs(
     service_time: ServiceTime | None = None,
 ) -> list[Job]:
     """``engine`` (first run right away) and ``rebalance`` (first run at its next scheduled time), under
-    ``leases`` when given (``service_time``: the interval and the crontab counted on the service clock)."""
-    return [
+    ``leases`` when given (``service_time``: the interval and the crontab counted on the service clock; with its
+    ``stepper``, run by it and not returned)."""
+    added = [
         _add(
             scheduler,
             ENGINE_JOB_ID,
@@ -532,6 +553,7 @@ def add_job_service_jobs(
             service_time=service_time,
         ),
     ]
+    return [j for j in added if j is not None]
 
 
 def _timeouts(provider: CloudProvider, settings: Settings | None = None) -> dict[str, float]:
@@ -541,18 +563,21 @@ def _timeouts(provider: CloudProvider, settings: Settings | None = None) -> dict
     ``COSTOPT_SIM_MAX_TICK``): a request written during a tick is seen by the agents at the start of the
     next one, which may move the clock that much (a late tick on a loaded machine), so without it a move
     rolled back whenever a tick moved the clock more than the timeout (420 s; a tick moves up to 600 s at
-    600x)."""
+    600x). With the stepped clock (``COSTOPT_SIM_CLOCK=stepped``), one step (``COSTOPT_SIM_STEP``)."""
     own = getattr(provider, "migrator_timeouts", None)
     out = dict(own()) if callable(own) else {}
     if settings is not None and provider.name == "sim" and "checkpoint_timeout" in out:
         from api.sim_clock import DEFAULT_MAX_TICKS
 
         cap = settings.sim_max_tick
-        tick = (
-            cap.total_seconds()
-            if cap is not None
-            else DEFAULT_MAX_TICKS * settings.sim_tick.total_seconds() * settings.sim_time_scale
-        )
+        if settings.sim_clock == "stepped":  # a step of the stepped clock
+            tick = settings.sim_step.total_seconds()
+        else:
+            tick = (
+                cap.total_seconds()
+                if cap is not None
+                else DEFAULT_MAX_TICKS * settings.sim_tick.total_seconds() * settings.sim_time_scale
+            )
         out["checkpoint_timeout"] += tick
     return out
 

@@ -7,16 +7,29 @@ its client: a restarted service finds its instances where they were. The jobs' c
 under the run's folder. While the service is down nothing moves the simulated clock (it is the service's
 clock driver that moves it), so a kill costs simulated time only through what the restart does.
 
+**The clock** (``--clock``, default ``stepped``): the service runs with ``COSTOPT_SIM_CLOCK=stepped``: its
+simulated clock moves by ``--step`` simulated seconds (default 30) only once every scheduled job due at the
+current simulated time (job engine tick, interruption watcher, reconciler, rebalancer, fleet rounds) and the
+work it started have run or wait on the clock (``api.sim_clock.SteppedClockDriver``), whatever the machine's
+load. Runs of one seed without kills are then the same run (same ledger total): the comparison measures what
+the kills cost, not the load. The kills still land at random wall moments, i.e. at whatever simulated time the
+service has reached then, mid-step included (a step is many database writes and cloud calls). ``--clock
+wall`` follows wall time x ``--time-scale`` (``make run``'s clock), as the drill did before: there two runs of
+one seed differ by tens of USD (which copies a reclaim or a price step hits depends on the load).
+
 One run:
 
 1. a fresh SQLite database (or ``--database-url``, e.g. a PostgreSQL database you created) migrated, with
    the instance catalog and the replayed 2020 AWS spot prices, with the drill's **price steps** (below)
    written into them; a team and a member key;
-2. ``costopt serve`` in a subprocess: first at 1x for the submissions (step 3; then stopped with SIGTERM, not
-   a kill, and started again, so every run submits at ``START`` + that phase's wall seconds, not x the
-   time scale), then the simulated cloud at ``--time-scale`` (3600x: a simulated hour per wall second),
-   the service's own job engine, interruption watcher, reconciler, rebalancer (every 15 simulated
-   minutes, so jobs move when another zone is cheaper) and fleet rounds;
+2. ``costopt serve`` in a subprocess: first with the simulated clock all but stopped for the submissions
+   (step 3: a wall clock at 0.001x, so every run submits at ``START`` + milliseconds, however long the posts
+   take, each job at its own microsecond, in the same order; the stepped clock then starts at the first
+   point of its grid after them, ``START`` + ``--step``; ``--clock wall``: at 1x, ``START`` + that phase's
+   wall seconds), then stopped with SIGTERM, not a kill, and started again with the run's clock (above;
+   ``--clock wall``: at ``--time-scale``, 3600x a simulated hour per wall second), the service's own job
+   engine, interruption watcher, reconciler, rebalancer (every 15 simulated minutes, so jobs move when
+   another zone is cheaper) and fleet rounds;
 3. ``--jobs`` ResNet-50 jobs on AWS spot (steps drawn from ``--seed``); spot preemptions are drawn by the
    simulated cloud (**reclaims**, below); with ``--fleet-jobs N``, a fleet of three sim spot instances
    (2 V100, 1 K80) is leased first and the first N jobs (an eighth of their drawn steps) go into it (its
@@ -51,11 +64,11 @@ With both on, a check requires the killed run to show at least one move and one 
     .venv/bin/python bench/kill_drill.py --jobs 50 --kills 20 --seed 1
     .venv/bin/python bench/kill_drill.py --jobs 5 --kills 3 --no-baseline     # a small version
 
-Exit 0 when every check passes, 1 otherwise. The sim clock follows wall time, so two runs (even without
-kills) differ: the comparison's tolerance is the issue's (a boot interval per kill), and ``--baselines N``
-runs N runs without kills (same jobs, same seed) whose spread is the comparison's own noise; with N > 1 the
-killed run's ledger must lie within the baselines' range widened by the tolerance (with one, within the
-tolerance of that one).
+Exit 0 when every check passes, 1 otherwise. The comparison's tolerance is the issue's (a boot interval of
+the dearest instance per kill); ``--baselines N`` runs N runs without kills (same jobs, same seed), whose
+spread is the comparison's own noise (none with the stepped clock: a check requires their totals equal;
+with ``--clock wall`` they differ); with N > 1 the killed run's ledger must lie within the baselines' range
+widened by the tolerance (with one, within the tolerance of that one).
 """
 
 from __future__ import annotations
@@ -346,11 +359,14 @@ def run(
     fleet_jobs: int = 0,
     schedule: list[PriceStep] | None = None,
     spot_hazard: float | None = None,
+    clock: str = "stepped",
+    step_s: float = 30.0,
     say: Any = print,
 ) -> RunResult:
     """One run (module docstring) in ``folder``; ``kills`` 0: the baseline. ``schedule``: the price steps
     written into the replayed prices; ``spot_hazard``: reclaims per hour of every spot offer of the simulated
-    cloud (None: the hazard model's from the availability logs). The simulated cloud is seeded with ``seed``."""
+    cloud (None: the hazard model's from the availability logs). The simulated cloud is seeded with ``seed``.
+    ``clock``: ``stepped`` (lockstep, ``step_s`` simulated seconds a step) or ``wall`` (``time_scale``)."""
     import httpx
 
     from costopt.agent import control
@@ -366,15 +382,21 @@ def run(
         env["COSTOPT_SIM_SPOT_HAZARD_PER_HOUR"] = str(spot_hazard)
     env["COSTOPT_SIM_TIME_SCALE"] = str(time_scale)
     env["COSTOPT_SIM_TICK"] = "PT0.25S"
+    env["COSTOPT_SIM_CLOCK"] = clock
+    env["COSTOPT_SIM_STEP"] = f"PT{step_s:g}S"
+    env["PYTHONHASHSEED"] = "0"  # the same iteration order of sets of strings in every run's service
     port = _free_port()
     service = Service(folder, env, port)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=60)
     res = RunResult(jobs=jobs)
     t0 = time.monotonic()
     try:
-        # The submissions at 1x (a simulated second per wall second), then a clean restart at the run's scale:
-        # every run submits at the same simulated time (START + a few seconds) however long the posts take.
-        service.env = {**env, "COSTOPT_SIM_TIME_SCALE": "1"}
+        # The submissions on a clock all but stopped (stepped) or at 1x (wall), then a clean restart with the
+        # run's clock: every run submits at the same simulated time (START + milliseconds, or + a few seconds)
+        # however long the posts take; at 0.001x each post still gets a time of its own (a job's created_at
+        # orders the engine's work: ties would go by the random job ids).
+        submit_scale = "0.001" if clock == "stepped" else "1"
+        service.env = {**env, "COSTOPT_SIM_CLOCK": "wall", "COSTOPT_SIM_TIME_SCALE": submit_scale}
         service.start()
         fleet_id = None
         if fleet_jobs:
@@ -395,7 +417,8 @@ def run(
         submitted = _saved_cloud(Path(env["COSTOPT_SIM_STATE_FILE"])).now()
         service.env = env
         service.start()
-        say(f"  submitted at 1x by {submitted:%H:%M:%S} simulated; the clock now runs at {time_scale:g}x")
+        pace = f"in lockstep, {step_s:g} s a step" if clock == "stepped" else f"at {time_scale:g}x"
+        say(f"  submitted by {submitted:%H:%M:%S.%f} simulated; the clock now runs {pace}")
 
         def docs() -> list[dict[str, Any]]:
             for attempt in range(10):  # a loaded machine may answer slowly: retry rather than give up
@@ -492,7 +515,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=50)
     p.add_argument("--kills", type=int, default=20)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--time-scale", type=float, default=3600.0, help="simulated s per wall s (default 3600)")
+    p.add_argument(
+        "--clock",
+        choices=("stepped", "wall"),
+        default="stepped",
+        help="the service's simulated clock: stepped (lockstep with its work: runs of one seed are the same) or "
+        "wall (wall time x --time-scale)",
+    )
+    p.add_argument("--step", type=float, default=30.0, help="--clock stepped: simulated s a step (default 30)")
+    p.add_argument(
+        "--time-scale", type=float, default=3600.0, help="--clock wall: simulated s per wall s (default 3600)"
+    )
+    p.add_argument("--timeout", type=float, default=3600.0, help="wall s a run may take (default 3600)")
     p.add_argument("--up-min", type=float, default=1.0, help="shortest up-time between kills (wall s)")
     p.add_argument("--up-max", type=float, default=4.0, help="longest up-time between kills (wall s)")
     p.add_argument("--steps-min", type=int, default=100_000)
@@ -537,9 +571,9 @@ def main(argv: list[str] | None = None) -> int:
         data = Settings().data_dir
         if data is None:
             p.error("the price steps rewrite the replayed AWS spot prices: set COSTOPT_DATA_DIR to the shared data")
-        rows = _read_prices(data / "prices" / AWS_SPOT_FILE)
+        price_rows = _read_prices(data / "prices" / AWS_SPOT_FILE)
         schedule = price_schedule(
-            rows, seed=a.seed, steps=a.price_steps, every_h=a.price_step_every, factor=a.price_factor
+            price_rows, seed=a.seed, steps=a.price_steps, every_h=a.price_step_every, factor=a.price_factor
         )
     common = {
         "jobs": a.jobs,
@@ -550,10 +584,14 @@ def main(argv: list[str] | None = None) -> int:
         "fleet_jobs": a.fleet_jobs,
         "schedule": schedule,
         "spot_hazard": None if a.spot_hazard < 0 else a.spot_hazard,
+        "clock": a.clock,
+        "step_s": a.step,
+        "timeout_s": a.timeout,
     }
     load0 = os.getloadavg()
     cpu0 = os.times()
-    print(f"kill drill in {folder}: {a.jobs} jobs, {a.kills} kills, seed {a.seed}, {a.time_scale:g}x")
+    pace = f"stepped clock, {a.step:g} s a step" if a.clock == "stepped" else f"wall clock, {a.time_scale:g}x"
+    print(f"kill drill in {folder}: {a.jobs} jobs, {a.kills} kills, seed {a.seed}, {pace}")
     hazard = "the hazard model's" if a.spot_hazard < 0 else f"{a.spot_hazard:g} per offer-hour"
     print(f"  spot reclaims: {hazard}; price steps (x{a.price_factor:g} outside the spared zone):")
     for step in schedule:
@@ -569,9 +607,9 @@ def main(argv: list[str] | None = None) -> int:
     cpu1 = os.times()
     tolerance = Decimal(str(round(killed.kills * BOOT.total_seconds() / 3600 * killed.max_usd_per_hour, 6)))
     diff = None if base is None else killed.total_usd - base.total_usd
-    # The baselines' own spread (same jobs, same seed, no kill): the simulated clock follows wall time, so two
-    # runs launch at different simulated times and pay different replayed prices. With several baselines the
-    # killed run is compared with their range widened by the tolerance; with one, with that one.
+    # The baselines' own spread (same jobs, same seed, no kill): none with the stepped clock (checked); on the
+    # wall clock two runs launch at different simulated times and pay different replayed prices. With several
+    # baselines the killed run is compared with their range widened by the tolerance; with one, with that one.
     low = min((r.total_usd for r in bases), default=None)
     high = max((r.total_usd for r in bases), default=None)
     within = low is None or high is None or low - tolerance <= killed.total_usd <= high + tolerance
@@ -581,6 +619,8 @@ def main(argv: list[str] | None = None) -> int:
         "zero orphaned instances": not killed.orphans,
         "ledger within a boot interval per kill": within,
     }
+    if a.clock == "stepped" and len(bases) > 1:  # lockstep: runs without kills are the same run
+        checks["baselines equal (stepped clock)"] = low == high
     if schedule and a.spot_hazard != 0:  # the issue's run has migrations and preemptions: shown, not assumed
         checks["moves and preemptions happened"] = killed.moves > 0 and killed.preemptions > 0
     rows = [("figure", "killed run", "baseline", "check")]
@@ -624,7 +664,15 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("ledger difference USD (tolerance)", f"{diff:+} ({tolerance})", "", ""))
     if len(bases) > 1 and low is not None and high is not None:
         totals = ", ".join(str(r.total_usd) for r in bases)
-        rows.append(("baselines' ledger totals USD", "-", totals, f"spread {high - low}"))
+        same = checks.get("baselines equal (stepped clock)")
+        rows.append(
+            (
+                "baselines' ledger totals USD",
+                "-",
+                totals,
+                f"spread {high - low}" + ("" if same is None else " pass" if same else " FAIL"),
+            )
+        )
     row("simulated hours", lambda r: f"{r.sim_hours:.1f}")
     row("sim state files written", lambda r: r.state_saves)
     row("wall s", lambda r: f"{r.wall_s:.0f}")

@@ -310,6 +310,18 @@ class Settings(BaseSettings):
         "than sim_time_scale while the service is behind. None: 5 nominal ticks (5 x sim_tick x "
         "sim_time_scale: 10 simulated minutes at the defaults).",
     )
+    sim_clock: Literal["wall", "stepped"] = Field(
+        default="wall",
+        description="What moves the service's simulated clock: wall (sim_time_scale x the wall time, every "
+        "sim_tick: make run) or stepped (lockstep, the kill drill: sim_step of simulated time at a time, only once "
+        "every scheduled job due at the current simulated time and the work it started have run or wait on the "
+        "clock, whatever the wall time; sim_time_scale, sim_tick and sim_max_tick are then unused; docs/jobs.md "
+        "'Service time').",
+    )
+    sim_step: timedelta = Field(
+        default=timedelta(seconds=30),
+        description="With sim_clock=stepped: how much simulated time each step of the clock moves.",
+    )
     sim_state_file: Path | None = Field(
         default=None,
         description="Where the service's simulated cloud keeps its state (clock, instances, their agents, "
@@ -589,6 +601,13 @@ class Settings(BaseSettings):
     def _sim_tick_positive(cls, value: timedelta) -> timedelta:
         if value <= timedelta(0):
             raise ValueError(f"COSTOPT_SIM_TICK must be > 0, got {value}")
+        return value
+
+    @field_validator("sim_step")
+    @classmethod
+    def _sim_step_positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError(f"COSTOPT_SIM_STEP must be > 0, got {value}")
         return value
 
     @field_validator("sim_max_tick")

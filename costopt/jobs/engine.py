@@ -57,6 +57,7 @@ from sqlalchemy import func, select
 from costopt.agent import control
 from costopt.agent.contract import job_env as contract_job_env
 from costopt.agent.storage import is_local_uri
+from costopt.clock import submit as clock_submit
 from costopt.cloud import ACTIVE_STATES as ALIVE_STATES
 from costopt.cloud import CloudError, Instance, InstanceState, NotFoundError
 from costopt.db.migration_schema import migrations
@@ -265,6 +266,7 @@ class JobEngine:
         self.rank_top = rank_top
         self.progress_observer = progress_observer
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="costopt-engine") if workers else None
+        self._workers = workers
         self._work: dict[str, Future[Any]] = {}
         self._orphaned: set[str] = set()  # jobs whose worker died: their migration is resumed
         self._ranked: dict[str, dict[OfferKey, Placement]] = {}
@@ -1028,7 +1030,8 @@ class JobEngine:
             fut = self._work.get(job_id)
             if fut is not None and not fut.done():
                 return
-            self._work[job_id] = self._pool.submit(fn)
+            # counted by a lockstep clock (the kill drill's stepped simulated clock) when one drives the service
+            self._work[job_id] = clock_submit(self._pool, fn, capacity=self._workers)
 
     def _follow_progress(self, job: JobRecord, migrator: Migrator, mj: MigratorJob | None = None) -> Any:
         mj = mj or self._migrator_job(migrator, job.id)

@@ -54,6 +54,8 @@ from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from costopt.agent import control
+from costopt.clock import join as clock_join
+from costopt.clock import submit as clock_submit
 from costopt.cloud import CloudProvider, Interruption, NotFoundError
 from costopt.db.schema import store_meta
 from costopt.domain import OfferKey, utc
@@ -491,8 +493,14 @@ class InterruptionWatcher:
             )
             ready.append((job_id, iid, cause, list(offers)))
         if len(ready) > 1 and self.workers > 1:
-            with ThreadPoolExecutor(min(self.workers, len(ready)), thread_name_prefix="costopt-recover") as pool:
-                futures = [pool.submit(self.migrator.recover, job_id, offers) for job_id, _, _, offers in ready]
+            size = min(self.workers, len(ready))
+            with ThreadPoolExecutor(size, thread_name_prefix="costopt-recover") as pool:
+                # counted by a lockstep clock (the kill drill's stepped simulated clock) when one drives the service
+                futures = [
+                    clock_submit(pool, functools.partial(self.migrator.recover, job_id, offers), capacity=size)
+                    for job_id, _, _, offers in ready
+                ]
+                clock_join(futures)
             outcomes: list[Callable[[], MigrationRecord]] = [f.result for f in futures]
         else:
             outcomes = [functools.partial(self.migrator.recover, job_id, offers) for job_id, _, _, offers in ready]

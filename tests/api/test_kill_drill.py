@@ -1,8 +1,9 @@
 """kill -9 mid-run, small (issue 14; the full drill is ``bench/kill_drill.py``): ``costopt serve`` on the
 simulated cloud with its state file, SIGKILLed while 2 jobs run and restarted: every job succeeds
-with exactly its steps (the agent's audit) and no instance is left alive in the simulated cloud. The drill's
-price steps (no service; not marked ``drill``): drawn from the seed, applied from each step on outside
-its spared zone."""
+with exactly its steps (the agent's audit) and no instance is left alive in the simulated cloud; two runs
+without kills on the stepped clock (lockstep with the service's work) are the same run: the same ledger
+total, preemptions and recoveries included. The drill's price steps (no service; not marked ``drill``):
+drawn from the seed, applied from each step on outside its spared zone."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.kill_drill import run
+from bench.kill_drill import RunResult, run
 
 
 @pytest.mark.drill  # two starts of `costopt serve` (~4 s of CPU each: its imports); 190 s at load 15 with 2 kills
@@ -31,6 +32,32 @@ def test_the_service_killed_mid_run_restarts_and_every_job_ends_exactly(tmp_path
     assert res.problems == [] and res.succeeded == res.exact == 2
     assert res.orphans == [] and res.instances >= 2
     assert res.total_usd > 0 and res.state_saves > 0
+
+
+@pytest.mark.drill  # four starts of `costopt serve` (~4 s of CPU each); ~40 s on a quiet machine
+def test_two_runs_without_kills_on_the_stepped_clock_have_the_same_ledger(tmp_path: Path, shared_data: Path) -> None:
+    def once(folder: Path) -> RunResult:
+        return run(
+            jobs=2,
+            kills=0,
+            seed=3,
+            time_scale=3600.0,  # unused: the stepped clock moves with the service's work, not the wall
+            up=(0.5, 1.5),
+            steps=(3000, 4000),
+            folder=folder,
+            data_dir=shared_data,
+            timeout_s=300.0,
+            spot_hazard=3.0,  # reclaims: the watcher's recoveries are part of what must be the same
+            clock="stepped",
+            step_s=30.0,
+            say=lambda *a: None,
+        )
+
+    first, second = once(tmp_path / "a"), once(tmp_path / "b")
+    assert first.succeeded == first.exact == second.succeeded == second.exact == 2
+    assert first.preemptions > 0 and first.recoveries > 0
+    assert (second.preemptions, second.recoveries) == (first.preemptions, first.recoveries)
+    assert first.total_usd > 0 and second.total_usd == first.total_usd  # to the micro-dollar
 
 
 def test_the_price_steps_are_drawn_from_the_seed_and_step_every_price_but_the_spared_zones(
