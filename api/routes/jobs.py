@@ -22,7 +22,7 @@ from api.auth import Caller, CallerDep
 from api.deps import JobPlannerDep, JobsDep, SettingsDep
 from api.errors import ApiError
 from api.hot_path import blocking, json_of
-from api.job_planning import JobInfeasible, UnknownJobType
+from api.job_planning import JobInfeasible, JobPlanner, UnknownJobType
 from api.job_schemas import (
     EventPublic,
     EventsListPublic,
@@ -283,20 +283,34 @@ def scope_for_listing(caller: Caller, team: str | None) -> str | None:
     response_model=JobPublic,
     responses={200: {"model": JobPublic, "description": "the Idempotency-Key was used before: the first job"}},
 )
-def submit_job(
+async def submit_job(
     body: JobCreate,
     request: Request,
-    response: Response,
     caller: CallerDep,
     jobs: JobsDep,
     planner: JobPlannerDep,
     settings: SettingsDep,
     idempotency_key: IdempotencyKey = None,
-) -> JobPublic:
+) -> Response:
     """Plan the job (the quote) and queue it; 422 ``unknown_job_type`` (with close matches) or
     ``infeasible`` (naming the binding constraint) when it cannot be planned. The job and its event are
     written in one transaction that is also the idempotency check (a key the team used already inserts
-    nothing and answers the first job, 200), and rendered from what was written (nothing read back)."""
+    nothing and answers the first job, 200), and rendered from what was written (nothing read back).
+    The work runs on the read pool and the body is serialized once (api/hot_path.py), as for reads."""
+    job, status = await blocking(request, _submit_job, body, request, caller, jobs, planner, settings, idempotency_key)
+    return json_of(job, status)
+
+
+def _submit_job(
+    body: JobCreate,
+    request: Request,
+    caller: Caller,
+    jobs: JobRepository,
+    planner: JobPlanner,
+    settings: Settings,
+    idempotency_key: str | None,
+) -> tuple[JobPublic, int]:
+    """:func:`submit_job`'s work: the job as rendered and the status (201 new, 200 the key's first job)."""
     job_id = new_job_id()
     spec = job_spec(body, job_id, settings)
     check_team(request.app.state.teams, caller.team_id, settings, bodies=[body])  # its checkpoint URI and image
@@ -308,10 +322,9 @@ def submit_job(
         except UnknownJobType as exc:
             raise planning_error(exc) from exc
         if not created:
-            response.status_code = 200
             with jobs.reading() as conn:
-                return render_job(request, jobs, job, conn=conn)
-        return render_job(request, jobs, job, events=())
+                return render_job(request, jobs, job, conn=conn), 200
+        return render_job(request, jobs, job, events=()), 201
     try:
         quote = planner.quote(spec)
     except (UnknownJobType, JobInfeasible, InvalidJob) as exc:
@@ -319,8 +332,7 @@ def submit_job(
         first = None if idempotency_key is None else jobs.by_idempotency_key(caller.team_id, idempotency_key)
         if first is None:
             raise planning_error(exc) from exc
-        response.status_code = 200
-        return render_job(request, jobs, first)
+        return render_job(request, jobs, first), 200
     provider = provider_for(quote, settings)
     check_team(request.app.state.teams, caller.team_id, settings, providers=[provider])  # local: only if enabled
     job, created = jobs.insert(
@@ -336,12 +348,11 @@ def submit_job(
         )
     )
     if not created:  # the key was used before (a retry): the first job, 200
-        response.status_code = 200
         with jobs.reading() as conn:
-            return render_job(request, jobs, job, conn=conn)
+            return render_job(request, jobs, job, conn=conn), 200
     log.info("job %s submitted by key %s (team %s)", job.id, caller.key_id, caller.team_id)
     # queued, never launched: no moves and nothing billed (no events or ledger to read)
-    return render_job(request, jobs, job, events=())
+    return render_job(request, jobs, job, events=()), 201
 
 
 @router.get("", response_model=JobsListPublic)
