@@ -233,6 +233,15 @@ def _timeout_message(request: Request, timeout: str) -> str:
         )
     if timeout == "busy timeout":
         return f"the database file stayed locked by another writer past the busy timeout{limit}; the query gave up"
+    if timeout == "no answer":
+        from costopt.db.engine import answer_bound_s
+
+        answer = answer_bound_s(bound, getattr(settings, "db_answer_timeout_s", None)) if bound is not None else None
+        within = f" within {answer:g} s (COSTOPT_DB_ANSWER_TIMEOUT_S)" if answer else ""
+        return (
+            f"the database server did not answer{within}: it is frozen or the network drops packets; the "
+            "connection was closed"
+        )
     if timeout == "statement timeout":
         return (
             f"a database query ran past the statement bound{limit} (the database is stalled or overloaded) "

@@ -38,6 +38,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("costopt.wiring")
 
 
+def build_engine(settings: Settings, **kwargs: object) -> Engine:
+    """An engine on ``settings.database_url`` with the settings' database bounds: every statement bounded
+    by ``db_statement_timeout_s``, every wait for a PostgreSQL server's answer by ``db_answer_timeout_s``
+    (:func:`costopt.db.engine.make_engine`). The service's store and the CLI's one-shot commands (``costopt
+    db``, ``costopt admin --local``) use it; ``kwargs`` go to SQLAlchemy (e.g. the pool's size)."""
+    return make_engine(
+        settings.database_url,
+        statement_timeout_s=settings.db_statement_timeout_s,
+        answer_timeout_s=settings.db_answer_timeout_s,
+        **kwargs,
+    )
+
+
 def build_store(settings: Settings, *, migrate_schema: bool = True) -> PriceStore:
     """The price store on ``settings.database_url``, migrated to the newest schema by default; its pool
     keeps ``db_pool_size`` connections (a connection opened and closed per request would cost PostgreSQL
@@ -47,7 +60,7 @@ def build_store(settings: Settings, *, migrate_schema: bool = True) -> PriceStor
     in_memory = url.startswith("sqlite") and (url.rstrip("/") == "sqlite:" or ":memory:" in url)
     pool = {} if in_memory else {"pool_size": settings.db_pool_size, "max_overflow": settings.db_max_overflow}
     # an in-memory SQLite database is one connection: no pool to size
-    engine = make_engine(url, statement_timeout_s=settings.db_statement_timeout_s, **pool)
+    engine = build_engine(settings, **pool)
     if migrate_schema:
         migrate(engine)
     from pricing.screen import ScreenRules

@@ -144,6 +144,15 @@ class Settings(BaseSettings):
         "session's lock, a stalled server); SQLite's busy timeout (another connection's write lock). A "
         "request so cancelled answers 503; a scheduled job logs one line and runs again at its next tick.",
     )
+    db_answer_timeout_s: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="PostgreSQL: seconds a connection waits for the server's answer (a query, a commit, the "
+        "pool's ping) before the client gives up and closes it, for a server that cannot cancel on its own "
+        "(frozen, or a network path that drops packets); TCP keepalives and tcp_user_timeout are derived from "
+        "it. None: db_statement_timeout_s + 5 (none when that is 0); 0: no bound. The request answers 503.",
+    )
     data_dir: Path | None = Field(
         default_factory=_default_data_dir,
         description="Folder of real public data (../shared/data when present); None when absent.",

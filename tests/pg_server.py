@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -49,6 +50,7 @@ class PrivateServer:
         self.bin_dir, self.root, self.port, self.run_as = bin_dir, root, port, run_as
         self.data = root / "data"
         self.log = root / "server.log"
+        self._frozen: list[int] = []
 
     def _run(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         cmd = [str(self.bin_dir / args[0]), *args[1:]]
@@ -76,6 +78,38 @@ class PrivateServer:
         if self.run_as is not None:
             cmd = ["runuser", "-u", self.run_as, "--", *cmd]
         return subprocess.run(cmd, capture_output=True, check=False).returncode == 0
+
+    def processes(self) -> list[int]:
+        """This server's postmaster and its children (backends, background workers): its own processes
+        only, read from its ``postmaster.pid`` and ``/proc`` (never another server's)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        cmdline = Path(f"/proc/{postmaster}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        if str(self.data) not in cmdline:
+            raise RuntimeError(f"pid {postmaster} is not this server's postmaster ({cmdline!r})")
+        children = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with suppress(OSError, ValueError, IndexError):
+                # the fields after the command's closing parenthesis: state, ppid, ...
+                if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == postmaster:
+                    children.append(int(stat.parent.name))
+        return [postmaster, *children]
+
+    def freeze(self) -> list[int]:
+        """``SIGSTOP`` the postmaster, then its children: a server that accepts TCP (its kernel does) and
+        never answers, whose own timers (``statement_timeout``) do not fire. Returns the pids stopped."""
+        pids = self.processes()
+        for pid in pids:  # the postmaster first: it forks no new backend meanwhile
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        self._frozen = pids
+        return pids
+
+    def thaw(self) -> None:
+        """``SIGCONT`` what :meth:`freeze` stopped (children first, then the postmaster)."""
+        for pid in reversed(self._frozen):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        self._frozen = []
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{database}"
@@ -143,6 +177,7 @@ def private_server() -> Iterator[PrivateServer]:
         server.start()
         yield server
     finally:
+        server.thaw()  # a test that failed while the server was frozen
         if server.data.exists() and server.running():
             with suppress(RuntimeError, subprocess.TimeoutExpired):
                 server.stop("immediate")

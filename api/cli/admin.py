@@ -21,10 +21,11 @@ _LOCAL = typer.Option("--local", help="Write the configured database directly in
 
 
 def _local_teams() -> Any:
-    from costopt.db.engine import make_engine, migrate
+    from api.wiring import build_engine
+    from costopt.db.engine import migrate
     from costopt.jobs.teams import TeamRepository
 
-    engine = make_engine(settings_with().database_url)
+    engine = build_engine(settings_with())
     migrate(engine)
     return TeamRepository(engine)
 

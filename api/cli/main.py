@@ -149,11 +149,12 @@ def _prepare_replicas(settings: Settings) -> None:
 @db_app.command("migrate")
 def db_migrate() -> None:
     """Bring the database schema to the newest migration (idempotent)."""
-    from costopt.db.engine import current_revision, make_engine, migrate
+    from api.wiring import build_engine
+    from costopt.db.engine import current_revision, migrate
 
     settings = settings_with()
     with failures():
-        engine = make_engine(settings.database_url)
+        engine = build_engine(settings)
         migrate(engine)
         note(f"database at revision {current_revision(engine)} ({engine.url.render_as_string()})")
 
@@ -161,11 +162,12 @@ def db_migrate() -> None:
 @db_app.command("status")
 def db_status(fmt: Annotated[OutputFormat, typer.Option("--format", "-f")] = OutputFormat.table) -> None:
     """Where the database is, its schema revision, and what it holds."""
-    from costopt.db.engine import current_revision, head_revision, make_engine
+    from api.wiring import build_engine
+    from costopt.db.engine import current_revision, head_revision
 
     settings = settings_with()
     with failures():
-        engine = make_engine(settings.database_url)
+        engine = build_engine(settings)
         rev = current_revision(engine)
         info: dict[str, object] = {
             "database_url": engine.url.render_as_string(hide_password=True),

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy import Connection, Engine, create_engine, event, make_url
 
 from costopt.errors import StoreError
 
@@ -21,11 +23,16 @@ CONNECT_TIMEOUT_S = 5
 """Seconds a new PostgreSQL connection may take before it fails (libpq's ``connect_timeout``)."""
 SQLITE_BUSY_TIMEOUT_S = 30.0
 """Seconds a SQLite statement waits for another connection's write lock when no bound is given."""
+ANSWER_GRACE_S = 5.0
+"""Seconds past the statement bound a PostgreSQL connection waits for the server's answer before it gives
+up on its own (the client-side bound of :mod:`costopt.db.answers`: a frozen server never cancels)."""
 _SQLITE_BUSY_MAX_S = 2_000_000.0
 """The longest busy timeout SQLite takes (a C int of milliseconds): "no bound" (``statement_timeout_s=0``)."""
 
 
-def make_engine(url: str, *, statement_timeout_s: float | None = None, **kwargs: Any) -> Engine:
+def make_engine(
+    url: str, *, statement_timeout_s: float | None = None, answer_timeout_s: float | None = None, **kwargs: Any
+) -> Engine:
     """Create an engine for ``url``. SQLite gets WAL, foreign keys and a busy timeout; its parent
     folder is created. ``postgresql://`` URLs are routed to psycopg 3.
 
@@ -36,9 +43,16 @@ def make_engine(url: str, *, statement_timeout_s: float | None = None, **kwargs:
     ``options`` (merged with the URL's or ``connect_args``'s own; a ``statement_timeout`` given there
     wins); on SQLite the busy timeout (how long a statement waits for another connection's write lock;
     None: :data:`SQLITE_BUSY_TIMEOUT_S`). Either way the failure is an operational error, which
-    :func:`db_unavailable` counts as the database being unavailable (503, retried at the next tick)."""
-    if statement_timeout_s is not None and not (statement_timeout_s >= 0 and math.isfinite(statement_timeout_s)):
-        raise ValueError(f"a statement timeout is a finite number of seconds >= 0 (0: none), got {statement_timeout_s}")
+    :func:`db_unavailable` counts as the database being unavailable (503, retried at the next tick).
+
+    ``answer_timeout_s`` (PostgreSQL only) bounds, on the client, how long a connection waits for the
+    server's answer to anything (a query, a commit, the pool's ping; :mod:`costopt.db.answers`): a frozen
+    server or a network path that drops packets never cancels a statement. None: the statement bound plus
+    :data:`ANSWER_GRACE_S` (no bound without a statement bound); 0: no bound. With a bound, libpq's TCP
+    keepalives and ``tcp_user_timeout`` are derived from it too (a URL's own parameters win)."""
+    for name, value in (("statement", statement_timeout_s), ("answer", answer_timeout_s)):
+        if value is not None and not (value >= 0 and math.isfinite(value)):
+            raise ValueError(f"a {name} timeout is a finite number of seconds >= 0 (0: none), got {value}")
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         url = "postgresql+psycopg://" + url.split("://", 1)[1]
     if url.startswith("sqlite"):
@@ -68,7 +82,30 @@ def make_engine(url: str, *, statement_timeout_s: float | None = None, **kwargs:
         options = str(connect_args.get("options", make_url(url).query.get("options", "")) or "")
         if "statement_timeout" not in options:
             connect_args["options"] = f"{options} {pg_timeout_options(statement_timeout_s)}".strip()
-    return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
+    answer = answer_bound_s(statement_timeout_s, answer_timeout_s)
+    if not answer:
+        return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
+    from costopt.db.answers import connect_bounded, keepalive_params
+
+    own = make_url(url).query
+    for key, value in keepalive_params(answer).items():
+        if key not in own:
+            connect_args.setdefault(key, value)
+    engine = create_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
+
+    @event.listens_for(engine, "do_connect")
+    def _bounded(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+        return connect_bounded(answer, *cargs, **cparams)
+
+    return engine
+
+
+def answer_bound_s(statement_timeout_s: float | None, answer_timeout_s: float | None = None) -> float | None:
+    """The client-side answer bound :func:`make_engine` gives a PostgreSQL connection (None: none):
+    ``answer_timeout_s`` when given (0: none), else the statement bound plus :data:`ANSWER_GRACE_S`."""
+    if answer_timeout_s is not None:
+        return answer_timeout_s or None
+    return statement_timeout_s + ANSWER_GRACE_S if statement_timeout_s else None
 
 
 def pg_timeout_options(statement_timeout_s: float) -> str:
@@ -82,8 +119,11 @@ def db_timeout(exc: BaseException) -> str | None:
     """What timed out, when ``exc`` (or an exception it was raised from) is a statement the database
     cancelled on a time bound: ``"statement timeout"`` or ``"lock timeout"`` (PostgreSQL's
     ``statement_timeout`` / ``lock_timeout``, or a cancel from outside: ``"cancelled"``), ``"busy
-    timeout"`` (SQLite: the file stayed locked by another connection); None otherwise."""
+    timeout"`` (SQLite: the file stayed locked by another connection), ``"no answer"`` (the client-side
+    answer bound: the server never answered, :mod:`costopt.db.answers`); None otherwise."""
     import psycopg
+
+    from costopt.db.answers import NoAnswer
 
     seen: set[int] = set()
     cur: BaseException | None = exc
@@ -91,6 +131,8 @@ def db_timeout(exc: BaseException) -> str | None:
         seen.add(id(cur))
         orig = getattr(cur, "orig", None)
         for err in (cur, orig):
+            if isinstance(err, NoAnswer):
+                return "no answer"
             if isinstance(err, psycopg.errors.LockNotAvailable):
                 return "lock timeout"
             if isinstance(err, psycopg.errors.QueryCanceled):
@@ -151,13 +193,26 @@ def migrate(engine: Engine, revision: str = "head") -> None:
     left as it is without running Alembic (whose upgrade loads its environment and every revision script:
     most of a service's start on a migrated database)."""
     cfg = _alembic_config()
-    with engine.begin() as conn:
+    with engine.connect() as conn, _no_answer_bound(conn), conn.begin():
         if revision == "head" and MigrationContext.configure(conn).get_current_revision() == head_revision():
             return
         if conn.dialect.name == "postgresql":  # a migration may rewrite a large table: no statement bound
             conn.exec_driver_sql("SET LOCAL statement_timeout = 0")
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
+
+
+@contextlib.contextmanager
+def _no_answer_bound(conn: Connection) -> Iterator[None]:
+    """Lift the client-side answer bound (:mod:`costopt.db.answers`) of ``conn`` while the block runs
+    (nothing to lift on SQLite or an engine without one)."""
+    if conn.dialect.name != "postgresql":
+        yield
+        return
+    from costopt.db.answers import unbounded
+
+    with unbounded(conn.connection.dbapi_connection):
+        yield
 
 
 @functools.cache

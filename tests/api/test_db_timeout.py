@@ -18,11 +18,20 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError
 
 from api.scheduler import engine_job
 from api.ticks import OUTAGE, Every, LeasedRun
 from api.wiring import build_store
-from costopt.db.engine import db_timeout, db_unavailable, make_engine
+from costopt.db.answers import keepalive_params
+from costopt.db.engine import (
+    ANSWER_GRACE_S,
+    _no_answer_bound,
+    answer_bound_s,
+    db_timeout,
+    db_unavailable,
+    make_engine,
+)
 from costopt.settings import Settings
 from tests.api.jobs_helpers import error_of, service
 from tests.conftest import PG_ADMIN_URL, migrated_engine
@@ -165,3 +174,103 @@ def test_what_timed_out_is_told_from_the_drivers_errors() -> None:
         assert db_unavailable(exc) and db_timeout(exc) == what
     assert db_timeout(busy) == "busy timeout"
     assert db_timeout(wrapped(psycopg.OperationalError("connection refused"))) is None
+
+
+def test_the_answer_bound_is_the_statement_bound_plus_a_grace_unless_set() -> None:
+    assert answer_bound_s(30.0) == 30.0 + ANSWER_GRACE_S
+    assert answer_bound_s(30.0, 2.0) == 2.0
+    assert answer_bound_s(0.0) is None and answer_bound_s(None) is None  # no statement bound: none
+    assert answer_bound_s(30.0, 0.0) is None  # 0: no bound
+    assert keepalive_params(7.5) == {
+        "keepalives": 1,
+        "keepalives_idle": 4,
+        "keepalives_interval": 2,
+        "keepalives_count": 3,
+        "tcp_user_timeout": 7500,
+    }
+    with pytest.raises(ValueError, match="answer timeout"):
+        make_engine(PG_ADMIN_URL, answer_timeout_s=-1)
+
+
+@pytest.mark.postgres
+def test_a_migration_lifts_the_answer_bound_for_its_own_transaction() -> None:
+    engine = make_engine(PG_ADMIN_URL, answer_timeout_s=0.3)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    except Exception as exc:
+        engine.dispose()
+        pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {exc}")
+    try:
+        with engine.connect() as conn, _no_answer_bound(conn):  # as migrate() runs its upgrade
+            conn.exec_driver_sql("SELECT pg_sleep(0.6)")
+        with engine.connect() as conn, pytest.raises(OperationalError) as raised:
+            conn.exec_driver_sql("SELECT pg_sleep(0.6)")  # the bound is back once the block is left
+        assert db_timeout(raised.value) == "no answer" and "0.3 s" in str(raised.value)
+    finally:
+        engine.dispose()
+
+
+def _built_engines(monkeypatch: pytest.MonkeyPatch) -> list[Engine]:
+    """Every engine api.wiring builds from now on (the CLI's one-shot commands go through it)."""
+    import api.wiring
+
+    built: list[Engine] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Engine:
+        built.append(make_engine(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(api.wiring, "make_engine", spy)
+    return built
+
+
+def test_the_clis_db_and_local_admin_engines_have_the_statement_bound(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from api.cli.main import app
+    from costopt.settings import get_settings
+
+    monkeypatch.setenv("COSTOPT_DATABASE_URL", f"sqlite:///{tmp_path / 'c.db'}")
+    monkeypatch.setenv("COSTOPT_DB_STATEMENT_TIMEOUT_S", "2.5")
+    get_settings.cache_clear()
+    built = _built_engines(monkeypatch)
+    try:
+        for args in (["db", "migrate"], ["db", "status"], ["admin", "create-team", "vision", "--local"]):
+            result = CliRunner().invoke(app, args)
+            assert result.exit_code == 0, (args, result.output)
+            assert len(built) == 1, args
+            with built.pop().connect() as conn:  # SQLite's busy timeout is the statement bound
+                assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 2500, args
+    finally:
+        get_settings.cache_clear()
+
+
+@pytest.mark.postgres
+def test_the_clis_db_status_engine_has_both_bounds_on_postgresql(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from api.cli.main import app
+    from costopt.db.answers import BoundedConnection
+    from costopt.settings import get_settings
+
+    monkeypatch.setenv("COSTOPT_DATABASE_URL", PG_ADMIN_URL)
+    monkeypatch.setenv("COSTOPT_DB_STATEMENT_TIMEOUT_S", "2.5")
+    get_settings.cache_clear()
+    built = _built_engines(monkeypatch)
+    try:
+        CliRunner().invoke(app, ["db", "status"])  # read only; its exit code says whether public is migrated
+        assert len(built) == 1
+        try:
+            with built[0].connect() as conn:
+                dbapi = conn.connection.dbapi_connection
+                assert isinstance(dbapi, BoundedConnection) and dbapi.answer_timeout_s == 2.5 + ANSWER_GRACE_S
+                assert conn.exec_driver_sql("SHOW statement_timeout").scalar() == "2500ms"
+        except OperationalError as exc:
+            pytest.skip(f"PostgreSQL not reachable at {PG_ADMIN_URL}: {exc}")
+        finally:
+            built[0].dispose()
+    finally:
+        get_settings.cache_clear()
