@@ -43,6 +43,11 @@ from costopt.throughput.specs import AcceleratorSpec
 log = logging.getLogger(__name__)
 
 DEFAULT_WINDOW_S = 900.0
+MAX_WINDOWS = 4096
+"""Open windows one learner keeps at most (one per job it looked at; far above the jobs one service runs at
+once): past it the window with the oldest report is dropped (that job's next look starts a new baseline),
+so a long-running service does not keep a window for every job it ever ran (the engine does not tell the
+learner when a job ends)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +84,15 @@ class ThroughputLearner:
         *,
         window_s: float = DEFAULT_WINDOW_S,
         on_measurement: Callable[[Measurement], None] = lambda _m: None,
+        max_windows: int = MAX_WINDOWS,
     ) -> None:
         if not window_s > 0:
             raise ValueError(f"window_s must be > 0, got {window_s!r}")
+        if max_windows < 1:
+            raise ValueError(f"max_windows must be >= 1, got {max_windows!r}")
         self.registry = registry
         self.window_s = window_s
+        self.max_windows = max_windows
         self.on_measurement = on_measurement
         self._windows: dict[str, _Window] = {}
         self._lock = threading.Lock()
@@ -98,6 +107,8 @@ class ThroughputLearner:
                 or look.step < w.step
                 or (look.step > w.step and look.reported_at <= w.reported_at)
             ):
+                if w is None and len(self._windows) >= self.max_windows:  # the stalest goes (MAX_WINDOWS)
+                    del self._windows[min(self._windows, key=lambda j: self._windows[j].reported_at)]
                 self._windows[look.job_id] = _Window(look.epoch, look.step, look.reported_at)
                 return None
             if look.step == w.step:

@@ -49,6 +49,20 @@ def test_a_window_is_measured_between_reports_of_one_epoch_never_across_a_restar
         ThroughputLearner(None, window_s=0)
 
 
+def test_the_learner_keeps_a_bounded_number_of_windows_dropping_the_stalest() -> None:
+    learner = ThroughputLearner(None, window_s=100, max_windows=3)
+    for i, t in enumerate((10.0, 30.0, 20.0)):
+        learner.observe(CopyLook(f"job-{i}", JT, "a100", 1, "fp32", 1, 0, t))
+    learner.observe(CopyLook("job-3", JT, "a100", 1, "fp32", 1, 0, 40.0))  # job-0 reported last at 10 s
+    assert sorted(learner._windows) == ["job-1", "job-2", "job-3"]
+    # job-2's window goes on (its next look measures), then a fifth job drops the stalest: job-1 (30 s)
+    assert learner.observe(CopyLook("job-2", JT, "a100", 1, "fp32", 1, 1000, 120.0)) is not None
+    learner.observe(CopyLook("job-4", JT, "a100", 1, "fp32", 1, 0, 50.0))
+    assert sorted(learner._windows) == ["job-2", "job-3", "job-4"]
+    with pytest.raises(ValueError, match="max_windows"):
+        ThroughputLearner(None, max_windows=0)
+
+
 def test_a_jobs_measurement_is_folded_only_into_a_catalog_of_its_precision(engine: Engine) -> None:
     registry = MeasurementRegistry(engine)
     learner = ThroughputLearner(registry, window_s=10)
