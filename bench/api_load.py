@@ -133,6 +133,10 @@ def _held(app: Any) -> str:
     service = getattr(state, "job_service", None)
     if service is not None:
         out += f" engine_held={len(service.engine.held_jobs())}"
+    executor = getattr(state, "fleet_executor", None)
+    if executor is not None:
+        sizes = {k: len(getattr(executor, k, ())) for k in ("_policies", "_folded", "_retry_at")}
+        out += " fleets=" + ",".join(f"{k.strip('_')}:{n}" for k, n in sizes.items())
     sim = (getattr(state, "providers", None) or {}).get("sim")
     if sim is not None:
         sizes = {k: len(getattr(sim, k, ())) for k in ("_instances", "_tokens", "_live", "_scheduled")}

@@ -15,6 +15,9 @@ import argparse
 import tracemalloc
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pairs(paths: list[Path]) -> list[tuple[Path, Path]]:
@@ -28,19 +31,44 @@ def pairs(paths: list[Path]) -> list[tuple[Path, Path]]:
     return [(snaps[min(1, len(snaps) - 2)], snaps[-1]) for snaps in by_pid.values() if len(snaps) >= 2]
 
 
+IGNORE = [
+    tracemalloc.Filter(False, tracemalloc.__file__),
+    tracemalloc.Filter(False, "<frozen importlib._bootstrap>"),
+]
+
+
+def growth_sites(a: Path, b: Path, top: int = 10, group: str = "lineno") -> dict[str, Any]:
+    """What grew from snapshot ``a`` to ``b``: the traced MiB at ``b`` and its growth, and the ``top`` sites
+    by growth (KiB, blocks, the site's last frame)."""
+    old = tracemalloc.Snapshot.load(str(a)).filter_traces(IGNORE)
+    new = tracemalloc.Snapshot.load(str(b)).filter_traces(IGNORE)
+    stats = new.compare_to(old, group)
+    return {
+        "from": a.name,
+        "to": b.name,
+        "traced_mib": round(sum(s.size for s in stats) / 2**20, 1),
+        "grown_mib": round(sum(s.size_diff for s in stats) / 2**20, 2),
+        "top": [
+            {
+                "kib": round(s.size_diff / 1024, 1),
+                "blocks": s.count_diff,
+                "now_kib": round(s.size / 1024),
+                "at": f"{s.traceback[-1].filename.removeprefix(str(ROOT) + '/')}:{s.traceback[-1].lineno}",
+            }
+            for s in stats[:top]
+        ],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("paths", nargs="+", type=Path)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--group", choices=["lineno", "filename", "traceback"], default="lineno")
     args = ap.parse_args()
-    ignore = [
-        tracemalloc.Filter(False, tracemalloc.__file__),
-        tracemalloc.Filter(False, "<frozen importlib._bootstrap>"),
-    ]
     for a, b in pairs(args.paths):
-        old = tracemalloc.Snapshot.load(str(a)).filter_traces(ignore)
-        new = tracemalloc.Snapshot.load(str(b)).filter_traces(ignore)
+        old = tracemalloc.Snapshot.load(str(a)).filter_traces(IGNORE)
+        new = tracemalloc.Snapshot.load(str(b)).filter_traces(IGNORE)
         stats = new.compare_to(old, args.group)
         grown, held = sum(s.size_diff for s in stats) / 2**20, sum(s.size for s in stats) / 2**20
         print(f"== {a.name} -> {b.name}: {grown:+.1f} MiB traced ({held:.1f} MiB)")

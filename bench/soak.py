@@ -68,6 +68,9 @@ from bench.api_load import (  # noqa: E402 (after the path set-up)
     server,
 )
 
+DEFAULT_STEPS = (20_000, 50_000, 200_000)
+"""A submitted job's steps (``--steps``): at the simulated cloud's 600x, ~13 s, ~33 s and ~2 min of wall
+time of ResNet-50 once launched."""
 RSS_GROWTH_MAX_PCT = 10.0
 RSS_GROWTH_MAX_MB = 50.0
 WEIGHTS: dict[str, float] = {
@@ -220,6 +223,7 @@ class Traffic:
     fleet_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     counter: int = 0
     changes: dict[str, int] = field(default_factory=dict)
+    steps: tuple[int, ...] = DEFAULT_STEPS  # a submitted job's steps, drawn from these
 
     @property
     def auth(self) -> dict[str, str]:
@@ -248,7 +252,7 @@ async def one(conn: RawConnection, tr: Traffic, op: str, routes: dict[str, Route
     tr.counter += 1
     i = tr.counter
     if op == "submit":
-        doc = dict(BODY, steps=tr.rng.choice([20_000, 50_000, 200_000]))
+        doc = dict(BODY, steps=tr.rng.choice(tr.steps))
         if tr.main_fleet is not None and i % 10 == 0:
             doc["fleet_id"] = tr.main_fleet
         raw, expect = tr.post("/v1/jobs", doc, key=f"soak-{tr.run}-{i}"), (201,)
@@ -350,7 +354,7 @@ async def send(
 
 async def soak(srv: Server, secret: str, args: argparse.Namespace) -> dict[str, Any]:
     host, port = srv.base.removeprefix("http://").split(":")
-    tr = Traffic(f"{host}:{port}", secret, random.Random(args.seed))
+    tr = Traffic(f"{host}:{port}", secret, random.Random(args.seed), steps=tuple(args.steps))
     routes: dict[str, Route] = {}
     setup = RawConnection(host, int(port))
     main_doc = {"name": "soak-main", "policy": "max_min_fairness_perf", "plan": PLAN}
@@ -362,7 +366,7 @@ async def soak(srv: Server, secret: str, args: argparse.Namespace) -> dict[str, 
 
     duration = args.minutes * 60
     warmup = args.warmup if args.warmup is not None else min(60.0, duration * 0.2)
-    names, weights = list(WEIGHTS), list(WEIGHTS.values())
+    names, weights = list(WEIGHTS), weights_with(args.submit_weight)
     samples: list[Sample] = []
     start = time.perf_counter()
     slot = iter(range(10**12))
@@ -416,10 +420,47 @@ async def soak(srv: Server, secret: str, args: argparse.Namespace) -> dict[str, 
         "routes": {name: routes[name].row(wall) for name in sorted(routes)},
         "fleet_changes": tr.changes,
         "jobs_submitted": len(tr.jobs),
+        "job_steps": list(tr.steps),
+        "submit_weight": args.submit_weight,
         "memory": growth(samples, warmup),
         "samples": [vars(s) | {"t_s": round(s.t_s, 1), "rss_mb": round(s.rss_mb, 1)} for s in samples],
         "price_sources": _sources_summary(src_body),
     }
+
+
+def weights_with(submit: float) -> list[float]:
+    """The routes' weights (in :data:`WEIGHTS`' order) with submissions at ``submit`` and the others scaled
+    to share the rest in their proportions."""
+    if not 0 < submit < 1:
+        raise ValueError(f"the submissions' weight is a share in (0, 1), got {submit}")
+    rest = 1 - WEIGHTS["submit"]
+    return [submit if name == "submit" else w * (1 - submit) / rest for name, w in WEIGHTS.items()]
+
+
+def probe_summary(folder: Path, warmup_s: float, trace: bool) -> dict[str, Any]:
+    """What the workers' memory probes wrote (``bench/api_load.py`` ``make_app``, ``BENCH_MEMORY_DIR``):
+    per worker pid its samples (seconds since its start, RSS, malloc's memory, the engine's held jobs, the
+    planner's caches, the simulated cloud's instances, each as the probe wrote it), and with ``trace`` the
+    top growth sites of the Python heap from its first snapshot at or after the warm-up to its last
+    (:func:`bench.snapshot_diff.growth_sites`)."""
+    from bench.snapshot_diff import growth_sites
+
+    out: dict[str, Any] = {}
+    for rss in sorted(folder.glob("*.rss")):
+        pid = rss.stem
+        samples = [
+            dict(kv.split("=", 1) for kv in line.split()[1:]) | {"t_s": line.split()[0]}
+            for line in rss.read_text().splitlines()
+            if line.strip()
+        ]
+        worker: dict[str, Any] = {"samples": samples}
+        if trace:
+            snaps = sorted(folder.glob(f"{pid}-*.snap"))
+            later = [p for p in snaps if int(p.stem.split("-")[1]) >= warmup_s]
+            if len(later) >= 2:
+                worker["heap_growth"] = growth_sites(later[0], later[-1], top=15)
+        out[pid] = worker
+    return out
 
 
 def _sources_summary(body: bytes) -> Any:
@@ -505,6 +546,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # freed by one thread is reused by the others instead of held per arena (docs/reliability.md)
             "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2"),
         }
+        memory_dir = Path(args.memory_dir) if args.memory_dir else None
+        if memory_dir is not None:
+            memory_dir.mkdir(parents=True, exist_ok=True)
+            env["BENCH_MEMORY_DIR"] = str(memory_dir)
+            env["BENCH_MEMORY_EVERY_S"] = str(args.memory_every_s)
+            if args.trace_memory:
+                env["BENCH_TRACEMALLOC"] = "1"
         load_before = os.getloadavg()
         with server(url, workers=workers, job_work=True, log_dir=Path(logs), extra_env=env) as srv:
             result = run_async(soak(srv, secret, args))
@@ -520,6 +568,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             server_log_errors=len(errors_in_log),
             server_log_error_lines=[f"{n} x {line}" for line, n in Counter(errors_in_log).most_common(10)],
         )
+    if memory_dir is not None:
+        result["probe"] = probe_summary(memory_dir, result["warmup_s"], args.trace_memory)
     mem = result["memory"]
     result["ok"] = result["errors"] == 0 and result["server_log_errors"] == 0 and bool(mem["flat"])
     return result
@@ -578,8 +628,42 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS samples")
     ap.add_argument("--collect-every", type=float, default=20.0, help="seconds between the collector's runs")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--steps",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=list(DEFAULT_STEPS),
+        help="a submitted job's steps, drawn from this comma-separated list (default 20000,50000,200000; shorter "
+        "jobs finish sooner, so the live set stays smaller)",
+    )
+    ap.add_argument(
+        "--submit-weight",
+        type=float,
+        default=WEIGHTS["submit"],
+        help=f"the submissions' share of the requests (default {WEIGHTS['submit']}; the other routes share the rest)",
+    )
+    ap.add_argument(
+        "--memory-dir",
+        default=None,
+        help="turn on the workers' memory probes, writing to this folder (bench/api_load.py make_app); their "
+        "samples go into the JSON's 'probe'",
+    )
+    ap.add_argument("--memory-every-s", type=float, default=30.0, help="seconds between the probes' samples")
+    ap.add_argument(
+        "--trace-memory",
+        action="store_true",
+        help="with --memory-dir: trace the workers' Python heap (tracemalloc, slows them) and report its top "
+        "growth sites from the warm-up's end to the end",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     args = ap.parse_args(argv)
+    if args.trace_memory and not args.memory_dir:
+        ap.error("--trace-memory needs --memory-dir")
+    if not args.steps or min(args.steps) < 1:
+        ap.error("--steps: give positive step counts, e.g. 2000,5000")
+    try:
+        weights_with(args.submit_weight)
+    except ValueError as exc:
+        ap.error(f"--submit-weight: {exc}")
     result = run(args)
     if args.json:
         print(json.dumps(result, indent=1))

@@ -1,0 +1,33 @@
+"""The soak's options (bench/soak.py): the submissions' share, the probes' summary."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.soak import WEIGHTS, probe_summary, weights_with
+
+
+def test_the_submissions_share_is_given_and_the_other_routes_keep_their_proportions() -> None:
+    got = dict(zip(WEIGHTS, weights_with(0.05), strict=True))
+    assert math.isclose(sum(got.values()), 1.0) and got["submit"] == 0.05
+    assert math.isclose(got["get"] / got["list"], WEIGHTS["get"] / WEIGHTS["list"])
+    assert weights_with(WEIGHTS["submit"]) == pytest.approx(list(WEIGHTS.values()))
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(ValueError, match="share"):
+            weights_with(bad)
+
+
+def test_the_probes_samples_are_read_per_worker(tmp_path: Path) -> None:
+    (tmp_path / "123.rss").write_text("30 rss_mb=310.5 engine_held=4\n60 rss_mb=320.0 engine_held=6\n")
+    got = probe_summary(tmp_path, 20.0, trace=False)
+    assert got == {
+        "123": {
+            "samples": [
+                {"t_s": "30", "rss_mb": "310.5", "engine_held": "4"},
+                {"t_s": "60", "rss_mb": "320.0", "engine_held": "6"},
+            ]
+        }
+    }
