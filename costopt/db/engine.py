@@ -6,6 +6,7 @@ import contextlib
 import functools
 import math
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event, make_url
+from sqlalchemy.exc import DisconnectionError
 
 from costopt.errors import StoreError
 
@@ -71,10 +73,10 @@ def make_engine(
             cur.close()
 
         return engine
-    # pool_pre_ping: a pooled connection the server dropped (a restart, pg_terminate_backend) is replaced on
-    # checkout instead of failing the request that drew it; connect_timeout: an unreachable server fails a
-    # connection attempt within CONNECT_TIMEOUT_S instead of the TCP default (minutes). A URL's own
-    # ``?connect_timeout=`` wins.
+    # _ping_when_idle: a pooled connection the server dropped while it was idle (a restart,
+    # pg_terminate_backend) is replaced on checkout instead of failing the request that drew it;
+    # connect_timeout: an unreachable server fails a connection attempt within CONNECT_TIMEOUT_S instead of
+    # the TCP default (minutes). A URL's own ``?connect_timeout=`` wins.
     connect_args = dict(kwargs.pop("connect_args", None) or {})
     if "connect_timeout=" not in url:
         connect_args.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
@@ -84,18 +86,57 @@ def make_engine(
             connect_args["options"] = f"{options} {pg_timeout_options(statement_timeout_s)}".strip()
     answer = answer_bound_s(statement_timeout_s, answer_timeout_s)
     if not answer:
-        return create_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
+        return _ping_when_idle(create_engine(url, connect_args=connect_args, **kwargs))
     from costopt.db.answers import connect_bounded, keepalive_params
 
     own = make_url(url).query
     for key, value in keepalive_params(answer).items():
         if key not in own:
             connect_args.setdefault(key, value)
-    engine = create_engine(url, pool_pre_ping=True, connect_args=connect_args, **kwargs)
+    engine = _ping_when_idle(create_engine(url, connect_args=connect_args, **kwargs))
 
     @event.listens_for(engine, "do_connect")
     def _bounded(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
         return connect_bounded(answer, *cargs, **cparams)
+
+    return engine
+
+
+PING_IDLE_S = 1.0
+"""Seconds a pooled PostgreSQL connection may sit in the pool and still be handed out without a ping."""
+_RETURNED = "costopt_returned_at"
+
+
+def _ping_when_idle(engine: Engine) -> Engine:
+    """Ping (the dialect's own ``SELECT 1``) a pooled connection on checkout only when it sat in the pool
+    longer than :data:`PING_IDLE_S`, instead of SQLAlchemy's ``pool_pre_ping`` on every checkout: a busy service reuses
+    its connections within milliseconds and would pay one more round trip per request (every REST read and
+    submission) for a check that only an idle connection needs. A ping that finds the connection dropped
+    (a restart, a terminated backend) makes the pool discard it and draw another; any other failure (the
+    client-side answer bound of a frozen server) propagates as the request's error. A connection dropped
+    within the last second fails the statement that uses it: an operational error, answered 503 (retried
+    by a scheduled job at its next tick), after which SQLAlchemy replaces the pool's older connections."""
+
+    import psycopg
+
+    from costopt.db.answers import NoAnswer
+
+    @event.listens_for(engine, "checkin")
+    def _returned(_dbapi_conn: Any, record: Any) -> None:
+        if record is not None:
+            record.info[_RETURNED] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        returned = record.info.get(_RETURNED)  # none for a connection just made (a reconnect clears info)
+        if returned is None or time.monotonic() - returned < PING_IDLE_S:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)  # SELECT 1 outside a transaction (autocommit for its length)
+        except NoAnswer:  # a frozen server: this request's error (503), no other connection tried
+            raise
+        except psycopg.OperationalError as exc:  # the connection is gone: the pool draws another
+            raise DisconnectionError(f"a pooled connection was dropped while idle: {exc}") from exc
 
     return engine
 
