@@ -355,13 +355,16 @@ class LiveService:
                 return done
             time.sleep(0.5)
 
-    def release(self, fleet_id: str, timeout_s: float = 60.0) -> None:
+    def release(self, fleet_id: str, timeout_s: float = 60.0) -> bool:
+        """Release the fleet and wait until every instance is released (terminated and billed to its end:
+        the fleet's bill is final) or lost; False after ``timeout_s``."""
         self.client.post(f"/v1/fleets/{fleet_id}/release").raise_for_status()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if {i["state"] for i in self.fleet(fleet_id)["instances"]} <= {"released", "lost"}:
-                return
+                return True
             time.sleep(0.5)
+        return False
 
 
 def _run_live(
@@ -389,7 +392,8 @@ def _run_live(
         done = svc.wait(fleet_id, len(jobs), setup.timeout_s, lambda m: progress(f"{policy}: {m}"))
         if done < len(jobs):
             progress(f"{policy}: timed out after {setup.timeout_s:.0f} s with {done}/{len(jobs)} jobs finished")
-        svc.release(fleet_id)
+        if not svc.release(fleet_id):
+            progress(f"{policy}: the fleet's instances were not all released (billed to their end) within 60 s")
         url = svc.settings.database_url
     engine = make_engine(url)
     try:

@@ -93,6 +93,12 @@ class FleetBilling:
         lines += self._tails_of(fleet, tails, rounds)
         return lines
 
+    def billed_to_end(self, instance: FleetInstance) -> bool:
+        """True when the ended ``instance`` is in the ledger up to its end (this process recorded its time
+        after its last round, or found none to record): every round it took part in ended and was billed
+        first (a call bills the rounds before the tails and stops at a round it cannot bill)."""
+        return instance.ended_at is not None and instance.id in self._tails
+
     def _tails_of(self, fleet: FleetRecord, instances: Sequence[FleetInstance], rounds: Sequence[RoundRecord]) -> int:
         """Ended instances' time after the last round that ended before their end, when no round started
         before their end since (else the windows of the rounds bill it)."""

@@ -11,7 +11,8 @@ Per fleet, each pass:
    ``boot_timeout_s`` of its launch), or that its provider reports ended, is ``lost``: its GPUs leave the
    fleet, its jobs' copies are given up (they resume elsewhere from their last checkpoint under a new
    epoch), the cloud instance is terminated and a replacement is launched (active fleets);
-4. **draining** instances (scaled down, or the fleet released) are terminated once no job holds them;
+4. **draining** instances (scaled down, or the fleet released) are terminated once no job holds them
+   (their end written; they stay ``draining`` until billed to it, step 8);
 5. **launches** pending instances: each runs a worker (``worker_command``) with its fleet, its id and a
    token whose SHA-256 only is stored;
 6. **round boundary**: when the round in force ends (rounds are ``round_s`` apart on one grid, as the
@@ -22,7 +23,10 @@ Per fleet, each pass:
    new round and each job's target (the workers read them at their next sync). A job that arrived after
    the boundary's time waits for the next one (as in the simulator). Starting a round is a
    compare-and-set on the fleet's round number;
-7. **billing** (``billing``, when given): the ledger lines of the rounds that ended.
+7. **billing** (``billing``, when given): the ledger lines of the rounds that ended (a released fleet's
+   last round ends at its release first, whatever the fleet's state when the pass began);
+8. **settles**: a terminated instance whose life is billed to its end is ``released``. A released fleet
+   stays on the work list until every instance is: its money is final once it reports them released.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from costopt.cloud import CloudError, CloudProvider, LaunchSpec, NotFoundError
 from costopt.cloud import InstanceState as CloudState
@@ -59,12 +64,24 @@ from costopt.jobs.records import ConcurrentUpdate, IllegalTransition, JobNotFoun
 
 log = logging.getLogger("costopt.fleets")
 
-__all__ = ["ExecutorReport", "FleetExecutor"]
+__all__ = ["ExecutorReport", "FleetBiller", "FleetExecutor"]
 
 TICK_ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)
 """Where the service's interval schedules count their ticks from (``api.ticks.ANCHOR``)."""
 ENDED = (CloudState.TERMINATED, CloudState.PREEMPTED, CloudState.STOPPED)
 LAUNCH_RETRY_S = 30.0
+
+
+class FleetBiller(Protocol):
+    """What the executor bills with (:class:`costopt.fleets.billing.FleetBilling`)."""
+
+    def __call__(self, fleet: FleetRecord, now: datetime) -> object:
+        """Record in the ledger what of ``fleet`` ended by ``now``."""
+        ...
+
+    def billed_to_end(self, instance: FleetInstance) -> bool:
+        """True when the ended ``instance`` is in the ledger up to its end."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +134,7 @@ class FleetExecutor:
         worker_env: Mapping[str, str] | None = None,
         dead_after_s: float = 30.0,
         boot_timeout_s: float = 600.0,
-        billing: Callable[[FleetRecord, datetime], object] | None = None,
+        billing: FleetBiller | None = None,
         grid_s: float | None = None,
         full_every_s: float = 1.0,
         unreachable: Mapping[str, str] | None = None,
@@ -188,7 +205,10 @@ class FleetExecutor:
         instances = self.repo.instances(fleet.id)
         self._liveness(fleet, instances, now, out)
         instances = self.repo.instances(fleet.id)
-        self._drain(fleet, instances, out)
+        self._drain(fleet, instances)
+        # Read again: the fleet may have been released since this pass read it (its instances drained just
+        # now). Its last round then ends here, at the release, before anything of it is billed.
+        fleet = self.repo.get(fleet.id)
         if fleet.state is FleetState.RELEASED and fleet.round and fleet.released_at is not None:
             current = self.repo.round(fleet.id, fleet.round)
             if current is not None and current.ended_at is None:  # the last round ends with the fleet
@@ -200,6 +220,7 @@ class FleetExecutor:
             self._boundary(self.repo.get(fleet.id), instances, runnable, now, out)
         if self.billing is not None:
             self.billing(self.repo.get(fleet.id), now)
+        self._settle(fleet, out)
 
     def _cancels(self, jobs: Sequence[FleetJob], records: Mapping[str, JobRecord | None]) -> list[FleetJob]:
         """Leases of cancelled jobs are taken back; returns the jobs that may run."""
@@ -231,6 +252,8 @@ class FleetExecutor:
     ) -> None:
         for inst in instances:
             reason = None
+            if inst.ended_at is not None:
+                continue  # terminated (drained), its bill not complete yet: not lost
             if inst.state in (InstanceState.RUNNING, InstanceState.DRAINING) and inst.last_seen_at is not None:
                 if now - inst.last_seen_at > self.dead_after:
                     reason = f"its worker has not synced for {(now - inst.last_seen_at).total_seconds():.0f} s"
@@ -299,9 +322,11 @@ class FleetExecutor:
         except CloudError as exc:
             log.warning("fleet instance %s: terminate failed (retried by the reconciler): %s", inst.id, exc)
 
-    def _drain(self, fleet: FleetRecord, instances: Sequence[FleetInstance], out: ExecutorReport) -> None:
+    def _drain(self, fleet: FleetRecord, instances: Sequence[FleetInstance]) -> None:
+        """Terminate the draining instances no job holds any more: their end is written (``ended_at``), they
+        stay ``draining`` until their bill is complete (:meth:`_settle`)."""
         for inst in instances:
-            if inst.state is not InstanceState.DRAINING:
+            if inst.state is not InstanceState.DRAINING or inst.ended_at is not None:
                 continue
             if any(
                 j.holder == inst.id or (j.target == inst.id and not j.status.finished)
@@ -309,9 +334,21 @@ class FleetExecutor:
             ):
                 continue  # its jobs stop at the next round first
             self._terminate(inst)
-            if self.repo.update_instance(
-                inst.id, expect=(InstanceState.DRAINING,), state=InstanceState.RELEASED, ended_at=self.repo.now()
-            ):
+            self.repo.update_instance(inst.id, expect=(InstanceState.DRAINING,), ended_at=self.repo.now())
+            log.info("fleet %s: instance %s terminated (%s)", fleet.id, inst.id, inst.end_reason or "drained")
+
+    def _settle(self, fleet: FleetRecord, out: ExecutorReport) -> None:
+        """Terminated instances whose life is in the ledger to their end (every round they took part in
+        ended and billed, and their time after the last one) are ``released``: a released instance's money is
+        final. Until then they stay ``draining`` and the fleet stays on the executor's work list, so a
+        release that lands while a pass runs, or a pass cut short, still bills the last round (without
+        billing: at once)."""
+        for inst in self.repo.instances(fleet.id, states=(InstanceState.DRAINING,)):
+            if inst.ended_at is None:
+                continue
+            if self.billing is not None and not self.billing.billed_to_end(inst):
+                continue
+            if self.repo.update_instance(inst.id, expect=(InstanceState.DRAINING,), state=InstanceState.RELEASED):
                 out.released.append(inst.id)
                 log.info("fleet %s: instance %s released (%s)", fleet.id, inst.id, inst.end_reason or "drained")
 

@@ -92,8 +92,9 @@ class FleetState(StrEnum):
 class InstanceState(StrEnum):
     """``pending``: to launch; ``launching``: launched, its worker not heard from yet; ``running``: its
     worker syncs (its GPUs count); ``draining``: scaled down or released (its jobs stop at the next round,
-    then it is terminated); ``lost``: its worker stopped syncing or the cloud ended it (a replacement is
-    launched); ``released``: terminated."""
+    then it is terminated: ``ended_at`` set, it stays draining until its bill reaches its end); ``lost``: its
+    worker stopped syncing or the cloud ended it (a replacement is launched); ``released``: terminated and
+    billed to its end."""
 
     PENDING = "pending"
     LAUNCHING = "launching"

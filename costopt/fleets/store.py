@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, and_, case, func, insert, or_, select, update
+from sqlalchemy import Engine, and_, case, exists, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -411,7 +411,8 @@ class FleetRepository:
     # -- the round executor's writes ---------------------------------------------------------------------
 
     def released_with_instances(self, *, conn: Connection | None = None) -> list[FleetRecord]:
-        """Released fleets that still have instances to terminate or jobs to end."""
+        """Released fleets that still have instances to terminate or bill to their end, jobs to end, or a
+        round to end (a release that landed while a pass ran: the round ends at the release)."""
         live = [s.value for s in InstanceState if s is not InstanceState.RELEASED]
         with self._reads(conn) as c:
             rows = c.execute(
@@ -424,6 +425,11 @@ class FleetRepository:
                             select(fleet_jobs.c.fleet_id).where(
                                 fleet_jobs.c.status.in_([FleetJobStatus.WAITING.value, FleetJobStatus.RUNNING.value])
                             )
+                        ),
+                        exists().where(  # its last round open (only the last can be): one key look-up
+                            fleet_rounds.c.fleet_id == fleets.c.id,
+                            fleet_rounds.c.round == fleets.c.round,
+                            fleet_rounds.c.ended_at.is_(None),
                         ),
                     ),
                 )

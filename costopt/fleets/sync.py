@@ -124,7 +124,8 @@ class WorkerSync:
                 ack.append({"job_id": job_id, "epoch": epoch})
         if changed:
             mine_now = {fj.job_id: fj for fj in self.repo.holders(worker_id)}
-        gone = inst.state in (InstanceState.LOST, InstanceState.RELEASED)
+        # terminated (an ended draining instance waits for its bill before it is released): nothing more runs
+        gone = inst.state in (InstanceState.LOST, InstanceState.RELEASED) or inst.ended_at is not None
         stopping = bool(report.get("stopping"))  # SIGTERM, or its instance's preemption notice
         run, waiting = (
             ([], 0) if gone or stopping else self._run(fleet.id, fleet.round, worker_id, inst.accelerator, mine_now)

@@ -454,6 +454,95 @@ def test_the_ledger_splits_each_instance_interval_over_its_leases_and_sums_to_th
     assert first == T0 and T0 + timedelta(seconds=7.3) in {line.ends_at for line in idle}
 
 
+def _one_job_done_mid_round(rig: Rig) -> tuple[SqlLedger, StepPricesFor, str]:
+    """Billing on; one job ran and finished 5 s into round 1 (which lasts to T0 + 60 s); the clock at T0 + 10 s."""
+    prices = StepPricesFor()
+    ledger = SqlLedger(rig.repo.engine, prices)
+    rig.executor.billing = FleetBilling(rig.repo, ledger, prices)
+    rig.tick()
+    for w in rig.workers():
+        rig.worker_sync(w)
+    a = rig.submit("a", steps=50)
+    rig.tick()
+    where = rig.lease_of(a)[0]
+    assert where is not None and rig.worker_sync(where)["run"]
+    ended = (T0 + timedelta(seconds=5)).timestamp()
+    rig.worker_sync(where, [exited(a, 1, 50, 0, done=True, checkpoint_step=50, ended_at=ended)])
+    assert rig.repo.job(a).status is FleetJobStatus.DONE  # type: ignore[union-attr]
+    rig.live_for(10, {w: [] for w in rig.workers()})
+    return ledger, prices, a
+
+
+def _billed_exactly(rig: Rig, ledger: SqlLedger, prices: StepPricesFor) -> None:
+    """Every round ended and billed; the ledger's lines are the instances' lives, to the micro-dollar."""
+    rounds = rig.repo.rounds(rig.fleet_id)
+    assert rounds and all(r.billed and r.ended_at is not None for r in rounds)
+    report = ledger.costs(team="team-a")
+    for inst in rig.repo.instances(rig.fleet_id):
+        assert inst.state is InstanceState.RELEASED and inst.launched_at and inst.ended_at
+        cuts = {inst.launched_at, inst.ended_at}
+        cuts |= {t for r in rounds for t in (r.started_at, r.ended_at) if t and inst.launched_at < t < inst.ended_at}
+        whole = sum(
+            s.amount_micro_usd
+            for a, b in itertools.pairwise(sorted(cuts))
+            for s in price_segments(prices, inst.offer, a, b)
+        )
+        assert sum(x.amount_micro_usd for x in report.lines if x.record.instance_id == inst.instance_id) == whole
+
+
+def test_a_release_landing_while_a_pass_runs_still_ends_and_bills_the_last_round(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flaky `gavel validate` test's cause, forced: the pass read the fleet active, the release landed
+    before it drained the instances. The pass terminated them but, holding the fleet as active, neither ended
+    its last round (not due yet) nor could bill it; with its instances released and no job left, the fleet
+    then fell off the executor's work list and the round stayed open and unbilled for good."""
+    ledger, prices, _ = _one_job_done_mid_round(rig)
+    liveness = rig.executor._liveness
+
+    def release_first(*args: Any) -> None:  # the client's release commits between the pass's read and its drain
+        if rig.repo.get(rig.fleet_id).released_at is None:
+            rig.repo.release(rig.fleet_id)
+        liveness(*args)
+
+    monkeypatch.setattr(rig.executor, "_liveness", release_first)
+    rig.tick()
+    released_at = rig.repo.get(rig.fleet_id).released_at
+    assert released_at == T0 + timedelta(seconds=10)
+    rig.clock.advance(1)
+    rig.tick()
+    rig.clock.advance(1)
+    assert rig.tick().fleets == 0  # nothing left to do
+    (rnd,) = rig.repo.rounds(rig.fleet_id)
+    assert rnd.ended_at == released_at  # the last round ends with the fleet, not at its planned end
+    _billed_exactly(rig, ledger, prices)
+
+
+def test_an_instance_is_reported_released_only_once_billed_to_its_end(rig: Rig) -> None:
+    """A client that sees every instance of a released fleet `released` reads a final bill: a terminated
+    instance whose last round cannot be billed yet stays `draining` (its worker told to end, never `lost`),
+    and the fleet stays on the executor's work list until it is billed."""
+    ledger, prices, _ = _one_job_done_mid_round(rig)
+    v100 = prices.table[V100]
+    prices.table[V100] = []  # the ledger cannot price the V100 for now
+    rig.repo.release(rig.fleet_id)
+    report = rig.tick()
+    assert report.released == [] and report.lost == []
+    insts = rig.repo.instances(rig.fleet_id)
+    assert all(i.state is InstanceState.DRAINING and i.ended_at is not None for i in insts)
+    assert rig.provider.ended == set(rig.provider.launched)  # terminated all the same
+    assert rig.repo.rounds(rig.fleet_id)[0].ended_at == T0 + timedelta(seconds=10)
+    assert not rig.repo.rounds(rig.fleet_id)[0].billed
+    assert all(rig.worker_sync(i.id)["release"] for i in insts)
+    rig.clock.advance(45)  # silent past dead_after: terminated on purpose, not lost
+    assert rig.tick().lost == [] and {i.state for i in rig.repo.instances(rig.fleet_id)} == {InstanceState.DRAINING}
+    prices.table[V100] = v100
+    report = rig.tick()
+    assert sorted(report.released) == sorted(i.id for i in insts)
+    _billed_exactly(rig, ledger, prices)
+    assert rig.tick().fleets == 0
+
+
 def test_split_micro_is_whole_and_exact() -> None:
     assert split_micro(10, [1, 1, 1]) == [4, 3, 3]
     assert split_micro(7, [3, 0, 1]) == [5, 0, 2]
