@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import multiprocessing
+import resource
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -64,6 +65,7 @@ def _one(model: str, job_days: float, regions: list[str], seeds: int, start_days
     )
     frame = study.frame()
     frame.attrs["runs"] = study.runs
+    frame.attrs["reused"] = study.reused
     return frame
 
 
@@ -188,7 +190,10 @@ def main() -> None:
             print(f"{short(model)} {n:g} V100-days: {done.result().attrs['runs']} runs done at {at:.0f} s", flush=True)
         frames = [futures[t].result() for t in tasks]  # the tables' order: model, then length
     seconds = time.perf_counter() - t0
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = children.ru_utime + children.ru_stime  # the worker processes' CPU (all ended with the pool)
     runs = sum(int(fr.attrs["runs"]) for fr in frames)
+    reused = sum(int(fr.attrs["reused"]) for fr in frames)
     f = pd.concat(frames, ignore_index=True)
     order = {r: i for i, r in enumerate(regions)}  # region, then model, then length (as one study orders them)
     f = f.sort_values("region", key=lambda c: c.map(order), kind="stable").reset_index(drop=True)
@@ -196,8 +201,9 @@ def main() -> None:
     timing = (
         f"{runs} simulated job runs ({len(regions)} region(s) x {len(STUDY_MODELS)} models x "
         f"{len(STUDY_JOB_DAYS)} lengths x {days} start days x {len(STUDY_POLICIES)} policies x "
-        f"(1 clean + {args.seeds} seeds)) in {seconds:.0f} s on {args.workers} processes "
-        f"(+ {load_s:.1f} s to import the prices). Hazards: {hazard_note(hazards)}."
+        f"(1 clean + {args.seeds} seeds)) in {seconds:.0f} s on {args.workers} processes ({cpu:.0f} s of CPU, "
+        f"{cpu / runs:.3f} s per run; {reused} of the runs took the outcome of an earlier run whose placements "
+        f"answered alike; + {load_s:.1f} s to import the prices). Hazards: {hazard_note(hazards)}."
     )
     sections = {
         "preemption-timing": timing,
