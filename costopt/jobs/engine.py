@@ -512,12 +512,18 @@ class JobEngine:
         self._ranked[job.id] = {p.offer: p for p in ranked}
         offers = [p.offer for p in ranked]
         if job.state is JobState.QUEUED:
-            job = self._to(
-                job,
-                JobState.LAUNCHING,
-                f"launching on {len(offers)} offer(s), best {offers[0]}",
-                detail={"candidates": [o.to_doc() for o in offers], "checkpoint_uri": uri},
-            )
+            try:
+                job = self._to(
+                    job,
+                    JobState.LAUNCHING,
+                    f"launching on {len(offers)} offer(s), best {offers[0]}",
+                    detail={"candidates": [o.to_doc() for o in offers], "checkpoint_uri": uri},
+                )
+            except IllegalTransition as exc:  # moved past launching since this tick read it
+                log.warning("engine: job %s: launched by another engine meanwhile (%s); left to it", job.id, exc)
+                return
+            if job.state is not JobState.LAUNCHING:  # finished or cancelled meanwhile: nothing to start
+                return
         self._submit(job.id, lambda: migrator.start(job.id, offers))
 
     def _launch_failed(self, job: JobRecord, migrator: Migrator, reason: str, mig: MigrationRecord | None) -> None:

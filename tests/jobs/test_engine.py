@@ -18,7 +18,7 @@ from costopt.agent import control
 from costopt.agent.contract import ENV_JOB_STEPS, ENV_JOB_TYPE, ENV_STEPS_PER_SECOND
 from costopt.cloud import CapacityError, InstanceState
 from costopt.jobs.costs import job_cost
-from costopt.jobs.engine import CANCEL_PREFIX, JobEngine, MoveRefused
+from costopt.jobs.engine import CANCEL_PREFIX, JobEngine, MoveRefused, _Pass, _snapshot
 from costopt.jobs.model import JobState
 from costopt.jobs.records import NewJob
 from costopt.ledger.model import micro_to_usd, usd_to_micro
@@ -416,6 +416,28 @@ def test_a_tick_logs_a_lost_race_in_one_line_and_a_real_fault_with_its_traceback
     fault = [r for r in caplog.records if broken.id in r.getMessage()]
     assert len(race) == 1 and race[0].levelno == logging.WARNING and race[0].exc_info is None
     assert len(fault) == 1 and fault[0].levelno == logging.ERROR and fault[0].exc_info is not None
+
+
+def test_a_queued_job_another_engine_launched_meanwhile_is_left_to_it_in_one_line(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two engines ticking at once (a replica whose lease overlapped under load, the soak): this tick read
+    the job queued, the other engine launched it and its start ran it before this tick reached it. Was a
+    traceback (IllegalTransition running -> launching) logged as a fault; now one line, and no start."""
+    import logging
+
+    stale = h.submit(train_command(10), 10)
+    h.repo.transition(stale.id, JobState.LAUNCHING, "the other engine", expect=JobState.QUEUED)
+    h.repo.transition(stale.id, JobState.RUNNING, "the other engine's start", expect=JobState.LAUNCHING)
+    with caplog.at_level(logging.WARNING, logger="costopt.jobs.engine"):
+        h.engine._step(stale, h.migrator, _snapshot(h.migrator), _Pass(), first=False)
+    assert not h.engine.busy(stale.id) and h.repo.get(stale.id).state is JobState.RUNNING
+    lines = [r for r in caplog.records if stale.id in r.getMessage()]
+    assert len(lines) == 1 and "another engine" in lines[0].getMessage() and lines[0].exc_info is None
+    finished = h.submit(train_command(10), 10)  # cancelled meanwhile: nothing to start either
+    h.repo.transition(finished.id, JobState.CANCELLED, "cancelled", expect=JobState.QUEUED)
+    h.engine._step(finished, h.migrator, _snapshot(h.migrator), _Pass(), first=False)
+    assert not h.engine.busy(finished.id) and h.repo.get(finished.id).state is JobState.CANCELLED
 
 
 def test_a_finished_job_leaves_no_state_in_the_engine_after_the_next_tick(h: Harness) -> None:
