@@ -67,7 +67,9 @@ def make_app() -> Any:
     Memory probes for soaks (environment read here only, never by the service; ``bench/snapshot_diff.py``
     reads what they write): ``BENCH_MEMORY_DIR`` set, each worker appends its RSS to ``<pid>.rss`` there
     every ``BENCH_MEMORY_EVERY_S`` seconds (default 30); with ``BENCH_TRACEMALLOC=1`` it also traces its
-    allocations (10 frames) and writes a snapshot ``<pid>-<seconds since start>.snap`` each time; with
+    allocations (10 frames) from ``BENCH_MEMORY_EVERY_S`` after its start on (what is allocated after
+    that: a snapshot's traces are what is still alive of it) and writes a snapshot ``<pid>-<seconds since
+    start>.snap`` at each sample; with
     ``BENCH_MALLOC_TRIM=1`` it calls glibc's ``malloc_trim(0)`` after each sample and appends the RSS
     after it (what the allocator held of freed memory)."""
     from api.app import create_app
@@ -87,12 +89,13 @@ def _start_memory_probe(out: Path, every_s: float, app: Any) -> None:
 
     trace = os.environ.get("BENCH_TRACEMALLOC") == "1"
     trim = os.environ.get("BENCH_MALLOC_TRIM") == "1"
-    if trace:
-        tracemalloc.start(10)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
 
     def loop() -> None:
+        if trace:  # from the first sample on: tracing the start-up too made it miss the soak's 120 s (load 15)
+            time.sleep(every_s)
+            tracemalloc.start(10)
         while True:
             time.sleep(every_s)
             t = int(time.monotonic() - started)

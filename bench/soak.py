@@ -71,6 +71,13 @@ from bench.api_load import (  # noqa: E402 (after the path set-up)
 DEFAULT_STEPS = (20_000, 50_000, 200_000)
 """A submitted job's steps (``--steps``): at the simulated cloud's 600x, ~13 s, ~33 s and ~2 min of wall
 time of ResNet-50 once launched."""
+RUNTIME_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": "65536",
+    "MALLOC_TRIM_THRESHOLD_": "131072",
+    "ARROW_DEFAULT_MEMORY_POOL": "system",
+}
+"""The allocators' settings of the image (``Dockerfile``; docs/reliability.md "Soak"), given to the server
+unless this script's own environment sets them."""
 RSS_GROWTH_MAX_PCT = 10.0
 RSS_GROWTH_MAX_MB = 50.0
 WEIGHTS: dict[str, float] = {
@@ -545,6 +552,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # as the image runs it (Dockerfile): glibc's malloc with 2 arenas, not 8 per core, so memory
             # freed by one thread is reused by the others instead of held per arena (docs/reliability.md)
             "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2"),
+            **{name: os.environ.get(name, value) for name, value in RUNTIME_ENV.items()},
         }
         memory_dir = Path(args.memory_dir) if args.memory_dir else None
         if memory_dir is not None:
