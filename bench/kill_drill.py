@@ -84,6 +84,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -243,8 +244,9 @@ class Service:
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self, timeout_s: float = 120.0) -> float:
-        """Start the server and wait for ``/readyz`` 200; returns the seconds that took."""
+    def start(self, timeout_s: float = 600.0) -> float:
+        """Start the server and wait for ``/readyz`` 200 (at most ``timeout_s``: a hang's bound; a start took over 120 s
+        at load 15-19); returns the seconds that took."""
         import httpx
 
         self.starts += 1
@@ -338,6 +340,9 @@ def _prepare(
     return env, key
 
 
+_PREPARE_LOCK = threading.Lock()
+
+
 def _saved_cloud(path: Path) -> Any:
     """The simulated cloud as its state file holds it (read only: nothing is written back)."""
     with open(path, "rb") as f:
@@ -376,7 +381,8 @@ def run(
     rng = random.Random(seed)
     sizes = [rng.randrange(steps[0], steps[1] + 1, 1000) for _ in range(jobs)]
     ups = [rng.uniform(*up) for _ in range(kills)]
-    env, key = _prepare(folder, database_url, data_dir, schedule)
+    with _PREPARE_LOCK:  # alembic's migration context is global: one run's database at a time (--parallel)
+        env, key = _prepare(folder, database_url, data_dir, schedule)
     env["COSTOPT_SIM_SEED"] = str(seed)
     if spot_hazard is not None:
         env["COSTOPT_SIM_SPOT_HAZARD_PER_HOUR"] = str(spot_hazard)
@@ -561,6 +567,11 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="runs without kills (same jobs, same seed): their spread is the comparison's own noise (default 1)",
     )
+    p.add_argument(
+        "--parallel",
+        action="store_true",
+        help="run the killed run and the baselines at once (--clock stepped: a run does not depend on the load)",
+    )
     p.add_argument("--database-url", default=None, help="default: a SQLite file in the run's folder")
     p.add_argument("--folder", type=Path, default=None, help="default: a temporary folder")
     p.add_argument("--json", action="store_true")
@@ -598,11 +609,35 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"    {step.at:%Y-%m-%d %H:%M:%S} (+{(step.at - START).total_seconds() / 3600:.2f} h): {step.spared} spared"
         )
-    killed = run(kills=a.kills, folder=folder / "killed", database_url=a.database_url, **common)
+    n_bases = a.baselines if a.baseline else 0
+    base_folders = [folder / ("baseline" if b == 0 else f"baseline-{b + 1}") for b in range(n_bases)]
     bases: list[RunResult] = []
-    for b in range(a.baselines if a.baseline else 0):
-        print(f"baseline {b + 1}/{a.baselines} (no kill):")
-        bases.append(run(kills=0, folder=folder / ("baseline" if b == 0 else f"baseline-{b + 1}"), **common))
+    if a.parallel:  # each run in its own service process, at once (the stepped clock does not see the load)
+        from concurrent.futures import ThreadPoolExecutor
+
+        def tagged(tag: str) -> Any:
+            return lambda *m: print(f"[{tag}]", *m, flush=True)
+
+        with ThreadPoolExecutor(1 + n_bases) as pool:
+            killed_f = pool.submit(
+                run,
+                kills=a.kills,
+                folder=folder / "killed",
+                database_url=a.database_url,
+                say=tagged("killed"),
+                **common,
+            )
+            base_fs = [
+                pool.submit(run, kills=0, folder=f, say=tagged(f"baseline {b + 1}"), **common)
+                for b, f in enumerate(base_folders)
+            ]
+            killed = killed_f.result()
+            bases = [f.result() for f in base_fs]
+    else:
+        killed = run(kills=a.kills, folder=folder / "killed", database_url=a.database_url, **common)
+        for b, f in enumerate(base_folders):
+            print(f"baseline {b + 1}/{a.baselines} (no kill):")
+            bases.append(run(kills=0, folder=f, **common))
     base = bases[0] if bases else None
     cpu1 = os.times()
     tolerance = Decimal(str(round(killed.kills * BOOT.total_seconds() / 3600 * killed.max_usd_per_hour, 6)))
