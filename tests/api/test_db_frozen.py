@@ -119,6 +119,7 @@ def test_a_query_in_flight_on_a_frozen_server_fails_within_the_bound_and_closes_
 
 
 @pytest.mark.postgres
+@pytest.mark.slow  # 14-15 s, mostly waiting on the bounds (load 1 and 15); kept in `make test`
 def test_a_frozen_server_answers_503_within_the_bound_readyz_unready_then_recovers(
     pg: PrivateServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
