@@ -14,7 +14,10 @@ writer) and read back with ``--trace``'s reader, so every variant runs the same 
   the type last round: priority x (1 + K x overhead / 360 s)), ``+hh<H>`` (x (1 + H) whatever the
   overhead), ``+prior<S>``, ``+central-lp``, ``+resolve-1920s`` (new allocations at most every 1920 s),
   ``+fill-per-type`` (each type's queue followed by the jobs the allocation gives nothing there, before
-  the next type; fast-forward off), ``+no-ff`` (the fast-forward off), ``@<S>s`` (S seconds lost per
+  the next type; fast-forward off), ``+deficit-tie`` / ``+deficit-total-tie`` (ties of priority broken
+  first by the decayed seconds owed on the type / over all types, as the reference breaks them by
+  deficit), ``+type-frac`` (the share is the unit's fraction of the type's decayed time, as the
+  reference's, not of its own age), ``+no-ff`` (the fast-forward off), ``@<S>s`` (S seconds lost per
   move); a variant without ``+mem``/``+hyst``/``+hh`` uses the share since arrival and no hysteresis.
 * ``reference-emulation``: this simulator driven the way the reference implementation
   (stanford-futuredata/gavel, ``scheduler/scheduler.py`` at c4fa400, read, not copied) drives its
@@ -166,6 +169,92 @@ def _fill_per_type_mechanism() -> type:
     return FillPerType
 
 
+def _deficit_tie_mechanism(total: bool) -> type:
+    import numpy as np
+
+    from costopt.gavel.mechanism import _MIN_SHARE, RoundMechanism
+
+    class DeficitTie(RoundMechanism):  # type: ignore[misc]
+        """costopt's mechanism, its ties of priority broken first by deficit, as the reference's are: the
+        (decayed) seconds the unit is owed on the type, ``x * age - received there`` (``total``: over all
+        its types, ``sum(x) * age - everything received``), larger first; then the usual rank."""
+
+        def plan(self, now_s: float):  # type: ignore[no-untyped-def]
+            if self.memory_s is not None:
+                self._decay_to(now_s)
+            free, busy = list(self.capacity), bytearray(self._gone)
+            units: list[int] = []
+            types: list[int] = []
+            cu, cj, cx = self._c_unit, self._c_type, self._c_x
+            if cu.shape[0]:
+                age = np.maximum(now_s - self._u_since[cu], 0.0)
+                if self.memory_s is not None:
+                    age = -self.memory_s * np.expm1(-age / self.memory_s)
+                recv = self._u_recv[cu, cj]
+                share = np.divide(recv, age, out=np.zeros_like(age), where=age > 0)
+                prio = cx / np.maximum(share, _MIN_SHARE)
+                if self.hysteresis > 0:
+                    a, b = self._u_members[cu, 0], self._u_members[cu, 1]
+                    held = (self._last_type[a] == cj) & (self._last_partner[a] == b)
+                    prio = np.where(held, prio * (1.0 + self.hysteresis), prio)
+                if total:
+                    x_all = np.bincount(cu, weights=cx, minlength=self._u_recv.shape[0])[cu]
+                    deficit = x_all * age - self._u_recv[cu].sum(axis=1)
+                else:
+                    deficit = cx * age - recv
+                assert self._type_pos is not None
+                order = np.lexsort((self._c_rank, -deficit, -prio, self._type_pos[cj]))
+                self._greedy(cu[order].tolist(), cj[order].tolist(), free, busy, units, types)
+            if self.fill_idle and sum(free) > 0 and len(units) < self._n_units_jobs:
+                fu, fj = self._fill_candidates()
+                if fu:
+                    self._greedy(fu, fj, free, busy, units, types)
+            return self._place(np.array(units, dtype=np.int64), np.array(types, dtype=np.int64))
+
+    return DeficitTie
+
+
+def _type_fraction_mechanism() -> type:
+    import numpy as np
+
+    from costopt.gavel.mechanism import _MIN_SHARE, RoundMechanism
+
+    class TypeFraction(RoundMechanism):  # type: ignore[misc]
+        """costopt's mechanism with the reference's kind of share: the unit's (decayed) seconds on the type
+        over every unit's on that type (its fraction of the type's time), not over its own age; within a
+        type's queue that ranks by ``x / seconds received there`` whatever the job's age. ``prior_s``: each
+        unit counts that many seconds at its allocated share as received (the reference seeds every job with
+        half a round on each type at each reset)."""
+
+        def plan(self, now_s: float):  # type: ignore[no-untyped-def]
+            if self.memory_s is not None:
+                self._decay_to(now_s)
+            free, busy = list(self.capacity), bytearray(self._gone)
+            units: list[int] = []
+            types: list[int] = []
+            cu, cj, cx = self._c_unit, self._c_type, self._c_x
+            if cu.shape[0]:
+                recv = self._u_recv[cu, cj] + cx * self.prior_s
+                live = np.frombuffer(bytes(self._gone), dtype=np.uint8)[self._u_members[cu, 0]] == 0
+                total = np.bincount(cj[live], weights=recv[live], minlength=self.n_types)[cj]
+                share = np.divide(recv, total, out=np.zeros_like(recv), where=total > 0)
+                prio = cx / np.maximum(share, _MIN_SHARE)
+                if self.hysteresis > 0:
+                    a, b = self._u_members[cu, 0], self._u_members[cu, 1]
+                    held = (self._last_type[a] == cj) & (self._last_partner[a] == b)
+                    prio = np.where(held, prio * (1.0 + self.hysteresis), prio)
+                assert self._type_pos is not None
+                order = np.lexsort((self._c_rank, -prio, self._type_pos[cj]))
+                self._greedy(cu[order].tolist(), cj[order].tolist(), free, busy, units, types)
+            if self.fill_idle and sum(free) > 0 and len(units) < self._n_units_jobs:
+                fu, fj = self._fill_candidates()
+                if fu:
+                    self._greedy(fu, fj, free, busy, units, types)
+            return self._place(np.array(units, dtype=np.int64), np.array(types, dtype=np.int64))
+
+    return TypeFraction
+
+
 def _central_solve_lp(
     c, a, row_lower, row_upper, col_lower=None, col_upper=None, *, maximize=False, what="LP", warm=True
 ):  # type: ignore[no-untyped-def]
@@ -217,6 +306,10 @@ def _run(spec: dict[str, Any], trace_path: str) -> dict[str, Any]:
         kwargs["per_type_queues"] = False
     if "no-ff" in variant:  # every round simulated (the fast-forward off)
         kwargs["fast_forward"] = False
+    if "deficit-tie" in variant or "deficit-total-tie" in variant:  # patched in this worker process only
+        simulator.RoundMechanism = _deficit_tie_mechanism(total="deficit-total-tie" in variant)  # type: ignore[misc]
+    if "type-frac" in variant:  # patched in this worker process only
+        simulator.RoundMechanism = _type_fraction_mechanism()  # type: ignore[misc]
     if "fill-per-type" in variant:  # patched in this worker process only
         simulator.RoundMechanism = _fill_per_type_mechanism()  # type: ignore[misc]
         kwargs["fast_forward"] = False
