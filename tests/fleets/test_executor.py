@@ -22,7 +22,16 @@ from costopt.cloud import InstanceState as CloudState
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.fleets.billing import FleetBilling, split_micro
 from costopt.fleets.executor import FleetExecutor
-from costopt.fleets.model import FLEET_PROVIDER, FleetJobStatus, InstanceState, NewFleet, NewInstance
+from costopt.fleets.model import (
+    FLEET_PROVIDER,
+    FleetInstance,
+    FleetJob,
+    FleetJobStatus,
+    InstanceState,
+    NewFleet,
+    NewInstance,
+    RoundRecord,
+)
 from costopt.fleets.store import FleetRepository, NewFleetJob
 from costopt.fleets.sync import WorkerRefused, WorkerSync
 from costopt.jobs.model import JobState
@@ -133,6 +142,26 @@ class Rig:
             for worker, copies in reports.items():
                 self.worker_sync(worker, copies)
 
+    def instance(self, worker: str) -> FleetInstance:
+        inst = self.repo.instance(worker)
+        assert inst is not None, f"no instance {worker}"
+        return inst
+
+    def job(self, job_id: str) -> FleetJob:
+        fj = self.repo.job(job_id)
+        assert fj is not None, f"no fleet job {job_id}"
+        return fj
+
+    def holder_epoch(self, job_id: str) -> int:
+        epoch = self.job(job_id).holder_epoch
+        assert epoch is not None, f"{job_id} has no holder"
+        return epoch
+
+    def round_of(self, number: int) -> RoundRecord:
+        rnd = self.repo.round(self.fleet_id, number)
+        assert rnd is not None, f"no round {number}"
+        return rnd
+
     def lease_of(self, job_id: str) -> tuple[str | None, int | None]:
         fj = self.repo.job(job_id)
         assert fj is not None
@@ -182,7 +211,9 @@ def test_instances_are_launched_with_a_worker_and_a_token_only_hashed(rig: Rig) 
     report = rig.tick()
     assert len(report.launched) == 2 and report.rounds == []  # no worker runs yet: no round
     v100, k80 = rig.workers()
-    spec = rig.provider.launched[rig.repo.instance(v100).instance_id]  # type: ignore[union-attr]
+    launched_as = rig.instance(v100).instance_id
+    assert launched_as is not None
+    spec = rig.provider.launched[launched_as]
     assert spec.command == ["python", "-m", "costopt.agent.worker"] and spec.offer == V100
     assert spec.env["COSTOPT_WORKER_ID"] == v100 and spec.env["COSTOPT_FLEET_ID"] == rig.fleet_id
     assert spec.env["COSTOPT_SERVICE_URL"] == "http://svc:8000" and spec.env["COSTOPT_WORKER_GPUS"] == "1"
@@ -196,7 +227,7 @@ def test_instances_are_launched_with_a_worker_and_a_token_only_hashed(rig: Rig) 
     assert rig.tick().launched == []  # launched once
     answer = rig.worker_sync(v100)
     assert answer["run"] == [] and answer["release"] is False
-    assert rig.repo.instance(v100).state is InstanceState.RUNNING  # type: ignore[union-attr]
+    assert rig.instance(v100).state is InstanceState.RUNNING
 
 
 def test_rounds_share_the_gpus_and_hand_leases_over_only_after_the_copy_exited(rig: Rig) -> None:
@@ -225,7 +256,7 @@ def test_rounds_share_the_gpus_and_hand_leases_over_only_after_the_copy_exited(r
     assert lease_k["env"]["COSTOPT_STEPS_PER_SECOND"] == repr(RATES["k80"])
     # live progress: the agent's steps, not assumed
     rig.worker_sync(v100, [running(on[v100], 1, 120, restored_step=0, checkpoint_step=100)])
-    assert rig.repo.job(on[v100]).steps_done == 120  # type: ignore[union-attr]
+    assert rig.job(on[v100]).steps_done == 120
     assert rig.jobs.get(on[v100]).state is JobState.RUNNING and rig.jobs.get(on[v100]).steps_done == 120
     rig.worker_sync(k80, [running(on[k80], 1, 20, restored_step=0)])
     # the next round: a job that got nothing gets a GPU; the one it displaces is stopped first
@@ -233,7 +264,7 @@ def test_rounds_share_the_gpus_and_hand_leases_over_only_after_the_copy_exited(r
     assert rig.tick().rounds == [f"{rig.fleet_id}:2"]
     rnd2 = rig.repo.round(rig.fleet_id, 2)
     assert rnd2 is not None and rnd2.started_at == T0 + timedelta(seconds=60)
-    got = {j: rig.repo.job(j).received for j in (a, b, c)}  # type: ignore[union-attr]
+    got = {j: rig.job(j).received for j in (a, b, c)}
     assert got[on[v100]] == {"v100": 60.0} and got[on[k80]] == {"k80": 60.0} and got[c] == {}
     # per worker type, the job that has received nothing there comes first: the two swap types
     new_on = {x.instance: x.job_id for x in rnd2.assignment}
@@ -245,13 +276,13 @@ def test_rounds_share_the_gpus_and_hand_leases_over_only_after_the_copy_exited(r
     fj = rig.repo.job(on[v100])
     assert fj is not None and fj.holder is None and fj.checkpoint_step == 140 and fj.status is FleetJobStatus.WAITING
     rig.worker_sync(v100, [exited(on[v100], 1, 140, 75)])  # a repeated report changes nothing
-    assert rig.repo.job(on[v100]).checkpoint_step == 140  # type: ignore[union-attr]
+    assert rig.job(on[v100]).checkpoint_step == 140
     # the K80's copy exits: now each job starts on the other instance, one epoch up
     (to_k80,) = rig.worker_sync(k80, [exited(on[k80], 1, 30, 75, checkpoint_step=30)])["run"]
     assert (to_k80["job_id"], to_k80["epoch"]) == (on[v100], 2)
     (to_v100,) = rig.worker_sync(v100)["run"]
     assert (to_v100["job_id"], to_v100["epoch"], to_v100["env"]["COSTOPT_EPOCH"]) == (on[k80], 2, "2")
-    assert rig.repo.job(on[k80]).holder == v100  # type: ignore[union-attr]
+    assert rig.job(on[k80]).holder == v100
 
 
 def test_a_moved_job_gets_the_next_epoch_and_a_finished_job_succeeds(rig: Rig) -> None:
@@ -277,7 +308,7 @@ def test_a_moved_job_gets_the_next_epoch_and_a_finished_job_succeeds(rig: Rig) -
     rig.clock.advance(60)
     rig.tick()  # nobody left: the round ends, no new one
     fleet = rig.repo.get(rig.fleet_id)
-    assert fleet.round == 1 and rig.repo.round(rig.fleet_id, 1).ended_at == T0 + timedelta(seconds=60)  # type: ignore[union-attr]
+    assert fleet.round == 1 and rig.round_of(1).ended_at == T0 + timedelta(seconds=60)
 
 
 def test_a_job_arriving_after_the_boundary_waits_for_the_next_grid_point(rig: Rig) -> None:
@@ -317,7 +348,8 @@ def test_a_dead_worker_is_lost_replaced_and_its_job_resumes_elsewhere_under_a_ne
     assert report.lost == [v100]
     lost = rig.repo.instance(v100)
     assert lost is not None and lost.state is InstanceState.LOST and "not synced" in (lost.end_reason or "")
-    assert rig.provider.describe(lost.instance_id).state is CloudState.TERMINATED  # type: ignore[arg-type]
+    assert lost.instance_id is not None
+    assert rig.provider.describe(lost.instance_id).state is CloudState.TERMINATED
     fj = rig.repo.job(a)
     assert fj is not None and fj.holder is None and fj.target is None and fj.checkpoint_step == 80
     # a replacement is pending, launched at the next pass, and takes the job at the next round
@@ -340,7 +372,7 @@ def test_cancel_stops_the_copy_then_cancels_and_release_ends_everything(rig: Rig
     rig.worker_sync(k80)
     a, b, c = rig.submit("a"), rig.submit("b"), rig.submit("c")
     rig.tick()
-    held = {x.job_id: x.instance for x in rig.repo.round(rig.fleet_id, 1).assignment}  # type: ignore[union-attr]
+    held = {x.job_id: x.instance for x in rig.round_of(1).assignment}
     for w in (v100, k80):
         rig.worker_sync(w)
     waiting = next(j for j in (a, b, c) if j not in held)
@@ -349,7 +381,7 @@ def test_cancel_stops_the_copy_then_cancels_and_release_ends_everything(rig: Rig
     rig.jobs.request_cancel(victim)
     rig.tick()
     assert rig.jobs.get(waiting).state is JobState.CANCELLED
-    assert rig.repo.job(waiting).status is FleetJobStatus.CANCELLED  # type: ignore[union-attr]
+    assert rig.job(waiting).status is FleetJobStatus.CANCELLED
     answer = rig.worker_sync(held[victim], [running(victim, 1, 10)])
     assert answer["run"] == []  # stop it
     rig.worker_sync(held[victim], [exited(victim, 1, 12, 75, checkpoint_step=12)])
@@ -358,7 +390,7 @@ def test_cancel_stops_the_copy_then_cancels_and_release_ends_everything(rig: Rig
     rig.repo.release(rig.fleet_id)
     report = rig.tick()  # the instance nobody holds is terminated at once; the other once its copy stopped
     assert report.released == [held[victim]]
-    assert rig.repo.instance(held[other]).state is InstanceState.DRAINING  # type: ignore[union-attr]
+    assert rig.instance(held[other]).state is InstanceState.DRAINING
     assert rig.worker_sync(held[victim])["release"] is True
     assert rig.worker_sync(held[other], [running(other, 1, 5)])["run"] == []
     rig.worker_sync(held[other], [exited(other, 1, 6, 75)])
@@ -404,15 +436,15 @@ def test_the_ledger_splits_each_instance_interval_over_its_leases_and_sums_to_th
             rig.worker_sync(lease.instance)
         rig.live_for(60, {v100: [], k80: []})
         for w in (v100, k80):
-            held = [j for j in jobs if rig.repo.job(j).holder == w]  # type: ignore[union-attr]
-            rig.worker_sync(w, [exited(j, rig.repo.job(j).holder_epoch, 1, 75) for j in held])  # type: ignore[union-attr]
+            held = [j for j in jobs if rig.job(j).holder == w]
+            rig.worker_sync(w, [exited(j, rig.holder_epoch(j), 1, 75) for j in held])
         rig.tick()
     rig.repo.release(rig.fleet_id)
     rig.live_for(3.7, {v100: [], k80: []})
     rig.tick()  # the copies of round 4 are told to stop; their exits cancel their jobs
     for w in (v100, k80):
-        held = [j for j in jobs if rig.repo.job(j).holder == w]  # type: ignore[union-attr]
-        rig.worker_sync(w, [exited(j, rig.repo.job(j).holder_epoch, 1, 75) for j in held])  # type: ignore[union-attr]
+        held = [j for j in jobs if rig.job(j).holder == w]
+        rig.worker_sync(w, [exited(j, rig.holder_epoch(j), 1, 75) for j in held])
     rig.tick()
     insts = rig.repo.instances(rig.fleet_id)
     assert insts and all(i.state is InstanceState.RELEASED and i.ended_at is not None for i in insts)
@@ -468,7 +500,7 @@ def _one_job_done_mid_round(rig: Rig) -> tuple[SqlLedger, StepPricesFor, str]:
     assert where is not None and rig.worker_sync(where)["run"]
     ended = (T0 + timedelta(seconds=5)).timestamp()
     rig.worker_sync(where, [exited(a, 1, 50, 0, done=True, checkpoint_step=50, ended_at=ended)])
-    assert rig.repo.job(a).status is FleetJobStatus.DONE  # type: ignore[union-attr]
+    assert rig.job(a).status is FleetJobStatus.DONE
     rig.live_for(10, {w: [] for w in rig.workers()})
     return ledger, prices, a
 
