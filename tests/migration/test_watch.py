@@ -24,7 +24,13 @@ from costopt.migration.machine import Migrator
 from costopt.migration.reconcile import reconcile
 from costopt.migration.records import ALIVE_STATES, JobRecord, JobStatus, Kind, State
 from costopt.migration.unavailable import UnavailableOffers
-from costopt.migration.watch import DbWatermark, InterruptionWatcher, MemoryWatermark, notice_request_id
+from costopt.migration.watch import (
+    DbWatermark,
+    InterruptionWatcher,
+    MemoryWatermark,
+    RecoveryStarted,
+    notice_request_id,
+)
 from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider
 
@@ -395,7 +401,7 @@ def test_with_the_local_provider_a_preempted_copy_checkpoints_on_notice_and_the_
     old = mig.job("job-1")
     assert old.instance_id is not None
     local.preempt(old.instance_id, notice_seconds=5.0)
-    recovered = []
+    recovered: list[RecoveryStarted] = []
     while not recovered and time.monotonic() < end:
         recovered = [r for r in watcher.poll().recoveries if r.recovered]
         time.sleep(0.05)

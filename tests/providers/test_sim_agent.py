@@ -20,11 +20,12 @@ from costopt.clock import ServiceClock
 from costopt.cloud import InstanceState, LaunchSpec
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.ledger import StepPrices
-from costopt.migration.machine import JobStatus, Migrator, State
+from costopt.migration.machine import Migrator
+from costopt.migration.records import JobStatus, State
 from costopt.migration.unavailable import UnavailableOffers
-from costopt.migration.watch import InterruptionWatcher, MemoryWatermark
+from costopt.migration.watch import InterruptionWatcher, MemoryWatermark, RecoveryStarted
 from costopt.risk.hazard import HazardModel
-from costopt.simulated import SimEventKind, WorkloadTiming
+from costopt.simulated import SimEvent, SimEventKind, WorkloadTiming
 from providers.sim import SimCloud, SimConfig
 from providers.sim_agent import AgentEnvError
 from tests.price_support import step_prices
@@ -265,7 +266,8 @@ def test_a_recovery_after_a_preemption_seen_by_the_watcher_keeps_the_audit_exact
     cloud.run_to(START + timedelta(hours=2, minutes=10))  # mid-way between two periodic checkpoints
     first = mig.job("job-1").instance_id or ""
     notice = cloud.preempt(first)  # AWS: 2 min of notice, room for the agent's 1-min checkpoint
-    preempted, recoveries = [], []
+    preempted: list[SimEvent] = []
+    recoveries: list[RecoveryStarted] = []
     while not recoveries and cloud.now() < START + timedelta(hours=3):
         events = cloud.run_to(cloud.now() + timedelta(seconds=20))
         preempted += [e for e in events if e.kind is SimEventKind.PREEMPTED]
