@@ -564,6 +564,8 @@ class JobEngine:
             want = JobState.MIGRATING if active.kind is Kind.MOVE else JobState.RECOVERING
             if active.kind is Kind.RECOVER and active.from_epoch == 0:
                 want = JobState.LAUNCHING
+                if job.state is JobState.RUNNING:  # the start ran it after this tick's snapshot was read
+                    return  # (the soak's log, load 15-24): the next tick reads both afresh
             if job.state is not want and not (job.state is JobState.LAUNCHING and want is JobState.RECOVERING):
                 self._to(job, want, f"{active.kind.value} {active.id} in flight")
             return

@@ -1,0 +1,43 @@
+"""The engine's reads straddling another writer (issue 14's soak, load 15-24): a tick's snapshot of the
+migrator older than the job's record must not try an illegal transition (logged with a traceback)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from costopt.jobs.engine import _Pass, _snapshot
+from costopt.jobs.model import JobState
+from providers.local import LocalProvider
+from tests.jobs.engine_support import Harness, train_command
+
+pytestmark = pytest.mark.one_backend_each  # the database is not the subject here: tests/conftest.py
+
+
+@pytest.fixture
+def h(engine: Engine, local: LocalProvider, tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(engine, local, tmp_path)
+    yield harness
+    harness.close()
+
+
+def test_a_running_job_whose_start_the_snapshot_still_shows_in_flight_is_left_for_the_next_tick(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = h.submit(train_command(400, step_seconds=0.01), 400)
+    running = h.run_until(job.id, lambda j: j.state is JobState.RUNNING)
+    (start,) = h.migrator.history(job.id)  # the start: a recovery from epoch 0, finished
+    assert start.from_epoch == 0
+    snap = _snapshot(h.migrator)
+    stale = dataclasses.replace(snap, active={**snap.active, job.id: start})  # read before the start ended
+    with caplog.at_level(logging.WARNING, logger="costopt.jobs.engine"):
+        h.engine._step(running, h.migrator, stale, _Pass(), first=False)  # was: IllegalTransition running -> launching
+    assert h.repo.get(job.id).state is JobState.RUNNING
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+    done = h.run_until(job.id, lambda j: j.state.terminal)  # the next ticks read afresh and finish it
+    assert done.state is JobState.SUCCEEDED, done.reason
