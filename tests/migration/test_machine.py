@@ -90,6 +90,12 @@ class FlakyProvider:
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         return self.inner.interruptions(since)
 
+    def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
+        self.inner.acknowledge(interruptions)
+
+    def output(self, instance_id: str, *, tail: int | None = None) -> str:
+        return self.inner.output(instance_id, tail=tail)
+
 
 def make_migrator(engine: Engine, provider: object, **kw: object) -> Migrator:
     fast = {"checkpoint_timeout": 20.0, "verify_timeout": 20.0, "backoff_base": 0.01, "poll_seconds": 0.05}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import builtins
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
@@ -64,6 +64,12 @@ class StoppingProvider:
 
     def interruptions(self, since: datetime) -> builtins.list[Interruption]:
         return self.inner.interruptions(since)
+
+    def acknowledge(self, interruptions: Sequence[Interruption]) -> None:
+        self.inner.acknowledge(interruptions)
+
+    def output(self, instance_id: str, *, tail: int | None = None) -> str:
+        return self.inner.output(instance_id, tail=tail)
 
 
 def test_a_launch_refused_by_the_providers_configuration_moves_on_to_the_next_offer(
