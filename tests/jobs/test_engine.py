@@ -16,14 +16,16 @@ import pytest
 
 from costopt.agent import control
 from costopt.agent.contract import ENV_JOB_STEPS, ENV_JOB_TYPE, ENV_STEPS_PER_SECOND
-from costopt.cloud import CapacityError, InstanceState
+from costopt.cloud import CapacityError, Instance, InstanceState, LaunchSpec
+from costopt.domain import OfferKey
 from costopt.jobs.costs import job_cost
 from costopt.jobs.engine import CANCEL_PREFIX, JobEngine, MoveRefused, _Pass, _snapshot
 from costopt.jobs.model import JobState
-from costopt.jobs.records import NewJob
+from costopt.jobs.records import JobRecord, NewJob
 from costopt.ledger.model import micro_to_usd, usd_to_micro
 from costopt.migration.machine import Migrator
 from costopt.migration.records import ALIVE_STATES, TAG_EPOCH, TAG_JOB, JobStatus
+from costopt.migration.records import JobRecord as CopyRecord
 from costopt.migration.watch import InterruptionWatcher, MemoryWatermark
 from costopt.settings import PROJECT_ROOT
 from providers.local import LocalProvider
@@ -39,7 +41,7 @@ def h(engine, local: LocalProvider, tmp_path: Path) -> Iterator[Harness]:
     harness.close()
 
 
-def _terminal(job) -> bool:
+def _terminal(job: JobRecord) -> bool:
     return job.state.terminal
 
 
@@ -98,7 +100,7 @@ def test_a_tick_whose_reads_straddle_a_finishing_start_leaves_the_job_alone(
         reads = Migrator.jobs
         armed = [True]
 
-        def straddling_reads(self: Migrator) -> list:
+        def straddling_reads(self: Migrator) -> list[CopyRecord]:
             rows = reads(self)
             if not armed[0]:
                 return rows
@@ -209,7 +211,7 @@ def test_cancel_checkpoints_terminates_and_keeps_the_record(h: Harness) -> None:
     assert latest is not None and latest.step >= 20
     assert latest.request_id is None or latest.request_id.startswith(CANCEL_PREFIX) or latest.step < 1000
     requested = [e for e in h.repo.events(job.id) if e.kind == "checkpoint_requested"]
-    assert len(requested) == 1
+    assert len(requested) == 1 and requested[0].detail is not None
     assert control.request_served(h.engine.checkpoint_uri(done), requested[0].detail["request_id"])
     assert h.local.describe(instance).state is InstanceState.TERMINATED
     assert h.migrator.job(job.id).status is JobStatus.FINISHED
@@ -256,6 +258,7 @@ def test_move_moves_the_job_and_records_the_event_with_its_cost(h: Harness) -> N
 
     assert moved.state is JobState.RUNNING and moved.offer == LOCAL_B and moved.usd_per_hour == Decimal("7.2")
     (ev,) = [e for e in h.repo.events(job.id) if e.kind == "move"]
+    assert ev.detail is not None
     assert ev.reason == "cheaper per step" and ev.detail["expected_saving_usd"] == "0.5"
     assert ev.detail["from"] == LOCAL_A.to_doc() and ev.detail["to"] == LOCAL_B.to_doc()
     # Restart (the new copy's boot) and overlap (the old copy's tail) from the ledger; no egress in place.
@@ -301,9 +304,9 @@ def test_the_engine_checks_its_arguments(engine, local, tmp_path: Path) -> None:
 class FlakyLocal(LocalProvider):
     """The local provider, refusing launches on the offers in ``failing`` for capacity."""
 
-    failing: frozenset = frozenset()
+    failing: frozenset[OfferKey] = frozenset()
 
-    def launch(self, spec, idempotency_token):  # type: ignore[no-untyped-def]
+    def launch(self, spec: LaunchSpec, idempotency_token: str) -> Instance:
         if spec.offer in self.failing:
             raise CapacityError(f"no capacity for {spec.offer.instance_type}")
         return super().launch(spec, idempotency_token)

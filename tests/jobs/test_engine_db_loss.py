@@ -14,8 +14,8 @@ from costopt.agent import control
 from costopt.jobs.model import JobState
 from costopt.migration.records import TAG_JOB
 from providers.local import LocalProvider
-from tests.jobs.conftest import local  # noqa: F401
 from tests.jobs.engine_support import Harness, train_command
+from tests.migration.conftest import local  # noqa: F401
 
 
 def test_a_database_error_mid_launch_is_resumed_by_the_next_tick_of_the_same_engine(

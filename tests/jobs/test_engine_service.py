@@ -11,7 +11,7 @@ from decimal import Decimal
 from pathlib import Path
 
 from api.service import build_job_service, managed_offers_for
-from costopt.domain import Cloud, PricePoint
+from costopt.domain import Cloud, Market, OfferKey, PricePoint
 from costopt.jobs.model import JobState
 from costopt.jobs.records import NewJob
 from costopt.ledger.model import micro_to_usd, usd_to_micro
@@ -77,8 +77,9 @@ def test_the_watcher_recovers_a_managed_job_on_its_own_placements(engine, local,
         svc.repo.transition(job.id, JobState.RUNNING, "test", offer=LOCAL_A)
         assert watcher.offers_for(mj) == [LOCAL_B, LOCAL_A]  # its ranked placements
         other = migrator.register_job("drill-job", ["true"], str(tmp_path / "d"))
-        fallback = managed_offers_for(svc.repo, svc.engine, lambda j: ["fallback"])  # type: ignore[list-item]
-        assert fallback(other) == ["fallback"]  # not a managed job: the drill's recovery offers
+        drill_offer = OfferKey(Cloud.LOCAL, "local", "drill", "cpu-drill", Market.ON_DEMAND)
+        fallback = managed_offers_for(svc.repo, svc.engine, lambda j: [drill_offer])
+        assert fallback(other) == [drill_offer]  # not a managed job: the drill's recovery offers
         assert migrator.job(job.id).status is JobStatus.PENDING
     finally:
         svc.close()

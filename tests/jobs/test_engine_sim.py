@@ -178,8 +178,10 @@ def test_a_spot_preemption_is_recovered_through_the_watcher_on_the_jobs_placemen
     # the watcher's recovery runs within its pass on simulated time: the engine may only see its outcome
     assert sim.states(job.id)[:3] == ["queued", "launching", "running"]
     first = next(e for e in events if e.kind == "preemption")
+    assert first.detail is not None
     assert first.detail["from"] == SPOT.to_doc() and first.detail["lost_steps"] is not None
     rec = next(e for e in events if e.kind == "recovery")
+    assert rec.detail is not None
     assert rec.detail["to"] == OD_A.to_doc()  # the preempted spot offer is marked unavailable: tried last
     assert rec.cost_usd is not None and rec.cost_usd > 0  # the new copy's boot and restore
     assert done.offer == OD_A and done.usd_per_hour == Decimal("3.06")
@@ -212,6 +214,7 @@ def test_a_move_on_the_simulated_cloud_records_its_egress_overlap_and_restart(en
     )
     assert moved.state is JobState.RUNNING and moved.offer == OD_B
     (ev,) = [e for e in sim.repo.events(job.id) if e.kind == "move"]
+    assert ev.detail is not None
     assert Decimal(ev.detail["egress_usd"]) == Decimal("0.2")  # 10 GB x 0.02 USD/GB between AWS regions
     parts = sum(Decimal(ev.detail[k]) for k in ("egress_usd", "overlap_usd", "restart_usd"))
     assert ev.cost_usd == parts and Decimal(ev.detail["restart_usd"]) > 0

@@ -292,7 +292,9 @@ def test_after_a_move_the_next_job_is_decided_as_it_is_then_at_the_prices_then(r
     left: list[str] = []
 
     class SlowMove(FakeMove):
-        def __call__(self, job_id, placements_, *, reason, expected_saving_usd):  # type: ignore[no-untyped-def]
+        def __call__(
+            self, job_id: str, placements_: Sequence[Placement], *, reason: str, expected_saving_usd: Decimal
+        ) -> JobRecord:
             done = super().__call__(job_id, placements_, reason=reason, expected_saving_usd=expected_saving_usd)
             clock.t += timedelta(minutes=40)
             prices[CHEAP] = (3.5, 10.0)

@@ -27,7 +27,8 @@ def test_the_rebalancer_moves_a_running_job_through_the_engine_then_dwells(engin
     [moved] = rebalancer.run_once(dry_run=False).items
     assert moved.outcome is Outcome.MOVED, moved.reason
     assert (moved.from_offer, moved.to_offer) == (OD_A, OD_B)
-    assert moved.net_saving_usd is not None and moved.net_saving_usd > moved.margin_usd > 0
+    assert moved.net_saving_usd is not None and moved.margin_usd is not None
+    assert moved.net_saving_usd > moved.margin_usd > 0
     after = sim.repo.get(job.id)
     assert after.state is JobState.RUNNING and after.offer == OD_B
     migrating = [e for e in sim.repo.events(job.id) if e.to_state == JobState.MIGRATING.value]
