@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,10 @@ from api.credentials import SOURCE_CLOUDS, available_clouds, collector_names
 from api.metrics import PRICE_COLLECTORS_ENABLED
 from costopt.domain import Cloud
 from costopt.settings import Settings
+from pricing.base import PriceSource
+from pricing.collect import CollectOutcome
 from pricing.sources import SOURCES
+from pricing.store import PriceStore
 
 CREDENTIAL_VARIABLES = (
     "AWS_ACCESS_KEY_ID",
@@ -227,9 +231,12 @@ def test_cli_collect_without_source_skips_clouds_without_credentials(
     from costopt.settings import get_settings
 
     ran: list[list[str]] = []
-    monkeypatch.setattr(
-        pricing.collect, "collect_once", lambda store, sources: ran.append([s.name for s in sources]) or []
-    )
+
+    def collect_once(store: PriceStore, sources: Sequence[PriceSource]) -> list[CollectOutcome]:
+        ran.append([s.name for s in sources])
+        return []
+
+    monkeypatch.setattr(pricing.collect, "collect_once", collect_once)
     monkeypatch.setenv("COSTOPT_DATABASE_URL", f"sqlite:///{tmp_path / 'costopt.db'}")
     get_settings.cache_clear()
     try:

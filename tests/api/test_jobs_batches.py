@@ -14,6 +14,7 @@ from sqlalchemy import Engine, func, select
 
 from costopt.db.jobs_schema import batches, jobs
 from costopt.domain import OfferKey
+from costopt.throughput.model import Precision
 from tests.api.jobs_helpers import BODY, Service, error_of, service
 
 
@@ -118,7 +119,8 @@ def test_a_batch_plans_each_job_at_its_precision(svc: Service) -> None:
     fp32, amp = r.json()["jobs"]
     assert [svc.jobs.get(j["id"]).spec["precision"] for j in (fp32, amp)] == ["fp32", "amp"]
     settings = svc.app.state.settings
-    for job, precision in ((fp32, "fp32"), (amp, "amp")):
+    planned: tuple[tuple[Any, Precision], ...] = ((fp32, "fp32"), (amp, "amp"))
+    for job, precision in planned:
         q = job["quote"]
         cell = catalog_at(settings, svc.store, precision).get(BODY["job_type"], q["offer"]["accelerator"])
         assert cell is not None and q["steps_per_s"] == pytest.approx(cell.steps_per_s), precision

@@ -9,6 +9,7 @@ import logging
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Protocol, cast
 
 import pytest
 from pydantic import ValidationError
@@ -197,6 +198,10 @@ def test_wiring_shares_one_simulated_cloud_per_store_starting_at_the_setting(tmp
     assert build_cloud_provider(settings, build_store(settings)) is not sim  # another store, another cloud
 
 
+class _RateFn(Protocol):
+    def __call__(self, job_type: str, gpus: int, offer: OfferKey, precision: str = "fp32", /) -> float | None: ...
+
+
 def test_the_throughput_comes_from_the_catalog_by_job_type_accelerator_and_gpus(shared_data: Path) -> None:
     settings = Settings(data_dir=shared_data)
     p3_8x = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.8xlarge", Market.ON_DEMAND)
@@ -204,7 +209,8 @@ def test_the_throughput_comes_from_the_catalog_by_job_type_accelerator_and_gpus(
         [(OFFER, START, 3.0), (p3_8x, START, 3.0)],
         {("aws", "p3.2xlarge"): ("v100", 1.0), ("aws", "p3.8xlarge"): ("v100", 4.0)},
     )
-    rate = build_sim_throughput(settings, prices)
+    # the returned function's precision defaults to fp32 (api.wiring), beyond ThroughputFn's 4 positional args
+    rate = cast(_RateFn, build_sim_throughput(settings, prices))
     catalog = build_catalog(settings)
     job = "ResNet-50 (batch size 64)"
     one, four = catalog.get(job, "v100", 1), catalog.get(job, "v100", 4)

@@ -30,7 +30,7 @@ def test_asking_for_an_unknown_source_names_the_known_ones() -> None:
         build_sources(Settings(), ["nope"])
 
 
-def _log(path: Path, lines: list[str]) -> None:
+def _log(path: Path, lines: list[tuple[str, str]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(f"[{at}] {msg}\n" for at, msg in lines), encoding="utf-8")
 

@@ -13,6 +13,7 @@ from api.wiring import build_sim_throughput
 from costopt.jobs.model import JobState
 from costopt.jobs.records import NewJob
 from costopt.throughput.learning import ThroughputLearner
+from costopt.throughput.model import Precision
 from costopt.throughput.registry import Measurement
 from pricing.store import PriceStore
 from tests.throughput.sim_support import A100, planner_settings, priced, sim_rig
@@ -28,13 +29,18 @@ def test_jobs_run_on_the_sim_at_the_throughput_of_their_precision(
     store = PriceStore(engine)
     prices = priced(store, {A100: 4.1}, SHAPES)
     learnt: dict[str, Measurement] = {}
-    learner = ThroughputLearner(None, window_s=1800, on_measurement=lambda m: learnt.setdefault(m.source, m))
+
+    def learn(m: Measurement) -> None:
+        learnt.setdefault(m.source, m)
+
+    learner = ThroughputLearner(None, window_s=1800, on_measurement=learn)
     # the service's true speeds: the catalog at each precision
     rate = build_sim_throughput(settings, prices, engine)
     rig = sim_rig(engine, store, settings, prices, learner, tmp_path / "ckpt", rate=rate)
     migrator, planner, repo = rig.migrator, rig.planner, rig.repo
-    ids = {}
-    for precision in ("fp32", "amp"):
+    ids: dict[Precision, str] = {}
+    precisions: tuple[Precision, ...] = ("fp32", "amp")
+    for precision in precisions:
         spec = {"command": ["python", "train.py"], "job_type": JT, "precision": precision, "checkpoint_gb": 1}
         job, _ = repo.create(NewJob(team_id="t", spec=spec, steps_total=10_000_000, provider="sim"))
         ids[precision] = job.id
