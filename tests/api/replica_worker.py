@@ -138,7 +138,7 @@ def main(url: str, base: float) -> None:
     )
     scheduler = build_scheduler(
         Store(),  # type: ignore[arg-type]
-        [Source(record)],  # type: ignore[list-item]
+        [Source(record)],
         settings,
         migration=Migration(record, every["migration:reconcile"]),  # type: ignore[arg-type]
         job_service=jobs,

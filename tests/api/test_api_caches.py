@@ -46,7 +46,7 @@ def test_revoked_elsewhere_stops_within_the_ttl(svc: Service, monkeypatch: pytes
     """Revoked by another process (here: the repository, behind the service's back): the cached key is
     trusted until its TTL runs out, then refused."""
     now = [1000.0]
-    monkeypatch.setattr(api.auth.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr("api.auth.time.monotonic", lambda: now[0])
     key_id, headers = _key(svc)
     assert svc.client.get("/v1/jobs", headers=headers).status_code == 200
     assert svc.teams.revoke(key_id)
@@ -365,7 +365,7 @@ def test_the_planners_caches_drop_expired_entries_as_they_grow(svc: Service, mon
     import api.job_planning as jp
 
     now = [1000.0]
-    monkeypatch.setattr(jp.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr("api.job_planning.time.monotonic", lambda: now[0])
     planner = svc.app.state.job_planner
     svc.submit(svc.alpha)
     assert len(planner._tables) == 1 and len(planner._plans) == 1

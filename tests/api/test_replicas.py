@@ -165,13 +165,18 @@ def test_a_failing_run_is_logged_and_its_lease_released(engine, caplog: pytest.L
 
 def test_the_real_scheduler_runs_its_scheduled_tick_even_when_it_starts_late(engine) -> None:
     seen: list[datetime | None] = []
+
+    def slow_tick() -> None:
+        time.sleep(0.3)
+        seen.append(current_tick())
+
     scheduler = new_scheduler()
     add_leased_job(
         scheduler,
         "engine",
         "test",
         Every(timedelta(seconds=0.2)),
-        lambda: (time.sleep(0.3), seen.append(current_tick())),
+        slow_tick,
         leases=LeaseStore(engine),
         first_run_now=False,
     )
@@ -274,8 +279,8 @@ def test_three_replicas_run_each_tick_of_every_job_exactly_once_and_hand_over_a_
         started = time.monotonic()
         first_start = datetime.now(UTC)
         try:
-            for r in replicas:
-                r.wait_ready()
+            for replica in replicas:
+                replica.wait_ready()
             ready_at = datetime.now(UTC)  # each replica takes seconds to import; count ticks from here
             wait_for(target_ticks // 2, 60)
             with engine.connect() as conn:
@@ -286,8 +291,8 @@ def test_three_replicas_run_each_tick_of_every_job_exactly_once_and_hand_over_a_
             victim.proc.wait()
             wait_for(target_ticks, 60)
         finally:
-            for r in replicas:
-                r.stop()
+            for replica in replicas:
+                replica.stop()
         elapsed = time.monotonic() - started
         with engine.connect() as conn:
             rows = conn.execute(select(RUNS.c.name, RUNS.c.tick, RUNS.c.pid, RUNS.c.at).order_by(RUNS.c.id)).all()
