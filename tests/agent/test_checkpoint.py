@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,12 +44,15 @@ def test_bytes_state_round_trips_bit_for_bit(make_agent):
     assert ckpt is not None and ckpt.state == payload and ckpt.meta == {"format": "raw"}
 
 
-def test_a_newer_epoch_restores_the_older_epochs_checkpoint_and_supersedes_it(make_agent, uri):
+def test_a_newer_epoch_restores_the_older_epochs_checkpoint_and_supersedes_it(
+    make_agent: Callable[..., Agent], uri: str
+) -> None:
     a = make_agent(epoch=1)
     a.restore()
     a.checkpoint(100, {"s": 100})
     b = make_agent(epoch=2)
-    assert b.restore().step == 100  # type: ignore[union-attr]
+    restored = b.restore()
+    assert restored is not None and restored.step == 100
     b.checkpoint(100, {"s": "b100"})
     latest = control.latest(uri)
     assert latest is not None and (latest.epoch, latest.step) == (2, 100)

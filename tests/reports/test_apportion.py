@@ -7,6 +7,7 @@ import itertools
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from fractions import Fraction
+from typing import NotRequired, TypedDict
 
 import pytest
 from hypothesis import given, settings
@@ -147,11 +148,29 @@ def test_a_row_answers_each_dimension() -> None:
         row.value("zone")
 
 
+class _QueryChange(TypedDict, total=False):
+    """Some of a ReportQuery's fields, to change in a valid query."""
+
+    start: datetime
+    end: datetime
+    group_by: tuple[str, ...]
+    top: int
+
+
+class _QueryFields(TypedDict):
+    """A ReportQuery's fields as keyword arguments."""
+
+    start: datetime
+    end: datetime
+    group_by: NotRequired[tuple[str, ...]]
+    top: NotRequired[int]
+
+
 def test_a_report_query_refuses_a_bad_period_grouping_or_top() -> None:
     ok = ReportQuery(T0, T0 + timedelta(days=1), group_by=("team", "month"), top=1)
     assert ok.group_by == ("team", "month")
     naive = datetime(2020, 3, 1)
-    for bad, message in [
+    cases: list[tuple[_QueryChange, str]] = [
         ({"start": naive}, "from must be"),
         ({"start": T0.astimezone(timezone(timedelta(hours=1)))}, "from must be a tz-aware UTC time"),
         ({"end": naive}, "to must be"),
@@ -160,7 +179,8 @@ def test_a_report_query_refuses_a_bad_period_grouping_or_top() -> None:
         ({"group_by": ("team", "zone")}, "cannot group by zone; choose from"),
         ({"group_by": ("team", "team")}, "group_by repeats a dimension: team, team"),
         ({"top": 0}, "top must be >= 1, got 0"),
-    ]:
-        args: dict[str, object] = {"start": T0, "end": T0 + timedelta(days=1), **bad}
+    ]
+    for bad, message in cases:
+        args: _QueryFields = {"start": T0, "end": T0 + timedelta(days=1), **bad}
         with pytest.raises(ReportError, match=message):
-            ReportQuery(**args)  # type: ignore[arg-type]
+            ReportQuery(**args)

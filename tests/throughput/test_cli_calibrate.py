@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ runner = CliRunner()
 
 
 @pytest.fixture
-def data_dir(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def data_dir(shared_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("COSTOPT_DATA_DIR", str(shared_data))
     monkeypatch.setenv("COSTOPT_DATABASE_URL", f"sqlite:///{tmp_path / 'cli.db'}")
     get_settings.cache_clear()
