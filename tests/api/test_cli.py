@@ -21,7 +21,7 @@ runner = CliRunner()
 
 
 @pytest.fixture
-def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     url = f"sqlite:///{tmp_path / 'cli.db'}"
     monkeypatch.setenv("COSTOPT_DATABASE_URL", url)
     get_settings.cache_clear()

@@ -104,7 +104,9 @@ def test_admin_local_makes_a_team_whose_key_authenticates(env):
     key = result.stdout.strip().splitlines()[-1]
     teams = TeamRepository(make_engine(f"sqlite:///{env / 'c.db'}"))
     found = teams.authenticate(key)
-    assert found is not None and teams.team(found.team_id).name == "vision"
+    assert found is not None
+    team = teams.team(found.team_id)
+    assert team is not None and team.name == "vision"
     again = runner.invoke(app, ["admin", "create-team", "vision", "--local"])
     assert again.exit_code == 1 and "exists already" in again.output
     listed = runner.invoke(app, ["admin", "teams", "--local", "-f", "json"])

@@ -7,6 +7,7 @@ time and never logged; each key is rate-limited with 429 and Retry-After."""
 from __future__ import annotations
 
 import hashlib
+import hmac
 import logging
 import re
 from collections.abc import Iterator
@@ -17,9 +18,10 @@ import pytest
 from fastapi.routing import iter_route_contexts
 from sqlalchemy import Engine, select
 
+import costopt.db.schema  # noqa: F401  (registers every table on the shared metadata)
 from api.auth import current_caller, require_admin
 from api.tenancy import RateLimiter
-from costopt.db.schema import metadata
+from costopt.db.metadata import metadata
 from costopt.jobs.teams import TeamPolicy
 from tests.api.jobs_helpers import BODY, Service, bearer, error_of, service
 
@@ -54,15 +56,16 @@ def _id_routes(app: Any) -> list[tuple[str, str, list[str], str]]:
     """(method, path, its path parameters, how it authenticates) of every route of the app's route table
     with a path parameter; ``auth``: ``admin`` (an admin key), ``member`` (any team key) or ``other``
     (not a team key, e.g. a fleet worker's token)."""
-    out = []
+    out: list[tuple[str, str, list[str], str]] = []
     for route in iter_route_contexts(app.routes):
-        params = re.findall(r"{(\w+)(?::[^}]*)?}", route.path or "")
+        path = route.path or ""
+        params: list[str] = re.findall(r"{(\w+)(?::[^}]*)?}", path)
         dependant = getattr(route, "dependant", None)
         if not params or dependant is None:
             continue
         calls = _calls(dependant)
         auth = "admin" if require_admin in calls else "member" if current_caller in calls else "other"
-        out.extend((m, route.path, params, auth) for m in sorted((route.methods or set()) - {"HEAD"}))
+        out.extend((m, path, params, auth) for m in sorted((route.methods or set()) - {"HEAD"}))
     return out
 
 
@@ -233,18 +236,16 @@ def _secret_part(key: str) -> str:
 def test_keys_are_stored_as_hashes_compared_in_constant_time_and_never_logged(
     svc: Service, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import costopt.jobs.teams as teams_module
-
     capsys.readouterr()  # the bootstrap admin key printed at start-up (shown once, by design)
     caplog.set_level(logging.DEBUG)
     compared: list[tuple[str, str]] = []
-    real = teams_module.hmac.compare_digest
+    real = hmac.compare_digest  # the module costopt.jobs.teams compares with
 
     def spy(a: Any, b: Any) -> bool:
         compared.append((a, b))
         return bool(real(a, b))
 
-    monkeypatch.setattr(teams_module.hmac, "compare_digest", spy)
+    monkeypatch.setattr("costopt.jobs.teams.hmac.compare_digest", spy)
     made = svc.client.post(f"/v1/admin/teams/{svc.alpha_team}/keys", json={"name": "ci"}, headers=svc.admin)
     assert made.status_code == 201, made.text
     secret = made.json()["key"]

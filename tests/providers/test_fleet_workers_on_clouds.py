@@ -550,7 +550,7 @@ def test_a_launch_cut_short_is_found_by_its_token_terminated_on_the_cloud_and_la
     lost with the dead process): 60 s later the executor finds that instance by the launch's idempotency
     token, terminates it on the cloud, and launches the fleet instance again with a new token."""
     crashing = CrashAfterLaunch(cloud.provider)
-    rig = make_rig(engine, replace(cloud, provider=crashing))  # type: ignore[arg-type]
+    rig = make_rig(engine, replace(cloud, provider=crashing))
     with pytest.raises(SystemExit):
         rig.tick()
     rig.executor = FleetExecutor(  # the restarted service's, on the plain provider
