@@ -102,6 +102,7 @@ def run_fuzz(
     requests so that the found paths are explored too; ``known_bodies``: operation label -> valid bodies
     (sent with generated headers), so that the accepting paths of e.g. ``POST /v1/jobs`` are reached."""
     import schemathesis
+    from schemathesis.core.result import Err
     from schemathesis.generation.modes import GenerationMode
 
     schema = schemathesis.openapi.from_dict(doc if doc is not None else app.openapi())
@@ -109,6 +110,8 @@ def run_fuzz(
     report = FuzzReport()
     start = time.perf_counter()
     for result in schema.get_all_operations():
+        if isinstance(result, Err):
+            raise result.err()  # the schema itself is invalid: nothing of it can be fuzzed
         op = result.ok()
         strategies = [op.as_strategy(GenerationMode.POSITIVE), op.as_strategy(GenerationMode.NEGATIVE)]
         path_names = [p.name for p in op.path_parameters]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -87,7 +87,7 @@ def bearer(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"}
 
 
-def service(engine: Engine, tmp_path: Path, **settings: Any) -> Iterator[Service]:
+def service(engine: Engine, tmp_path: Path, **settings: Any) -> Generator[Service, None, None]:
     """The service over ``engine`` (seeded), with an admin key and member keys of teams alpha and beta."""
     s = Settings(
         **{

@@ -99,7 +99,9 @@ def test_the_demo_fills_each_teams_finished_jobs_and_the_report_sums_the_ledger(
         assert result.states == {"succeeded": len(plan)}
         assert result.started_at == START < result.ended_at <= START + timedelta(days=6)
         with engine.connect() as conn:
-            by_team = dict(conn.execute(text("SELECT team_id, COUNT(*) FROM jobs GROUP BY team_id")).all())
+            by_team: dict[str, int] = dict(
+                conn.execute(text("SELECT team_id, COUNT(*) FROM jobs GROUP BY team_id")).all()
+            )
             states = {r[0] for r in conn.execute(text("SELECT DISTINCT state FROM jobs"))}
             quoted = conn.execute(text("SELECT COUNT(quote) FROM jobs")).scalar_one()  # planned by POST /v1/jobs
         assert (
