@@ -101,6 +101,7 @@ def plain_copy_rate(backend: str, tmp: Path, frame: pd.DataFrame) -> float:
         with eng.begin() as conn:
             conn.exec_driver_sql("SET LOCAL TIME ZONE 'UTC'")
             raw = conn.connection.driver_connection
+            assert raw is not None  # the open psycopg connection under the pool's wrapper
             with (
                 raw.cursor() as cur,
                 cur.copy("COPY price_points (offer_id, valid_from, usd_per_hour, source) FROM STDIN") as cp,
