@@ -29,8 +29,9 @@ lint: setup
 	$(BIN)/ruff check $(PY_DIRS)
 	$(BIN)/ruff format --check $(PY_DIRS)
 
+# tests and bench too (a cold cache adds ~15 s of CPU: 56 s for all 455 files against 42 s without them)
 typecheck: setup
-	$(BIN)/mypy costopt pricing providers api
+	$(BIN)/mypy costopt pricing providers api tests bench
 
 # One BLAS thread per test process (tests/conftest.py sets it too). Three xdist workers on the two cores: part of
 # the suite waits on subprocesses, servers and clocks, which a third worker fills (measured on a quiet machine:
