@@ -19,9 +19,13 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The allocators' settings the soak measured (docs/reliability.md "Soak"; the Dockerfile sets the same): glibc
+# arenas capped, large blocks returned when freed, pyarrow through the same malloc. Read at process start only.
+SERVICE_ENV := MALLOC_ARENA_MAX=2 MALLOC_MMAP_THRESHOLD_=65536 MALLOC_TRIM_THRESHOLD_=131072 ARROW_DEFAULT_MEMORY_POOL=system
+
 run: setup
 	$(BIN)/costopt db migrate
-	$(BIN)/costopt serve
+	$(SERVICE_ENV) $(BIN)/costopt serve
 
 PY_DIRS := costopt pricing providers api tests bench experiments examples
 
