@@ -391,6 +391,8 @@ def run(
     env["COSTOPT_SIM_CLOCK"] = clock
     env["COSTOPT_SIM_STEP"] = f"PT{step_s:g}S"
     env["PYTHONHASHSEED"] = "0"  # the same iteration order of sets of strings in every run's service
+    # the same job ids in every run (the service orders work by them): derived from the seed, team and key
+    env["COSTOPT_JOB_ID_SEED"] = f"kill-drill-{seed}"
     port = _free_port()
     service = Service(folder, env, port)
     client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=60)

@@ -443,6 +443,12 @@ class Settings(BaseSettings):
     http_timeout_s: float = 30.0
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    job_id_seed: str | None = Field(
+        default=None,
+        description="Drills only (bench/kill_drill.py): a job submitted with an Idempotency-Key gets an id "
+        "derived from this seed, its team's name and the key (costopt.jobs.records.seeded_job_id), the same in "
+        "every run with the seed, so runs compare job by job. None: random ids (a service's default).",
+    )
     gc_freeze: bool = Field(
         default=True,
         description="At the end of the service's start-up, freeze the objects alive then out of the garbage "

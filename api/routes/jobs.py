@@ -39,7 +39,15 @@ from api.job_schemas import (
 from api.tenancy import check_team
 from costopt.domain import OfferKey
 from costopt.jobs.model import JobState
-from costopt.jobs.records import JobEvent, JobNotFound, JobRecord, JobRepository, NewJob, new_job_id
+from costopt.jobs.records import (
+    JobEvent,
+    JobNotFound,
+    JobRecord,
+    JobRepository,
+    NewJob,
+    new_job_id,
+    seeded_job_id,
+)
 from costopt.jobs.view import MoveView, job_view
 from costopt.planning.model import InvalidJob
 from costopt.settings import Settings
@@ -312,6 +320,9 @@ def _submit_job(
 ) -> tuple[JobPublic, int]:
     """:func:`submit_job`'s work: the job as rendered and the status (201 new, 200 the key's first job)."""
     job_id = new_job_id()
+    if settings.job_id_seed is not None and idempotency_key is not None:  # a drill's runs compare job by job
+        team = request.app.state.teams.team(caller.team_id)
+        job_id = seeded_job_id(settings.job_id_seed, team.name if team is not None else caller.team_id, idempotency_key)
     spec = job_spec(body, job_id, settings)
     check_team(request.app.state.teams, caller.team_id, settings, bodies=[body])  # its checkpoint URI and image
     if body.fleet_id is not None:  # the fleet's policy places it: no quote on the open market

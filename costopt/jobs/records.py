@@ -27,6 +27,7 @@ simulated cloud). Money is Decimal USD.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -82,6 +83,15 @@ def _utcnow() -> datetime:
 def new_job_id() -> str:
     """A fresh job id: ``job-`` and 16 hex digits (also the migrator's and the ledger's job id)."""
     return f"job-{secrets.token_hex(8)}"
+
+
+def seeded_job_id(seed: str, team_name: str, idempotency_key: str) -> str:
+    """The id of the job a team submits with ``idempotency_key`` under a drill's ``seed``
+    (``Settings.job_id_seed``): ``job-`` and the first 16 hex digits of a SHA-256 of the three, so two runs
+    with one seed give each submission the same id (the service orders work by job id) and a retry with
+    the key gets the id of the first job."""
+    digest = hashlib.sha256("\0".join((seed, team_name, idempotency_key)).encode()).hexdigest()
+    return f"job-{digest[:16]}"
 
 
 def _dumps(doc: Any) -> str:
