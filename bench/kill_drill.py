@@ -404,7 +404,15 @@ def run(
         # however long the posts take; at 0.001x each post still gets a time of its own (a job's created_at
         # orders the engine's work: ties would go by the random job ids).
         submit_scale = "0.001" if clock == "stepped" else "1"
-        service.env = {**env, "COSTOPT_SIM_CLOCK": "wall", "COSTOPT_SIM_TIME_SCALE": submit_scale}
+        # No background work while the posts arrive (the engine's tick, the fleet's rounds): what it would start
+        # then, and in what order, would depend on the wall time the posts take; it all starts on the run's clock.
+        service.env = {
+            **env,
+            "COSTOPT_SIM_CLOCK": "wall",
+            "COSTOPT_SIM_TIME_SCALE": submit_scale,
+            "COSTOPT_MIGRATION_JOBS_ENABLED": "false",
+            "COSTOPT_FLEET_EXECUTOR_ENABLED": "false",
+        }
         service.start()
         fleet_id = None
         if fleet_jobs:
