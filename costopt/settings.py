@@ -452,8 +452,8 @@ class Settings(BaseSettings):
     gc_freeze: bool = Field(
         default=True,
         description="At the end of the service's start-up, freeze the objects alive then out of the garbage "
-        "collector's full passes (api/heap.py: 100-400 ms pauses of every request otherwise, the REST p99). "
-        "The test suite turns it off (its processes build and drop hundreds of apps).",
+        "collector's full passes (api/heap.py: otherwise 100-450 ms pauses of a worker's requests under load, the "
+        "REST p99). The test suite turns it off (its processes build and drop hundreds of apps).",
     )
     # The CLI as a client of the service (costopt jobs ..., costopt admin ...).
     api_url: str = Field(

@@ -319,10 +319,11 @@ def _submit_job(
     idempotency_key: str | None,
 ) -> tuple[JobPublic, int]:
     """:func:`submit_job`'s work: the job as rendered and the status (201 new, 200 the key's first job)."""
-    job_id = new_job_id()
     if settings.job_id_seed is not None and idempotency_key is not None:  # a drill's runs compare job by job
         team = request.app.state.teams.team(caller.team_id)
         job_id = seeded_job_id(settings.job_id_seed, team.name if team is not None else caller.team_id, idempotency_key)
+    else:
+        job_id = new_job_id()
     spec = job_spec(body, job_id, settings)
     check_team(request.app.state.teams, caller.team_id, settings, bodies=[body])  # its checkpoint URI and image
     if body.fleet_id is not None:  # the fleet's policy places it: no quote on the open market
