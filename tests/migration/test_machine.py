@@ -6,6 +6,7 @@ from __future__ import annotations
 import builtins
 import itertools
 import re
+import signal
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -421,6 +422,10 @@ def test_a_copy_preempted_while_the_move_waits_for_its_checkpoint_is_replaced_at
     assert old is not None
 
     def preempt_old(point: str) -> None:
+        # Freeze the old copy before the request is written, so it cannot answer before the
+        # preemption lands (a real process racing the test otherwise); SIGKILL takes it stopped.
+        if point == "enter:planned":
+            assert local._signal(old, signal.SIGSTOP)
         if point == "enter:checkpointing":
             local.preempt(old, notice_seconds=0)
 
