@@ -325,6 +325,14 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+def _parent(pid: int) -> int:
+    """The parent's pid of ``pid`` (0 when it is gone)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
 def process_cpu(pid: int) -> float:
     """User + system CPU seconds of one process (0 when it is gone)."""
     try:
@@ -374,6 +382,12 @@ class Server:
     def cpu(self) -> float:
         return cpu_seconds(self.proc.pid)
 
+    def worker_cpu(self) -> dict[int, float]:
+        """CPU seconds so far of each of the server's direct children (uvicorn's workers; with one worker
+        the server's own process), to see how evenly the connections spread over them."""
+        kids = [p for p in _tree(self.proc.pid) if p != self.proc.pid and _parent(p) == self.proc.pid]
+        return {p: process_cpu(p) for p in kids} if self.workers > 1 else {self.proc.pid: self.cpu()}
+
 
 @contextmanager
 def server(
@@ -397,7 +411,10 @@ def server(
     )
     env.update(extra_env or {})
     log = log_dir / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "uvicorn", "--factory", "bench.api_load:make_app", "--host", "127.0.0.1"]
+    if workers > 1:  # as `costopt serve --workers N`: a listening socket per worker (api/replicas.py)
+        cmd = [sys.executable, "-m", "api.replicas", "bench.api_load:make_app", "--host", "127.0.0.1"]
+    else:
+        cmd = [sys.executable, "-m", "uvicorn", "--factory", "bench.api_load:make_app", "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -521,6 +538,7 @@ class Phase:
     cpu_s: float = 0.0
     db_cpu_s: float = 0.0
     client_cpu_s: float = 0.0
+    worker_cpu_s: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -555,6 +573,11 @@ class Phase:
             "ceiling_req_per_s_2_cores": round(2 * self.requests / (self.cpu_s + self.db_cpu_s + self.client_cpu_s))
             if self.requests and (self.cpu_s + self.db_cpu_s + self.client_cpu_s) > 0
             else 0,
+            # each worker process's share of the cores, busiest first (one GIL each: a worker near 100% while
+            # another idles means the connections did not spread over them)
+            "worker_cpu_pct": [round(100 * c / self.wall_s, 1) for c in sorted(self.worker_cpu_s, reverse=True)]
+            if self.wall_s
+            else [],
             "problems": self.problems[:5],
         }
 
@@ -578,6 +601,7 @@ async def drive(
     host, port = srv.base.removeprefix("http://").split(":")
     conns = [RawConnection(host, int(port)) for _ in range(concurrency)]
     start, cpu0, db0, client0 = time.perf_counter(), srv.cpu(), srv.db_cpu(), time.process_time()
+    workers0 = srv.worker_cpu()
     deadline = start + max_s
 
     async def worker(conn: RawConnection) -> None:
@@ -608,6 +632,7 @@ async def drive(
     phase.cpu_s = srv.cpu() - cpu0
     phase.client_cpu_s = time.process_time() - client0
     phase.db_cpu_s = sum(cpu - db0.get(pid, 0.0) for pid, cpu in srv.db_cpu().items())
+    phase.worker_cpu_s = [cpu - workers0.get(pid, 0.0) for pid, cpu in srv.worker_cpu().items()]
     return phase
 
 

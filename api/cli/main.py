@@ -118,14 +118,11 @@ def serve(
         _prepare_replicas(settings)
     if not collect:  # the workers read their settings from the environment
         os.environ["COSTOPT_COLLECTORS_ENABLED"] = "false"
-    uvicorn.run(
-        "api.app:create_app",
-        factory=True,
-        workers=workers,
-        host=host or settings.api_host,
-        port=port or settings.api_port,
-        log_level="info",
-    )
+    from api.replicas import serve as serve_replicas
+
+    # a listening socket per worker (SO_REUSEPORT): connections opened together spread over the workers
+    bind_host, bind_port = host or settings.api_host, port or settings.api_port
+    serve_replicas("api.app:create_app", workers=workers, host=bind_host, port=bind_port)
 
 
 def _prepare_replicas(settings: Settings) -> None:

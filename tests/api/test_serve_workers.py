@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from api.cli.main import app
 from costopt.settings import PROJECT_ROOT, get_settings
+from tests.api.test_replicas_socket import listening_sockets
 from tests.conftest import PG_ADMIN_URL, pg_schema
 
 runner = CliRunner()
@@ -100,6 +101,7 @@ def test_two_workers_on_postgresql_share_one_admin_key(tmp_path: Path) -> None:
                 seen += 1
             assert seen == 20
             assert len(_children(proc.pid)) >= 2  # the workers (uvicorn's supervisor is the parent)
+            assert listening_sockets(port) == 2  # each worker on its own socket (api/replicas.py)
             assert out.read_text().count("admin key (shown once)") == 1
         finally:
             proc.terminate()
