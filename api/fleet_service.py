@@ -128,6 +128,7 @@ def build_fleet_executor(settings: Settings, service: JobService) -> FleetExecut
         billing=billing,
         grid_s=settings.fleet_tick,
         restart_overhead_s=settings.fleet_restart_overhead,
+        id_seed=settings.job_id_seed,
         unreachable={name: why for name in providers if (why := service_url_problem(settings, name)) is not None},
     )
 

@@ -23,10 +23,12 @@ One run:
    the instance catalog and the replayed 2020 AWS spot prices, with the drill's **price steps** (below)
    written into them; a team and a member key;
 2. ``costopt serve`` in a subprocess: first with the simulated clock all but stopped for the submissions
-   (step 3: a wall clock at 0.001x, so every run submits at ``START`` + milliseconds, however long the posts
-   take, each job at its own microsecond, in the same order; the stepped clock then starts at the first
-   point of its grid after them, ``START`` + ``--step``; ``--clock wall``: at 1x, ``START`` + that phase's
-   wall seconds), then stopped with SIGTERM, not a kill, and started again with the run's clock (above;
+   (step 3: a wall clock at 1e-12x, which does not move a microsecond, so every run submits at ``START``
+   exactly, however long the posts take, and the service orders the jobs by their ids (seeded: the same in
+   every run, ``COSTOPT_JOB_ID_SEED``, which also seeds the fleet's and its instances' ids); the
+   stepped clock then starts at the first point of its grid after them, ``START`` + ``--step``; ``--clock
+   wall``: at 1x, ``START`` + that phase's wall seconds), then stopped with SIGTERM, not a kill, and started
+   again with the run's clock (above;
    ``--clock wall``: at ``--time-scale``, 3600x a simulated hour per wall second), the service's own job
    engine, interruption watcher, reconciler, rebalancer (every 15 simulated minutes, so jobs move when
    another zone is cheaper) and fleet rounds;
@@ -214,6 +216,7 @@ class RunResult:
     """One run's figures."""
 
     kills: int = 0
+    kills_at: list[datetime] = field(default_factory=list)  # the simulated clock each kill left in the state file
     restarts_s: list[float] = field(default_factory=list)  # kill to /readyz 200 after the restart
     wall_s: float = 0.0
     jobs: int = 0
@@ -399,11 +402,12 @@ def run(
     res = RunResult(jobs=jobs)
     t0 = time.monotonic()
     try:
-        # The submissions on a clock all but stopped (stepped) or at 1x (wall), then a clean restart with the
-        # run's clock: every run submits at the same simulated time (START + milliseconds, or + a few seconds)
-        # however long the posts take; at 0.001x each post still gets a time of its own (a job's created_at
-        # orders the engine's work: ties would go by the random job ids).
-        submit_scale = "0.001" if clock == "stepped" else "1"
+        # The submissions on a clock stopped (stepped: 1e-12x, it does not move a microsecond) or at 1x (wall),
+        # then a clean restart with the run's clock: every run submits at START exactly however long the posts
+        # take, and the service orders the jobs (created at the same time) by their seeded ids, the same in
+        # every run. (At 0.001x, as before, the clock moved 250 us at each of its ticks: which posts shared a
+        # tick, and so the engine's order, followed the wall time the posts took.)
+        submit_scale = "1e-12" if clock == "stepped" else "1"
         # No background work while the posts arrive (the engine's tick, the fleet's rounds): what it would start
         # then, and in what order, would depend on the wall time the posts take; it all starts on the run's clock.
         service.env = {
@@ -457,9 +461,14 @@ def run(
             t_kill = time.monotonic()
             service.kill()
             res.kills += 1
+            killed_at = _saved_cloud(Path(env["COSTOPT_SIM_STATE_FILE"])).now()  # the clock as the kill left it
+            res.kills_at.append(killed_at)
             service.start()
             res.restarts_s.append(time.monotonic() - t_kill)
-            say(f"  kill {res.kills}/{kills} after {wait:.2f} s up; ready again in {res.restarts_s[-1]:.2f} s")
+            say(
+                f"  kill {res.kills}/{kills} after {wait:.2f} s up, at {killed_at:%H:%M:%S} simulated; ready again in "
+                f"{res.restarts_s[-1]:.2f} s"
+            )
         while True:
             current = docs()
             if len(current) == jobs and all(d["state"] in TERMINAL for d in current):

@@ -447,7 +447,9 @@ class Settings(BaseSettings):
         default=None,
         description="Drills only (bench/kill_drill.py): a job submitted with an Idempotency-Key gets an id "
         "derived from this seed, its team's name and the key (costopt.jobs.records.seeded_job_id), the same in "
-        "every run with the seed, so runs compare job by job. None: random ids (a service's default).",
+        "every run with the seed, so runs compare job by job; so do a fleet leased with an Idempotency-Key, its "
+        "first instances, their replacements and their launch tokens (costopt.fleets.model.seeded_id). None: random "
+        "ids (a service's default).",
     )
     gc_freeze: bool = Field(
         default=True,

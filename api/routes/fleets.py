@@ -11,6 +11,7 @@ request returns the first fleet (200).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Annotated, Any
 
@@ -38,6 +39,8 @@ from costopt.fleets.model import (
     FleetRecord,
     FleetStateError,
     NewFleet,
+    seeded_fleet_id,
+    seeded_id,
 )
 from costopt.fleets.store import FleetRepository, NewFleetJob
 from costopt.jobs.records import JobRecord, JobRepository, NewJob
@@ -110,6 +113,17 @@ def create_fleet(
     check_team(request.app.state.teams, caller.team_id, settings, providers=[i.provider for i in instances])
     spec = body.model_dump(mode="json")
     spec["policy"] = policy
+    ids: dict[str, str] = {}
+    if settings.job_id_seed is not None and idempotency_key is not None:  # a drill's runs compare fleet by fleet
+        team = request.app.state.teams.team(caller.team_id)
+        fleet_id = seeded_fleet_id(
+            settings.job_id_seed, team.name if team is not None else caller.team_id, idempotency_key
+        )
+        ids["fleet_id"] = fleet_id
+        instances = [
+            dataclasses.replace(inst, instance_id=seeded_id("fi-", settings.job_id_seed, fleet_id, str(n)))
+            for n, inst in enumerate(instances)
+        ]
     try:
         fleet, created = repo.create(
             NewFleet(
@@ -121,6 +135,7 @@ def create_fleet(
                 name=body.name,
                 spec=spec,
                 idempotency_key=idempotency_key,
+                **ids,
             )
         )
     except FleetError as exc:

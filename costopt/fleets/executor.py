@@ -53,6 +53,7 @@ from costopt.fleets.model import (
     InstanceState,
     NewInstance,
     capacity_of,
+    seeded_id,
 )
 from costopt.fleets.rounds import decayed_received, history_since, plan_round
 from costopt.fleets.store import FleetRepository, NewFleetJob
@@ -116,7 +117,9 @@ class FleetExecutor:
     instead of booting workers that never sync); ``restart_overhead_s``: seconds a job loses when it moves
     (its copy checkpoints, exits and starts again elsewhere): heterogeneity-aware policies hold a running
     job unless a challenger's priority beats it by ``1 + 6 x restart_overhead_s / round_s``, as in the
-    simulator (:func:`costopt.gavel.mechanism.mechanism_rule`; 0: no hysteresis).
+    simulator (:func:`costopt.gavel.mechanism.mechanism_rule`; 0: no hysteresis). ``id_seed`` (drills only,
+    ``Settings.job_id_seed``): replacements' ids and launch tokens derived from it (:func:`seeded_id`), so
+    every run of a seed gives them the same ones; None: random.
 
     A launch the provider refuses (:class:`~costopt.cloud.CloudError`, or ``ValueError`` for a spec it
     cannot send, e.g. a boot script above the cloud's size limit or a region it does not watch) puts the
@@ -139,12 +142,14 @@ class FleetExecutor:
         full_every_s: float = 1.0,
         unreachable: Mapping[str, str] | None = None,
         restart_overhead_s: float = 0.0,
+        id_seed: str | None = None,
     ) -> None:
         if dead_after_s <= 0 or boot_timeout_s <= 0 or (grid_s is not None and grid_s <= 0):
             raise ValueError("dead_after_s, boot_timeout_s and grid_s must be > 0")
         if not restart_overhead_s >= 0:
             raise ValueError("restart_overhead_s must be >= 0 seconds")
         self.restart_overhead_s = float(restart_overhead_s)
+        self.id_seed = id_seed
         self.grid_s = grid_s
         self.repo = repo
         self.jobs = jobs
@@ -288,6 +293,11 @@ class FleetExecutor:
                     provider=inst.provider,
                     usd_per_hour=inst.usd_per_hour,
                     replaces=inst.id,
+                    **(
+                        {}
+                        if self.id_seed is None
+                        else {"instance_id": seeded_id("fi-", self.id_seed, "replaces", inst.id)}
+                    ),
                 )
             if self.repo.lose_instance(inst.id, reason, replace=replace):
                 log.warning(
@@ -371,7 +381,14 @@ class FleetExecutor:
                     self.repo.update_instance(inst.id, expect=(InstanceState.PENDING,), end_reason=why)
                     out.errors.append(f"{inst.id}: {why}")
                 continue
-            token, launch_token = new_token(), f"{inst.id}-{secrets.token_hex(4)}"
+            # the launch's idempotency token, new at each attempt (a launch cut short is abandoned, not retried
+            # under its token); under a drill's seed, derived from the attempt's (service clock) time
+            suffix = (
+                secrets.token_hex(4)
+                if self.id_seed is None
+                else seeded_id("", self.id_seed, inst.id, now.isoformat())[:8]
+            )
+            token, launch_token = new_token(), f"{inst.id}-{suffix}"
             if not self.repo.update_instance(
                 inst.id,
                 expect=(InstanceState.PENDING,),

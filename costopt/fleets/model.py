@@ -16,6 +16,7 @@ reason for each type.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import secrets
@@ -51,6 +52,8 @@ __all__ = [
     "admission",
     "new_fleet_id",
     "new_instance_id",
+    "seeded_fleet_id",
+    "seeded_id",
 ]
 
 FLEET_PROVIDER = "fleet"
@@ -131,6 +134,22 @@ def new_fleet_id() -> str:
 def new_instance_id() -> str:
     """A fleet instance's id, also its worker's id."""
     return f"fi-{secrets.token_hex(8)}"
+
+
+def seeded_id(prefix: str, seed: str, *parts: str) -> str:
+    """Drills only (``Settings.job_id_seed``): ``prefix`` and the first 16 hex digits of a SHA-256 of
+    ``seed`` and ``parts``, so every run of a seed gives the same thing the same id (the service orders a
+    fleet's instances, and the simulated cloud its instances, by id). The parts must name one thing: e.g. a
+    fleet instance by its fleet and its index among the fleet's first ones, a replacement by the instance it
+    replaces."""
+    digest = hashlib.sha256("\0".join((seed, *parts)).encode()).hexdigest()
+    return f"{prefix}{digest[:16]}"
+
+
+def seeded_fleet_id(seed: str, team_name: str, idempotency_key: str) -> str:
+    """The id of the fleet a team leases with ``idempotency_key`` under a drill's ``seed`` (as
+    :func:`costopt.jobs.records.seeded_job_id` for jobs)."""
+    return seeded_id("fleet-", seed, "fleet", team_name, idempotency_key)
 
 
 def _loads(text: str | None, default: Any) -> Any:

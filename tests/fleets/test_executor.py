@@ -329,6 +329,27 @@ def test_a_job_arriving_after_the_boundary_waits_for_the_next_grid_point(rig: Ri
     assert rnd3 is not None and {x.job_id for x in rnd3.assignment} == {a, b}
 
 
+def test_under_a_drills_seed_launch_tokens_and_replacements_ids_are_derived_not_drawn(rig: Rig) -> None:
+    """``id_seed`` (COSTOPT_JOB_ID_SEED): each launch's token from the seed, the instance and the pass's time,
+    a lost instance's replacement's id from the seed and the instance it replaces: every run of a seed
+    launches the same simulated instances (whose ids the cloud derives from the tokens)."""
+    from costopt.fleets.model import seeded_id
+
+    rig.executor.id_seed = "drill-2"
+    at = rig.clock()
+    rig.tick()
+    v100, k80 = rig.workers()
+    for inst in rig.repo.instances(rig.fleet_id):
+        assert inst.launch_token == f"{inst.id}-{seeded_id('', 'drill-2', inst.id, at.isoformat())[:8]}"
+    rig.worker_sync(k80)
+    for _ in range(4):  # the V100's worker never syncs: lost at the boot timeout's end
+        rig.clock.advance(100)
+        rig.worker_sync(k80)
+    rig.tick()
+    (replacement,) = [i for i in rig.repo.instances(rig.fleet_id) if i.replaces == v100]
+    assert replacement.id == seeded_id("fi-", "drill-2", "replaces", v100)
+
+
 def test_a_dead_worker_is_lost_replaced_and_its_job_resumes_elsewhere_under_a_new_epoch(rig: Rig) -> None:
     rig.tick()
     v100, k80 = rig.workers()

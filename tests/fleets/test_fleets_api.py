@@ -158,6 +158,23 @@ def test_idempotency_key_returns_the_first_fleet(svc: Service) -> None:
     assert svc.client.get("/v1/fleets", headers=svc.alpha).json()["total"] == 1
 
 
+def test_a_seeded_service_derives_the_fleets_and_its_instances_ids_from_the_seed(engine: Engine, tmp_path: Path) -> None:
+    """COSTOPT_JOB_ID_SEED (drills): a fleet leased with an Idempotency-Key gets an id from the seed, the team's
+    name and the key, its instances ids from the fleet's and their index (the service orders a fleet's
+    instances by id): the same in every run; without the key, random ones."""
+    from costopt.fleets.model import seeded_fleet_id, seeded_id
+
+    for svc in service(engine, tmp_path, job_id_seed="drill-2"):
+        doc = svc.client.post("/v1/fleets", json=FLEET, headers={**svc.alpha, "Idempotency-Key": "fleet"}).json()
+        fleet_id = seeded_fleet_id("drill-2", "alpha", "fleet")
+        assert doc["id"] == fleet_id
+        assert [i["id"] for i in doc["instances"]] == [seeded_id("fi-", "drill-2", fleet_id, str(n)) for n in range(3)]
+        assert [i["accelerator"] for i in doc["instances"]] == ["v100", "v100", "k80"]
+        unkeyed = svc.client.post("/v1/fleets", json=FLEET, headers=svc.alpha).json()
+        assert unkeyed["id"] != fleet_id and unkeyed["id"].startswith("fleet-")
+        assert not {i["id"] for i in unkeyed["instances"]} & {i["id"] for i in doc["instances"]}
+
+
 # -- jobs into a fleet ------------------------------------------------------------------------------------
 
 
