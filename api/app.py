@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fastapi import FastAPI
 
@@ -31,9 +33,57 @@ from costopt.settings import Settings, get_settings
 from pricing.store import PriceStore
 
 if TYPE_CHECKING:
+    from apscheduler.schedulers.base import BaseScheduler
+
     from api.scheduler import ServiceTime
 
 log = logging.getLogger("costopt.api")
+
+SHUTDOWN_WAIT_S = 20.0
+"""How long the app's shutdown waits for the scheduled passes running then (the fleets' pass, a collector, the
+engine's tick) before it closes the job service and the database engine under them."""
+
+
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+    def wait_idle(self, timeout: float) -> bool: ...
+
+
+def stop_background(
+    scheduler: BaseScheduler | None,
+    fleet_executor: _Stoppable | None,
+    timeout: float,
+    *,
+    clock: Callable[[], object] | None = None,
+) -> bool:
+    """Stop the scheduled work and wait for what runs, ``timeout`` seconds at most in all: the fleet
+    executor starts no new pass and ends a running one after the fleet it is at
+    (:meth:`costopt.fleets.executor.FleetExecutor.stop`); the scheduler runs nothing more; ``clock`` (the
+    simulated clock's ``stop``: the work waiting on it goes on) is called; then the scheduler's running jobs
+    and the executor's pass are waited for. True when nothing runs any more; False (logged) when something
+    still did at the deadline (a pass cut short there is taken up by the next process: its steps are
+    idempotent)."""
+    deadline = time.monotonic() + max(0.0, timeout)
+    if fleet_executor is not None:
+        fleet_executor.stop()
+    waiter = None
+    if scheduler is not None and scheduler.running:  # it submits nothing more, then waits for its pool
+        waiter = threading.Thread(
+            target=scheduler.shutdown, kwargs={"wait": True}, name="scheduler-shutdown", daemon=True
+        )
+        waiter.start()
+    if clock is not None:
+        clock()
+    done = True
+    if waiter is not None:
+        waiter.join(max(0.0, deadline - time.monotonic()))
+        done = not waiter.is_alive()
+    if fleet_executor is not None:  # also a pass run by the stepped clock, not by the scheduler
+        done = fleet_executor.wait_idle(max(0.0, deadline - time.monotonic())) and done
+    if not done:
+        log.warning("shutdown: a scheduled pass still ran after %.0f s; it is left to end or be cut short", timeout)
+    return done
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -124,10 +174,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            if scheduler is not None:
-                scheduler.shutdown(wait=False)
-            if app.state.sim_clock is not None:
-                app.state.sim_clock.stop()
+            # the scheduled passes first, waited for (bounded): none outlives the job service and the engine
+            sim_clock = app.state.sim_clock
+            stop_background(
+                scheduler,
+                getattr(app.state, "fleet_executor", None),
+                SHUTDOWN_WAIT_S,
+                clock=None if sim_clock is None else sim_clock.stop,
+            )
             app.state.job_service.close()
             hot_path.shutdown(app)
             store.engine.dispose()

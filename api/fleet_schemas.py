@@ -101,6 +101,8 @@ class FleetInstancePublic(BaseModel):
     last_seen_at: datetime | None
     ended_at: datetime | None
     end_reason: str | None
+    billed_to: datetime | None = None
+    """The instance's end once the ledger has its life to it (its money is final); null before."""
 
 
 class AllocationPublic(BaseModel):

@@ -268,6 +268,7 @@ def _instance_public(i: FleetInstance) -> FleetInstancePublic:
         last_seen_at=i.last_seen_at,
         ended_at=i.ended_at,
         end_reason=i.end_reason,
+        billed_to=i.billed_to,
     )
 
 

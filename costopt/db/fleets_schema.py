@@ -10,7 +10,9 @@
 - ``fleet_instances``: one row per instance of a fleet (its id, ``fi-...``, is also its worker's id): the
   offer, its accelerator and GPUs, the provider and the cloud's instance id once launched, a state
   (``pending``, ``launching``, ``running``, ``draining``, ``lost``, ``released``), the SHA-256 of its
-  worker's token (never the token), when the worker was last heard from, and the instance it replaces.
+  worker's token (never the token), when the worker was last heard from, and the instance it replaces;
+  ``billed_to`` (migration ``0013``): set to ``ended_at`` once the ledger has the instance's life to its end
+  (every round it took part in, and its time after the last one); NULL while not (or not ended).
 - ``fleet_jobs``: one row per job submitted into a fleet (``job_id`` is the ``jobs`` row's): weight, SLO,
   GPUs, throughput on each of the fleet's worker types (steps/s; resolved at submission), progress
   reported by its copies, the seconds of leases it received on each type (the round mechanism's
@@ -87,6 +89,7 @@ fleet_instances = Table(
     Column("last_seen_at", UtcDateTime(), nullable=True),
     Column("ended_at", UtcDateTime(), nullable=True),
     Column("end_reason", Text, nullable=True),
+    Column("billed_to", UtcDateTime(), nullable=True),  # migration 0013: in the ledger up to here (its end)
     Index("ix_fleet_instances_fleet", "fleet_id", "created_at"),
 )
 

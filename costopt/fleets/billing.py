@@ -13,16 +13,19 @@ so the ledger's own rounding gives back exactly the part: the fleet's jobs and i
 bill of its instances, to the micro-dollar.
 
 A lease is billed whole: a job that finished early in a round held its GPUs until the round's end. A round
-is billed once it ended (``fleet_rounds.billed``; the current round is not billed yet); recording is
-idempotent per interval key (``fleet:<fleet>:<instance>:<window>:s<segment>:<job>``), so a pass cut short
-and repeated records nothing twice.
+is billed once it ended (``fleet_rounds.billed``; the current round is not billed yet); an ended instance
+(drained, or lost) is billed to its end once every round that started before its end is, its time after the
+last of them recorded as one more gap, and then ``fleet_instances.billed_to`` is set to its end: both marks
+are in the database, so a restart neither forgets an instance's last stretch nor looks for it again.
+Recording is idempotent per interval key (``fleet:<fleet>:<instance>:<window>:s<segment>:<job>``), so a
+pass cut short (a crash between the lines and their mark) and repeated records nothing twice.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Context, Decimal
 
@@ -58,23 +61,26 @@ def split_micro(total: int, weights: Sequence[int]) -> list[int]:
 @dataclass(slots=True)
 class FleetBilling:
     """Bills fleets into ``ledger`` (its prices are ``prices``); call it with a fleet and now (the round
-    executor does, after each boundary)."""
+    executor does, after each boundary). It keeps nothing in memory: what is billed is in the database
+    (``fleet_rounds.billed``, ``fleet_instances.billed_to``) and the ledger, so a fresh object (a restart,
+    another replica) goes on where the last one stopped."""
 
     repo: FleetRepository
     ledger: Ledger
     prices: PriceSteps
-    _tails: set[str] = field(default_factory=set)
 
     def __call__(self, fleet: FleetRecord, now: datetime) -> int:
         """Record what ended since the last call; returns the number of lines written or confirmed."""
         first = self.repo.first_unbilled(fleet.id)
-        instances = [i for i in self.repo.instances(fleet.id) if i.launched_at is not None]
-        tails = [i for i in instances if i.ended_at is not None and i.id not in self._tails]
-        if first is None and not tails:
+        every = self.repo.instances(fleet.id)
+        instances = [i for i in every if i.launched_at is not None]
+        ends = [i for i in every if i.ended_at is not None and not i.billed_to_end]
+        if first is None and not ends:
             return 0
-        # the rounds to bill and the one before them (its end starts the gap); every round for the tails
-        rounds = self.repo.rounds(fleet.id, since=0 if tails or first is None else max(first - 1, 0))
+        # the rounds to bill and the one before them (its end starts the gap); every round for the ends
+        rounds = self.repo.rounds(fleet.id, since=0 if ends or first is None else max(first - 1, 0))
         lines = 0
+        billed: set[int] = set()
         for k, rnd in enumerate(rounds):
             if rnd.billed or rnd.ended_at is None:
                 continue
@@ -90,36 +96,47 @@ class FleetBilling:
                 log.error("fleet %s: round %d cannot be billed yet: %s", fleet.id, rnd.round, exc)
                 return lines
             self.repo.mark_billed(fleet.id, rnd.round)
-        lines += self._tails_of(fleet, tails, rounds)
+            billed.add(rnd.round)
+        lines += self._ends(fleet, ends, rounds, billed)
         return lines
 
     def billed_to_end(self, instance: FleetInstance) -> bool:
-        """True when the ended ``instance`` is in the ledger up to its end (this process recorded its time
-        after its last round, or found none to record): every round it took part in ended and was billed
-        first (a call bills the rounds before the tails and stops at a round it cannot bill)."""
-        return instance.ended_at is not None and instance.id in self._tails
+        """True when the ended ``instance`` is in the ledger up to its end (as read from the database:
+        ``billed_to``, written by a call once it was)."""
+        return instance.billed_to_end
 
-    def _tails_of(self, fleet: FleetRecord, instances: Sequence[FleetInstance], rounds: Sequence[RoundRecord]) -> int:
-        """Ended instances' time after the last round that ended before their end, when no round started
-        before their end since (else the windows of the rounds bill it)."""
+    def _ends(
+        self,
+        fleet: FleetRecord,
+        instances: Sequence[FleetInstance],
+        rounds: Sequence[RoundRecord],
+        billed_now: Set[int],
+    ) -> int:
+        """Ended instances not yet billed to their end: once every round that started before the end ended
+        and is billed, their time after the last of those rounds (when it ended before their end; else that
+        round's window billed them to it; with no such round: their whole life) is recorded, then their
+        ``billed_to`` is written (after the lines: a crash in between records nothing twice at the next
+        call, the keys are the same). An instance never launched has nothing to bill."""
         lines = 0
         for inst in instances:
             end = inst.ended_at
-            if end is None or inst.id in self._tails:
+            if end is None:
                 continue
-            before = [r for r in rounds if r.ended_at is not None and r.ended_at <= end]
-            later = [r for r in rounds if r.started_at < end and (r.ended_at is None or r.ended_at > end)]
-            if later:
-                continue
-            n = before[-1].round if before else 0
-            start = before[-1].ended_at if before else inst.launched_at
-            assert start is not None
-            try:
-                lines += self._window(fleet, inst, f"g{n}", start, end, {})
-            except LedgerError as exc:
-                log.error("fleet %s: instance %s's last interval cannot be billed yet: %s", fleet.id, inst.id, exc)
-                continue
-            self._tails.add(inst.id)
+            if inst.launched_at is not None:
+                started = [r for r in rounds if r.started_at < end]
+                if any(r.ended_at is None or not (r.billed or r.round in billed_now) for r in started):
+                    continue  # a round it may have taken part in is not billed yet: its window comes first
+                last = started[-1] if started else None
+                if last is None or (last.ended_at is not None and last.ended_at <= end):
+                    start = last.ended_at if last is not None and last.ended_at is not None else inst.launched_at
+                    try:
+                        lines += self._window(fleet, inst, f"g{last.round if last else 0}", start, end, {})
+                    except LedgerError as exc:
+                        log.error(
+                            "fleet %s: instance %s's last interval cannot be billed yet: %s", fleet.id, inst.id, exc
+                        )
+                        continue
+            self.repo.mark_billed_to(inst.id, end)
         return lines
 
     def _window(

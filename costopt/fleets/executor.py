@@ -25,8 +25,10 @@ Per fleet, each pass:
    compare-and-set on the fleet's round number;
 7. **billing** (``billing``, when given): the ledger lines of the rounds that ended (a released fleet's
    last round ends at its release first, whatever the fleet's state when the pass began);
-8. **settles**: a terminated instance whose life is billed to its end is ``released``. A released fleet
-   stays on the work list until every instance is: its money is final once it reports them released.
+8. **settles**: a terminated instance whose life is billed to its end (``billed_to``, in the database) is
+   ``released``. A released fleet stays on the work list until every instance is, or is ``lost`` and
+   billed to its end: its money is final once it reports them so. A full pass then forgets what this
+   process kept of it (its policy object, its decayed shares).
 """
 
 from __future__ import annotations
@@ -77,11 +79,8 @@ class FleetBiller(Protocol):
     """What the executor bills with (:class:`costopt.fleets.billing.FleetBilling`)."""
 
     def __call__(self, fleet: FleetRecord, now: datetime) -> object:
-        """Record in the ledger what of ``fleet`` ended by ``now``."""
-        ...
-
-    def billed_to_end(self, instance: FleetInstance) -> bool:
-        """True when the ended ``instance`` is in the ledger up to its end."""
+        """Record in the ledger what of ``fleet`` ended by ``now``; an ended instance billed to its end has
+        its ``billed_to`` written (:attr:`FleetInstance.billed_to_end`)."""
         ...
 
 
@@ -168,21 +167,29 @@ class FleetExecutor:
         self._folded: dict[str, _Folded] = {}
         self.history_read: deque[int] = deque(maxlen=1000)  # rounds read per boundary for decayed shares
         self._last_full = datetime.min.replace(tzinfo=UTC)
+        self._stopping = threading.Event()
 
     def tick(self) -> ExecutorReport:
-        """One pass over every fleet (module docstring); a concurrent call returns at once."""
+        """One pass over every fleet (module docstring); a concurrent call, or one after :meth:`stop`,
+        returns at once. A full pass forgets what this process kept of fleets no longer on the work list
+        (released and billed to the end: :meth:`kept`)."""
         now = self.repo.now()
         out = ExecutorReport(now)
-        if not self._lock.acquire(blocking=False):
+        if self._stopping.is_set() or not self._lock.acquire(blocking=False):
             return out
         try:
             full = (now - self._last_full).total_seconds() >= self.full_every_s or now < self._last_full
             if full:
                 self._last_full = now
                 self._register_missing(out)
-            fleets = self.repo.active() + (self.repo.released_with_instances() if full else [])
+            released = self.repo.released_with_instances(billed=self.billing is not None) if full else []
+            fleets = self.repo.active() + released
             out.fleets = len(fleets)
+            if full:
+                self._prune({f.id for f in fleets}, now)
             for fleet in fleets:
+                if self._stopping.is_set():  # shutting down: the rest waits for the next process's pass
+                    break
                 due = fleet.round_ends_at is None or now >= fleet.round_ends_at
                 if not (full or due):
                     continue
@@ -194,6 +201,39 @@ class FleetExecutor:
             return out
         finally:
             self._lock.release()
+
+    def stop(self) -> None:
+        """No new pass starts (:meth:`tick` returns at once) and a running one ends after the fleet it is
+        at: what it did is committed fleet by fleet, and whatever it left is taken up by the next pass of
+        any process (every step is idempotent). For the service's shutdown (:mod:`api.app`)."""
+        self._stopping.set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until no pass runs; True when none does."""
+        if not self._lock.acquire(timeout=max(0.0, timeout)):
+            return False
+        self._lock.release()
+        return True
+
+    def kept(self) -> dict[str, frozenset[str]]:
+        """What this process keeps between passes, by kind: fleet ids (``policies``: the policy objects;
+        ``folded``: decayed shares) and instance ids (``retry_at``: launches to retry later)."""
+        return {
+            "policies": frozenset(self._policies),
+            "folded": frozenset(self._folded),
+            "retry_at": frozenset(self._retry_at),
+        }
+
+    def _prune(self, listed: Collection[str], now: datetime) -> None:
+        """Forget the fleets not on the work list (released, with every instance terminated and billed to
+        its end, no job and no round left: nothing of them is looked at again) and the launch retries
+        that are due (a due retry is the same as none). Only what this process keeps to save work: nothing
+        billed or stored depends on it (a fresh process starts without it)."""
+        for kept in (self._policies, self._folded):
+            for fleet_id in [f for f in kept if f not in listed]:
+                del kept[fleet_id]
+        for inst_id in [i for i, at in self._retry_at.items() if at <= now]:
+            del self._retry_at[inst_id]
 
     # -- one fleet -------------------------------------------------------------------------------------
 
@@ -356,7 +396,7 @@ class FleetExecutor:
         for inst in self.repo.instances(fleet.id, states=(InstanceState.DRAINING,)):
             if inst.ended_at is None:
                 continue
-            if self.billing is not None and not self.billing.billed_to_end(inst):
+            if self.billing is not None and not inst.billed_to_end:
                 continue
             if self.repo.update_instance(inst.id, expect=(InstanceState.DRAINING,), state=InstanceState.RELEASED):
                 out.released.append(inst.id)

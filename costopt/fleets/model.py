@@ -270,6 +270,14 @@ class FleetInstance:
     last_seen_at: datetime | None
     ended_at: datetime | None
     end_reason: str | None
+    billed_to: datetime | None = None
+    """Set to ``ended_at`` once the ledger has the instance's life to its end (persisted: a restart does
+    not look for it again, and a bill cut short by a crash is finished by the next pass)."""
+
+    @property
+    def billed_to_end(self) -> bool:
+        """Ended and in the ledger to its end."""
+        return self.ended_at is not None and self.billed_to is not None and self.billed_to >= self.ended_at
 
     @classmethod
     def of(cls, row: Any) -> FleetInstance:
@@ -292,6 +300,7 @@ class FleetInstance:
             last_seen_at=row.last_seen_at,
             ended_at=row.ended_at,
             end_reason=row.end_reason,
+            billed_to=row.billed_to,
         )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import Engine, and_, case, exists, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
 
 from costopt.db.cursors import make_cursor, parse_cursor
 from costopt.db.fleets_schema import fleet_instances, fleet_jobs, fleet_rounds, fleets
@@ -410,17 +411,25 @@ class FleetRepository:
 
     # -- the round executor's writes ---------------------------------------------------------------------
 
-    def released_with_instances(self, *, conn: Connection | None = None) -> list[FleetRecord]:
+    def released_with_instances(self, *, billed: bool = True, conn: Connection | None = None) -> list[FleetRecord]:
         """Released fleets that still have instances to terminate or bill to their end, jobs to end, or a
-        round to end (a release that landed while a pass ran: the round ends at the release)."""
-        live = [s.value for s in InstanceState if s is not InstanceState.RELEASED]
+        round to end (a release that landed while a pass ran: the round ends at the release). A ``lost``
+        instance is done once billed to its end (``billed_to``; with ``billed`` False, for an executor that
+        bills nothing: at once); a ``released`` one is done."""
+        live = [InstanceState.PENDING, InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.DRAINING]
+        pending: ColumnElement[bool] = fleet_instances.c.state.in_([s.value for s in live])
+        if billed:
+            pending = or_(
+                pending,
+                and_(fleet_instances.c.state == InstanceState.LOST.value, fleet_instances.c.billed_to.is_(None)),
+            )
         with self._reads(conn) as c:
             rows = c.execute(
                 select(fleets)
                 .where(
                     fleets.c.state == FleetState.RELEASED.value,
                     or_(
-                        fleets.c.id.in_(select(fleet_instances.c.fleet_id).where(fleet_instances.c.state.in_(live))),
+                        fleets.c.id.in_(select(fleet_instances.c.fleet_id).where(pending)),
                         fleets.c.id.in_(
                             select(fleet_jobs.c.fleet_id).where(
                                 fleet_jobs.c.status.in_([FleetJobStatus.WAITING.value, FleetJobStatus.RUNNING.value])
@@ -436,6 +445,12 @@ class FleetRepository:
                 .order_by(fleets.c.created_at)
             ).all()
         return [FleetRecord.of(r) for r in rows]
+
+    def mark_billed_to(self, instance_id: str, at: datetime) -> None:
+        """The ledger has the instance's life up to ``at`` (its end: :class:`costopt.fleets.billing.
+        FleetBilling` writes it once it recorded the last stretch)."""
+        with self.engine.begin() as conn:
+            conn.execute(update(fleet_instances).where(fleet_instances.c.id == instance_id).values(billed_to=at))
 
     def update_instance(
         self, fleet_instance: str, /, *, expect: Collection[InstanceState] | None = None, **values: Any
