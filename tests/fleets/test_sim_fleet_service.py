@@ -119,6 +119,8 @@ def test_a_fleet_leased_over_rest_on_the_simulated_cloud_runs_its_jobs_to_the_en
     wall = time.monotonic() - start
     fleets_job(svc.app.state.fleet_executor)  # bills what ended since the last pass
     doc = svc.client.get(f"/v1/fleets/{fleet['id']}", headers=svc.alpha).json()
+    # every instance's money is final: billed to its end (released or lost)
+    assert all(i["ended_at"] and i["billed_to"] == i["ended_at"] for i in doc["instances"]), doc["instances"]
     assert wall < 60
     assert doc["round"] is not None and doc["round"]["number"] >= 2
     costs = Decimal(0)
