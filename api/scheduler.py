@@ -208,7 +208,10 @@ class MigrationJobs:
       unavailable=unavailable)``, not billed: give one with the service's ledger to bill copies);
     - ``watch_overlap``: how far back each watcher re-reads before its last pass;
     - ``resume_on_start``: the first reconciler pass resumes every migration left active (by a crash).
-      Assumes one service process drives migrations per database;
+      Assumes one service process drives migrations per database. :attr:`resumed_elsewhere` (settable; the
+      job service sets it): the jobs whose migrations another actor resumes at its own start (the job
+      engine's, in its worker pool, side by side): the reconciler leaves them to it (resuming them too, one
+      after another under the migration jobs' lock, held the interruption watcher back for as long);
     - ``clock``: the service clock's now (:mod:`costopt.clock`) the watchers and the reconciler read
       (None: each provider's own clock when it has one, else the wall clock);
     - ``recovery_workers``: how many recoveries one watcher pass runs at once (its clock's ``sleep`` must
@@ -258,6 +261,7 @@ class MigrationJobs:
         self.reconcile_interval = reconcile_interval
         self.watch_interval = watch_interval
         self.resume_on_start = resume_on_start
+        self.resumed_elsewhere: Callable[[str], bool] | None = None
         self.clock = clock
         self.lock = threading.Lock()
         self._started = False
@@ -270,7 +274,7 @@ class MigrationJobs:
             for name, migrator in self.migrators.items():
                 try:
                     if first and self.resume_on_start:
-                        _resume_all(name, migrator)
+                        _resume_all(name, migrator, self.resumed_elsewhere)
                     report = reconcile(
                         self.engine,
                         _OwnJobsView(migrator.provider, self.engine),
@@ -310,12 +314,15 @@ class MigrationJobs:
         return out
 
 
-def _resume_all(name: str, migrator: Migrator) -> None:
-    """Resume every migration a crash left active, job by job: a job whose migration another actor (the
-    engine, just restarted too) advanced first is a lost race (:data:`RACES`), logged in one line and left
-    to the winner, and the other jobs are still resumed."""
+def _resume_all(name: str, migrator: Migrator, elsewhere: Callable[[str], bool] | None = None) -> None:
+    """Resume every migration a crash left active, job by job, but those of the jobs ``elsewhere`` says
+    another actor resumes (the job engine's): a job whose migration another actor (the engine, just
+    restarted too) advanced first is a lost race (:data:`RACES`), logged in one line and left to the
+    winner, and the other jobs are still resumed."""
     migrator.sync_ledger()
     for job_id in sorted({m.job_id for m in migrator.active_migrations()}):
+        if elsewhere is not None and elsewhere(job_id):
+            continue
         try:
             resumed = migrator.resume(job_id)
         except RACES as exc:
@@ -375,12 +382,45 @@ class Stepper(Protocol):
     def add_job(self, name: str, work: OnServiceClock, *, group: str | None = None) -> None: ...
 
 
+class TickMemory(Protocol):
+    """Where a job on the service clock keeps the last tick it ran, across restarts of the process."""
+
+    def last(self) -> datetime | None:
+        """The last tick recorded (None: the job never ran)."""
+        ...
+
+    def ran(self, tick: datetime) -> None:
+        """Record that the run of ``tick`` ended."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTicks:
+    """A :class:`TickMemory` in the lease table (``scheduler_leases``, row ``name``: its ``last_tick``; no
+    lease is held past the write). The ticks are the service clock's (simulated time over the simulated
+    cloud): give it a name of its own, not a wall-clock job's."""
+
+    leases: LeaseStore
+    name: str
+
+    def last(self) -> datetime | None:
+        state = self.leases.get(self.name)
+        return None if state is None else state.last_tick
+
+    def ran(self, tick: datetime) -> None:
+        if self.leases.claim_tick(self.name, tick, timedelta(seconds=60)):  # last_tick := tick (when newer)
+            self.leases.release(self.name)
+
+
 class OnServiceClock:
     """``work(*args)`` once per tick of ``schedule`` counted on the service clock ``now``: each call runs
     it when the schedule's latest tick at ``now()`` is newer than the last one run (ticks skipped between
     two calls coalesce into one run; a run that raised does not count, so the next call retries it).
-    ``first_run_now`` False: the tick current at creation is skipped (the first run is at the next tick).
-    Returns True when it ran."""
+    ``first_run_now`` False: the tick current at creation is skipped (the first run is at the next tick),
+    unless ``memory`` says the job ran before and not that tick: a restarted process (killed, or down across
+    a tick) then runs the latest tick due at once, as the process it replaces would have (the rebalancer: a
+    pass lost to a kill would otherwise move the jobs a whole period later). ``memory`` records each tick
+    run (after the work ended). Returns True when it ran."""
 
     def __init__(
         self,
@@ -390,12 +430,20 @@ class OnServiceClock:
         args: Sequence[Any] = (),
         *,
         first_run_now: bool = True,
+        memory: TickMemory | None = None,
     ) -> None:
         self.schedule = schedule
         self.now = now
         self.work = work
         self.args = tuple(args)
-        self.last: datetime | None = None if first_run_now else schedule.tick_at(now())
+        self.memory = memory
+        self.last: datetime | None = None
+        if not first_run_now:
+            current = schedule.tick_at(now())
+            ran = None if memory is None else memory.last()
+            # never ran, or a tick ahead of the clock (a simulated cloud started again from its start over an
+            # old database): the current tick is skipped, as on a first start
+            self.last = current if ran is None or ran > current else ran
         self.__name__ = getattr(work, "__name__", "work")
 
     def due(self) -> bool:
@@ -408,6 +456,11 @@ class OnServiceClock:
             return False
         self.work(*self.args)  # a run that raises (a database outage) leaves its tick to the next call
         self.last = tick
+        if self.memory is not None:
+            try:
+                self.memory.ran(tick)
+            except Exception as exc:  # the run happened; only a restart's catch-up would miss it
+                log.warning("%s: the tick %s ran but could not be recorded: %s", self.__name__, tick.isoformat(), exc)
         return True
 
 
@@ -437,8 +490,11 @@ def _add(
             lease_ttl=lease_ttl,
             first_run_now=first_run_now,
         )
-    # The simulated cloud lives in this process (a replica has its own): no lease across replicas.
-    on_clock = OnServiceClock(schedule, service_time.now, work, args, first_run_now=first_run_now)
+    # The simulated cloud lives in this process (a replica has its own): no lease across replicas. A job
+    # whose first tick waits (the rebalancer) keeps its last tick run in the lease table, under a name of
+    # its own (service-clock ticks), so a restart runs a tick it lost.
+    memory = None if first_run_now or leases is None else LeaseTicks(leases, f"{name}@service-clock")
+    on_clock = OnServiceClock(schedule, service_time.now, work, args, first_run_now=first_run_now, memory=memory)
     if service_time.stepper is not None:  # the stepped clock runs it (``group``: jobs sharing a lock)
         service_time.stepper.add_job(name, on_clock, group=group)
         return None

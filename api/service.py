@@ -139,6 +139,7 @@ def build_job_service(
     )
     for watcher in migration.watchers.values():
         watcher.offers_for = managed_offers_for(repo, engine, watcher.offers_for)
+    migration.resumed_elsewhere = lambda job_id: _engine_resumes(repo, job_id)
     return JobService(
         repo=repo,
         teams=TeamRepository(engine_db),
@@ -151,6 +152,19 @@ def build_job_service(
         clock=now,
         service_clock=clock,
     )
+
+
+def _engine_resumes(repo: JobRepository, job_id: str) -> bool:
+    """True when the job engine resumes ``job_id``'s migrations at its start (an active managed job, not a
+    fleet's: :meth:`costopt.jobs.engine.JobEngine.tick`'s first pass), so the reconciler leaves them to it."""
+    from costopt.fleets.model import FLEET_PROVIDER
+    from costopt.jobs.model import ACTIVE_STATES
+
+    try:
+        job = repo.get(job_id)
+    except JobNotFound:
+        return False
+    return job.state in ACTIVE_STATES and job.provider != FLEET_PROVIDER
 
 
 def _throughput_learner(store: PriceStore) -> Callable[[Any, Any, Any], None]:

@@ -348,6 +348,16 @@ class LeasedRun:
             _TICK.reset(token)
 
 
+def _missed_tick(leases: LeaseStore, name: str, schedule: Schedule) -> bool:
+    """True when job ``name`` ran before (its lease row has a tick) but not the latest tick due now."""
+    try:
+        state = leases.get(name)
+    except Exception as exc:  # the database cannot answer at start-up: the next tick runs as scheduled
+        log.warning("%s: its last tick could not be read at start-up (%s): it runs at its next tick", name, exc)
+        return False
+    return state is not None and state.last_tick is not None and state.last_tick < schedule.tick_at(datetime.now(UTC))
+
+
 def add_leased_job(
     scheduler: BaseScheduler,
     name: str,
@@ -363,9 +373,11 @@ def add_leased_job(
     """Add ``work(*args)`` as job ``name`` firing on ``schedule`` (``coalesce``), each run under the lease
     of its tick (``leases`` None: no lease, ``max_instances=1``; with leases, ``max_instances=2``: a run
     that fires while the previous one goes on waits for its lease, they never overlap). ``first_run_now``: also run once
-    at start-up, for the latest tick already due."""
+    at start-up, for the latest tick already due. Without it, a job whose lease row shows it ran before, but not
+    that tick (the replicas were down across it, or killed before it ran), still runs it at start-up (a
+    missed rebalancer pass is not put off a whole period); a job that never ran waits for its next tick."""
     extra: dict[str, Any] = {}
-    if first_run_now:
+    if first_run_now or (leases is not None and _missed_tick(leases, name, schedule)):
         extra["next_run_time"] = datetime.now(UTC)
     seconds = schedule.period.total_seconds()
     return scheduler.add_job(

@@ -195,6 +195,83 @@ def test_the_real_scheduler_runs_its_scheduled_tick_even_when_it_starts_late(eng
     assert ticks == sorted(set(ticks))
 
 
+def test_a_restarted_scheduler_runs_a_tick_its_job_missed_but_a_new_job_waits_for_its_first(engine) -> None:
+    """``first_run_now`` False (the rebalancer): a job that never ran waits for its next tick; one whose
+    lease row shows an older tick than the latest due (the service was down, or killed, across it) runs at
+    start-up; one that ran the latest tick waits."""
+    leases = LeaseStore(engine, owner="a")
+    hourly = Every(timedelta(hours=1))
+    latest = hourly.tick_at(datetime.now(UTC))
+
+    def next_run(name: str) -> datetime:
+        scheduler = new_scheduler()
+        job = add_leased_job(scheduler, name, "test", hourly, lambda: None, leases=leases, first_run_now=False)
+        scheduler.start(paused=True)
+        try:
+            assert job.next_run_time is not None
+            return job.next_run_time  # type: ignore[no-any-return]
+        finally:
+            scheduler.shutdown(wait=False)
+
+    assert next_run("never-ran") > datetime.now(UTC)
+    assert leases.claim_tick("missed", latest - timedelta(hours=1), timedelta(seconds=30))
+    leases.release("missed")
+    assert next_run("missed") <= datetime.now(UTC)
+    assert leases.claim_tick("ran", latest, timedelta(seconds=30))
+    leases.release("ran")
+    assert next_run("ran") > datetime.now(UTC)
+
+
+def test_a_job_on_the_service_clock_runs_at_restart_the_tick_a_killed_process_did_not_finish(engine) -> None:
+    """The rebalancer over the simulated cloud (first run at its next tick): its ticks run are kept in the
+    lease table, so a process started again (after a kill mid-pass, or down across a tick) runs the tick the
+    previous one did not finish at once, not a period later; a run that raised is not recorded; a first start
+    still waits for the next tick."""
+    from api.scheduler import LeaseTicks, OnServiceClock
+
+    leases = LeaseStore(engine, owner="a")
+    now = [datetime(2020, 2, 29, 3, 20, tzinfo=UTC)]
+    runs: list[datetime] = []
+    fail = [False]
+
+    def work() -> None:
+        if fail[0]:
+            raise RuntimeError("killed mid-pass")
+        runs.append(now[0])
+
+    def process() -> OnServiceClock:
+        return OnServiceClock(
+            Cron("*/15 * * * *"),
+            lambda: now[0],
+            work,
+            first_run_now=False,
+            memory=LeaseTicks(leases, "rebalance@service-clock"),
+        )
+
+    first = process()
+    assert not first.due() and not first()  # a first start: 03:15 is skipped
+    now[0] = datetime(2020, 2, 29, 3, 31, tzinfo=UTC)
+    assert first() and runs == [now[0]]
+    now[0] = datetime(2020, 2, 29, 3, 46, tzinfo=UTC)
+    fail[0] = True
+    with pytest.raises(RuntimeError):
+        first()  # the 03:45 pass dies with its process
+    fail[0] = False
+    now[0] = datetime(2020, 2, 29, 3, 48, tzinfo=UTC)
+    second = process()  # the restart
+    assert second.due() and second() and runs[-1] == now[0]
+    third = process()  # another restart in the same tick: 03:45 ran
+    assert not third.due() and not third()
+    state = leases.get("rebalance@service-clock")
+    assert state is not None and state.last_tick == datetime(2020, 2, 29, 3, 45, tzinfo=UTC)
+    assert state.expires_at is None  # no lease held
+    now[0] = datetime(2020, 2, 29, 0, 5, tzinfo=UTC)  # a simulated cloud started again from its start
+    fresh = process()
+    assert not fresh.due()  # as a first start: 00:00 skipped, not 03:45 awaited
+    now[0] = datetime(2020, 2, 29, 0, 16, tzinfo=UTC)
+    assert fresh() and runs[-1] == now[0]
+
+
 # -- three service processes ------------------------------------------------------------------------
 
 BASE_INTERVAL = 0.45

@@ -225,6 +225,30 @@ def test_the_first_reconciler_pass_resumes_the_migrations_a_crash_left_active(en
     assert mig.migration(again.id).state is State.PLANNED
 
 
+def test_the_first_reconciler_pass_leaves_the_job_engines_migrations_to_it(engine: Engine, tmp_path: Path) -> None:
+    """In the service the job engine resumes its jobs' migrations at its first tick, side by side in its
+    workers: the reconciler's first pass leaves those to it (resuming them too, one after another under the
+    lock the watcher needs, held the watcher back) and resumes the others."""
+    a = _cloud("a", Clock())
+    for job_id in ("job-engine", "job-other"):
+        _started(engine, a, job_id, tmp_path)
+    mig = Migrator(engine, a)  # type: ignore[arg-type]
+    engines = mig.plan("job-engine", OFFERS, Kind.RECOVER)  # both left planned by a crash
+    other = mig.plan("job-other", OFFERS, Kind.RECOVER)
+    jobs = _jobs(engine, [a])
+    asked: list[str] = []
+
+    def elsewhere(job_id: str) -> bool:
+        asked.append(job_id)
+        return job_id == "job-engine"
+
+    jobs.resumed_elsewhere = elsewhere
+    jobs.reconcile()
+    assert sorted(asked) == ["job-engine", "job-other"]
+    assert mig.migration(engines.id).state is State.PLANNED  # the engine's to resume
+    assert mig.migration(other.id).state is State.DONE and mig.job("job-other").epoch == 2
+
+
 def test_a_resume_that_loses_a_race_is_one_warning_line_and_the_other_jobs_are_still_resumed(
     engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
