@@ -121,15 +121,20 @@ def seed_if_empty(store: PriceStore, settings: Settings) -> int:
 
 
 def build_catalog(
-    settings: Settings, engine: Engine | None = None, *, precision: Precision = "fp32"
+    settings: Settings, engine: Engine | None = None, *, precision: Precision = "fp32", learnt: bool = True
 ) -> ThroughputCatalog:
     """The throughput catalog: the measurement file, users' and jobs' measurements from the
     database (when ``engine`` is given), and estimates for unmeasured GPUs (marked estimated), for
     jobs at ``precision`` (the file is at fp32; that precision's measurements are folded in, and the
-    estimator keeps the file's cells only where they hold at it; see docs/throughput.md)."""
-    from costopt.throughput.registry import MeasurementRegistry
+    estimator keeps the file's cells only where they hold at it; see docs/throughput.md). ``learnt`` False:
+    without what running jobs measured (``job:`` sources; users' registrations stay)."""
+    from costopt.throughput.registry import JOB_SOURCE_PREFIX, MeasurementRegistry
 
-    measurements = None if engine is None else tuple(MeasurementRegistry(engine).all())
+    measurements = None
+    if engine is not None:
+        measurements = tuple(
+            m for m in MeasurementRegistry(engine).all() if learnt or not m.source.startswith(JOB_SOURCE_PREFIX)
+        )
     path = settings.resolved_throughput_file()
     stamp = None if path is None else _stamp(path)
     return _catalog_of(stamp, measurements, precision, settings.estimate_new_accelerators)
@@ -254,7 +259,11 @@ def build_sim_throughput(settings: Settings, prices: PriceView, engine: Engine |
     catalog's cell at the job's precision for the job type on the offer's accelerator (from ``prices``'
     instance shapes) and GPU count; None when the catalog has no such cell (the launch is then refused,
     naming ``COSTOPT_STEPS_PER_SECOND``). Each precision's catalog (:func:`build_catalog`) is loaded at the
-    first launch that needs it."""
+    first launch that needs it, without what the service learnt from running jobs (``learnt=False``): the
+    simulated hardware's speed is not the service's belief about it. (With them, a restarted service loaded
+    the measurements its jobs had taken on this very cloud, so its simulated GPUs ran at a speed that depended
+    on when the process started: the kill drill's jobs trained 1.7% slower after the kills than in its runs
+    without kills.)"""
     from costopt.throughput.model import PRECISIONS, check_precision
 
     catalogs: dict[Precision, ThroughputCatalog] = {}
@@ -265,7 +274,7 @@ def build_sim_throughput(settings: Settings, prices: PriceView, engine: Engine |
             return None
         at = check_precision(precision)
         if at not in catalogs:
-            catalogs[at] = build_catalog(settings, engine, precision=at)
+            catalogs[at] = build_catalog(settings, engine, precision=at, learnt=False)
         try:
             cell = catalogs[at].get(job_type, shape[0], gpus)
         except ValueError:  # not a job type's name

@@ -13,6 +13,7 @@ from typing import Protocol, cast
 
 import pytest
 from pydantic import ValidationError
+from sqlalchemy import Engine
 
 from api.sim_clock import _DRIVERS_LOCK, SimClockDriver, driver_for, service_clock, start_sim_clock
 from api.wiring import build_catalog, build_cloud_provider, build_sim_throughput, build_store
@@ -258,3 +259,49 @@ def test_the_service_runs_its_simulated_clock_while_it_is_up(tmp_path: Path) -> 
         driver.sleep(7200.0)  # two simulated hours: returns once the thread has moved the clock that far
         assert cloud.now() >= settings.sim_start + timedelta(hours=2)
     assert not driver.running
+
+
+def test_the_simulated_hardware_runs_at_the_catalog_without_what_jobs_learnt_on_it(
+    engine: Engine, shared_data: Path
+) -> None:
+    """The simulated cloud's speed is the throughput file's and users' registrations, not the service's
+    belief: measurements its running jobs took (``job:`` sources) move the planner's catalog, never the
+    simulated GPUs (a restarted service used to load them, and its jobs then trained at another speed than
+    in a process that had loaded the catalog before any was taken: the kill drill's ledger)."""
+    from costopt.throughput.model import JobType
+    from costopt.throughput.registry import Measurement, MeasurementRegistry, job_source
+
+    settings = Settings(data_dir=shared_data)
+    prices = step_prices([(OFFER, START, 3.0)], {("aws", "p3.2xlarge"): ("v100", 1.0)})
+    job = "ResNet-50 (batch size 64)"
+    truth = build_catalog(settings).get(job, "v100", 1)
+    assert truth is not None
+    registry = MeasurementRegistry(engine)
+    registry.add(  # a running job on this cloud measured it slower (a window with a checkpoint's pause)
+        Measurement(
+            job_type=JobType.parse(job),
+            accelerator="v100",
+            gpu_count=1,
+            steps_per_s=truth.steps_per_s * 0.5,
+            provenance="user",
+            source=job_source("job-0123456789abcdef", "fp32"),
+            measured_at=START,
+        )
+    )
+    own = "Custom Net (batch size 8)"
+    registry.add(  # a user's registration of a job type the file does not know: the cloud runs it
+        Measurement(
+            job_type=JobType.parse(own),
+            accelerator="v100",
+            gpu_count=1,
+            steps_per_s=3.25,
+            provenance="user",
+            source="user:alpha",
+            measured_at=START,
+        )
+    )
+    belief = build_catalog(settings, engine).get(job, "v100", 1)
+    assert belief is not None and belief.steps_per_s < truth.steps_per_s  # the planner learnt it
+    rate = cast(_RateFn, build_sim_throughput(settings, prices, engine))
+    assert rate(job, 1, OFFER) == truth.steps_per_s
+    assert rate(own, 1, OFFER) == pytest.approx(3.25)
