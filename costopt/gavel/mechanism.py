@@ -12,7 +12,13 @@ in the next round.
   fleets set ``memory_s`` and ``h`` by :func:`mechanism_rule`, ``h`` from the restart cost, so it is 0
   when moves are free; live fleets rebuild the state each round with :meth:`RoundMechanism.resume`).
   ``prior_s`` counts each unit as having received its allocation for that long before it arrived
-  (measured without effect; off by default).
+  (measured without effect; off by default). With ``allocation_integral``, the numerator is not the
+  current allocation times the unit's (decayed) age but what the allocations in force gave it:
+  priority = (the integral of its allocation there over the rounds recorded since it arrived, plus the
+  coming round's ``x * round_s``) / (seconds it ran there), both decayed alike with ``memory_s``. The
+  share rule assumes the current allocation held since arrival; this one charges a job only what it
+  was owed when it ran (issue 12: better on every compared trace; off by default, see docs/gavel.md,
+  since live fleets do not store past allocations).
 * Units are taken greedily in priority order (ties: larger allocation, earlier arrival, lower id): a
   unit is placed if none of its jobs runs yet this round and the type has ``scale_factor`` free GPUs.
   With ``type_order`` (one queue per worker type, as Gavel's reference implementation runs its
@@ -50,6 +56,7 @@ log = logging.getLogger(__name__)
 BoolArray = npt.NDArray[np.bool_]
 DEFAULT_ROUND_S = 360.0
 _MIN_SHARE = 1e-9  # a share received below this counts as nothing received
+_MIN_RECEIVED_S = 1e-9  # with allocation_integral: seconds received below this count as nothing received
 AWARE_MEMORY_S = 7200.0
 """Heterogeneity-aware policies weigh a second run ``t`` seconds ago by ``exp(-t / AWARE_MEMORY_S)`` in
 their priorities (issue 12; docs/gavel.md, *Mechanism*)."""
@@ -114,7 +121,8 @@ class RoundMechanism:
     Call :meth:`set_allocation` whenever the policy re-solves, then per round :meth:`plan` and
     :meth:`record`. One instance per cluster; not thread-safe. ``type_order``: worker types in the
     order their queues are served (fastest first, see :func:`fastest_first`); ``None``: one queue.
-    ``memory_s`` (None or inf: since arrival), ``hysteresis`` (>= 0) and ``prior_s`` (>= 0): see the
+    ``memory_s`` (None or inf: since arrival), ``hysteresis`` (>= 0), ``prior_s`` (>= 0, the share rule
+    only) and ``allocation_integral`` (with ``round_s``, the length of the coming round it counts): see the
     module docstring. :attr:`received` always holds the undecayed seconds run alone per type.
     """
 
@@ -129,7 +137,11 @@ class RoundMechanism:
         memory_s: float | None = None,
         hysteresis: float = 0.0,
         prior_s: float = 0.0,
+        allocation_integral: bool = False,
+        round_s: float = DEFAULT_ROUND_S,
     ) -> None:
+        if not round_s > 0:
+            raise InvalidState("round_s must be > 0 seconds")
         if memory_s is not None and not memory_s > 0:
             raise InvalidState("memory_s must be > 0 seconds (None or inf: remember since arrival)")
         if memory_s is not None and math.isinf(memory_s):
@@ -154,6 +166,10 @@ class RoundMechanism:
         self.memory_s = memory_s
         self.hysteresis = float(hysteresis)
         self.prior_s = float(prior_s)
+        self.allocation_integral = bool(allocation_integral)
+        self.round_s = float(round_s)
+        # with allocation_integral: seconds of allocation in force per job (alone) and type, decayed as _recent
+        self._owed = np.zeros((n_jobs if allocation_integral else 0, self.n_types))
         # with memory_s: seconds run alone per type, each second weighted exp(-its age / memory_s)
         self._recent = np.zeros((n_jobs, self.n_types)) if memory_s is not None else self.received
         self._decayed_at = 0.0  # the time self._recent and self._u_recv were last decayed to
@@ -171,6 +187,8 @@ class RoundMechanism:
         self._u_sf = np.zeros(0, dtype=np.int64)
         self._u_since = np.zeros(0)
         self._u_recv = np.zeros((0, self.n_types))
+        self._u_owed = np.zeros((0, self.n_types))  # per unit, as _u_recv (allocation_integral only)
+        self._pair_owed = np.zeros((0, self.n_types))
         self._c_unit = np.zeros(0, dtype=np.int64)
         self._c_type = np.zeros(0, dtype=np.int64)
         self._c_x = np.zeros(0)
@@ -196,15 +214,22 @@ class RoundMechanism:
         now_s: float,
         recent: FloatArray | None = None,
         last_type: IntArray | None = None,
+        owed: FloatArray | None = None,
     ) -> None:
         """Start from a stored history instead of recorded rounds (live fleets rebuild the mechanism at
         every boundary). ``received``: seconds each job ran alone per type (jobs x types); ``recent``: the
         same with a second run ``t`` seconds before ``now_s`` weighted ``exp(-t / memory_s)`` (required with
         ``memory_s``, ignored without); ``last_type``: the type each job ran on alone last round (-1: it did
-        not run), which the hysteresis and sticky placement use. Call before :meth:`set_allocation`."""
+        not run), which the hysteresis and sticky placement use; ``owed``: with ``allocation_integral``
+        (required then), the seconds of allocation each job had in force per type, decayed as ``recent``.
+        Call before :meth:`set_allocation`."""
         shape = (self._n, self.n_types)
-        if np.shape(received) != shape or (recent is not None and np.shape(recent) != shape):
+        if np.shape(received) != shape or any(a is not None and np.shape(a) != shape for a in (recent, owed)):
             raise InvalidState(f"received seconds must be {self._n} jobs x {self.n_types} worker types")
+        if self.allocation_integral:
+            if owed is None:
+                raise InvalidState("a mechanism with allocation_integral needs the seconds owed (owed) to resume")
+            self._owed[:] = owed
         self.received[:] = received
         self.ever_ran[:] = ever_ran
         if self.memory_s is not None:
@@ -244,8 +269,11 @@ class RoundMechanism:
             okey = self._u_members[old_pairs, 0] * self._n + self._u_members[old_pairs, 1]
             order = np.argsort(okey)
             self._pair_keys, self._pair_recv = okey[order], self._u_recv[old_pairs][order]
+            if self.allocation_integral:
+                self._pair_owed = self._u_owed[old_pairs][order]
         else:
             self._pair_keys, self._pair_recv = np.zeros(0, dtype=np.int64), np.zeros((0, self.n_types))
+            self._pair_owed = np.zeros((0, self.n_types))
         keep = pair_x.sum(axis=1) > 0
         pairs, pair_x = pairs[keep], pair_x[keep]
         ga, gb = jobs[pairs[:, 0]], jobs[pairs[:, 1]]
@@ -259,12 +287,17 @@ class RoundMechanism:
         self._b_list = self._u_members[:, 1].tolist()
         self._u_since = np.concatenate([since_s, np.maximum(since_s[pairs[:, 0]], since_s[pairs[:, 1]])])
         precv = np.zeros((lo.shape[0], self.n_types))
+        powed = np.zeros((lo.shape[0], self.n_types))
         if lo.shape[0] and self._pair_keys.shape[0]:
             key = lo * self._n + hi
             pos = np.minimum(np.searchsorted(self._pair_keys, key), self._pair_keys.shape[0] - 1)
             found = self._pair_keys[pos] == key
             precv[found] = self._pair_recv[pos[found]]
+            if self.allocation_integral:
+                powed[found] = self._pair_owed[pos[found]]
         self._u_recv = np.concatenate([self._recent[jobs], precv])
+        if self.allocation_integral:
+            self._u_owed = np.concatenate([self._owed[jobs], powed])
         ux = np.concatenate([x, pair_x])
         cu, cj = np.nonzero(ux > 0)
         cx = ux[cu, cj]
@@ -287,14 +320,17 @@ class RoundMechanism:
             self._decay_to(now_s)
         if self._c_unit.shape[0]:
             cu, cj, cx = self._c_unit, self._c_type, self._c_x
-            age = np.maximum(now_s - self._u_since[cu], 0.0)
-            if self.memory_s is not None:
-                age = -self.memory_s * np.expm1(-age / self.memory_s)  # the same weights over its lifetime
             recv = self._u_recv[cu, cj]
-            if self.prior_s > 0:  # as if each unit had received its allocation for prior_s before arriving
-                recv, age = recv + cx * self.prior_s, age + self.prior_s
-            share = np.divide(recv, age, out=np.zeros_like(age), where=age > 0)
-            prio = cx / np.maximum(share, _MIN_SHARE)
+            if self.allocation_integral:  # what the allocations in force gave it, the coming round included
+                prio = (self._u_owed[cu, cj] + cx * self.round_s) / np.maximum(recv, _MIN_RECEIVED_S)
+            else:
+                age = np.maximum(now_s - self._u_since[cu], 0.0)
+                if self.memory_s is not None:
+                    age = -self.memory_s * np.expm1(-age / self.memory_s)  # the same weights over its lifetime
+                if self.prior_s > 0:  # as if each unit had received its allocation for prior_s before arriving
+                    recv, age = recv + cx * self.prior_s, age + self.prior_s
+                share = np.divide(recv, age, out=np.zeros_like(age), where=age > 0)
+                prio = cx / np.maximum(share, _MIN_SHARE)
             if self.hysteresis > 0:  # a unit that ran on the type last round holds it unless clearly outranked
                 a, b = self._u_members[cu, 0], self._u_members[cu, 1]
                 held = (self._last_type[a] == cj) & (self._last_partner[a] == b)
@@ -318,6 +354,9 @@ class RoundMechanism:
             f = float(np.exp(-dt / self.memory_s))
             self._recent *= f
             self._u_recv *= f
+            if self.allocation_integral:
+                self._owed *= f
+                self._u_owed *= f
             self._decayed_at = now_s
 
     def forget(self, jobs: IntArray) -> None:
@@ -436,8 +475,18 @@ class RoundMechanism:
         self._owner[j] = owner
 
     def record(self, plan: RoundPlan, seconds: float) -> None:
-        """Credit ``seconds`` of running to every unit of ``plan`` (the last planned round)."""
+        """Credit ``seconds`` of running to every unit of ``plan`` (the last planned round); with
+        ``allocation_integral``, also ``seconds`` of the allocation in force to every unit it names whose
+        jobs have not finished (:meth:`forget`)."""
         units, wtype = self._pending
+        if self.allocation_integral and self._c_unit.shape[0]:
+            cu, cj = self._c_unit, self._c_type
+            gone = np.frombuffer(bytes(self._gone), dtype=np.uint8).astype(bool)
+            a, b = self._u_members[cu, 0], self._u_members[cu, 1]
+            live = ~gone[a] & ((b < 0) | ~gone[np.maximum(b, 0)])
+            self._u_owed[cu[live], cj[live]] += self._c_x[live] * seconds
+            alone = live & (b < 0)
+            self._owed[a[alone], cj[alone]] += self._c_x[alone] * seconds
         if plan.n_units == 0:
             return
         self._u_recv[units, wtype] += seconds

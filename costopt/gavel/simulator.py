@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -51,8 +51,26 @@ def parse_cluster(spec: str, n_types: int = 3) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class JobOutcome:
+    """One measured job of a simulation: ``completion_s`` is when it finished (simulated seconds, the
+    trace's clock), None if it had not by the end of the run; ``moves``: restarts from a checkpoint
+    (first start excluded)."""
+
+    job_id: int
+    arrival_s: float
+    completion_s: float | None
+    moves: int
+
+    def jct_s(self, end_s: float) -> float:
+        """Arrival to completion; for a job not finished, arrival to ``end_s`` (the run's end)."""
+        return (self.completion_s if self.completion_s is not None else end_s) - self.arrival_s
+
+
+@dataclass(frozen=True, slots=True)
 class SimResult:
-    """Outcome of one simulation; :meth:`as_dict` is JSON-able (plain floats, ints, bools, str)."""
+    """Outcome of one simulation; :meth:`as_dict` is JSON-able (plain floats, ints, bools, str).
+    ``jobs``: the window's jobs in trace order (:class:`JobOutcome`), their JCTs average to
+    ``avg_jct_s`` (with ``simulated_s`` as the end of unfinished ones)."""
 
     policy: str
     avg_jct_s: float
@@ -78,10 +96,14 @@ class SimResult:
     space_sharing: bool
     restart_overhead_s: float
     trace: str | None = None  # the file a recorded trace was read from (None: generated)
+    jobs: tuple[JobOutcome, ...] = ()
 
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
+    def as_dict(self, *, per_job: bool = False) -> dict[str, Any]:
+        """The summary's fields; with ``per_job``, also ``jobs``: one dict per :class:`JobOutcome`."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "jobs"}
         out["window"] = list(self.window)
+        if per_job:
+            out["jobs"] = [asdict(j) for j in self.jobs]
         return out
 
 
@@ -175,6 +197,7 @@ def simulate_trace(
     memory_s: float | None = None,
     hysteresis: float | None = None,
     prior_s: float = 0.0,
+    allocation_integral: bool = False,
 ) -> SimResult:
     """Simulate ``policy`` on ``trace``; see :func:`simulate`. ``window``: the job ids measured,
     ``[first, end)`` (default: every job); ``source``: where the trace was read from (reported).
@@ -187,7 +210,8 @@ def simulate_trace(
     ``hysteresis``: a running unit's priority bonus; by default both as
     :func:`~costopt.gavel.mechanism.mechanism_rule` gives them (with per-type queues, a 7200-s memory and
     6 x ``restart_overhead_s / round_s``; else since arrival and 0), the rule live fleets use too.
-    ``prior_s``: see :class:`RoundMechanism` (default 0)."""
+    ``prior_s`` and ``allocation_integral`` (priorities from the allocations in force since each job
+    arrived, not the current one times its age): see :class:`RoundMechanism` (default 0 and off)."""
     wall0 = time.perf_counter()
     if round_s <= 0 or restart_overhead_s < 0 or restart_overhead_s >= round_s:
         raise InvalidState("need round_s > 0 and 0 <= restart_overhead_s < round_s")
@@ -217,6 +241,8 @@ def simulate_trace(
         memory_s=rule.memory_s if memory_s is None else memory_s,
         hysteresis=rule.hysteresis if hysteresis is None else hysteresis,
         prior_s=prior_s,
+        allocation_integral=allocation_integral,
+        round_s=round_s,
     )
     spread = workload.spread[trace.entry]
     remaining = trace.steps.astype(np.float64).copy()
@@ -422,6 +448,16 @@ def _result(
     iso_tput = frac * (np.where(can, cons, 0.0) @ cap) / total
     rho = jct / (trace.steps[ids] / np.maximum(iso_tput, 1e-300))
     rho_f = rho[finished]
+    outcomes = tuple(
+        JobOutcome(int(i), float(a), float(d) if np.isfinite(d) else None, int(m))
+        for i, a, d, m in zip(
+            trace.job_id[ids].tolist(),
+            trace.arrival_s[ids].tolist(),
+            done_at[ids].tolist(),
+            moves[ids].tolist(),
+            strict=True,
+        )
+    )
     cluster = ":".join(str(int(c)) for c in cap)
     return SimResult(
         policy=name,
@@ -448,4 +484,5 @@ def _result(
         space_sharing=space_sharing,
         restart_overhead_s=float(restart_overhead_s),
         trace=source,
+        jobs=outcomes,
     )

@@ -19,6 +19,18 @@ writer) and read back with ``--trace``'s reader, so every variant runs the same 
   deficit), ``+type-frac`` (the share is the unit's fraction of the type's decayed time, as the
   reference's, not of its own age), ``+no-ff`` (the fast-forward off), ``@<S>s`` (S seconds lost per
   move); a variant without ``+mem``/``+hyst``/``+hh`` uses the share since arrival and no hysteresis.
+  Added after the job-by-job comparison of seed 2 (docs/gavel.md): ``+fpt-<order>`` (``+fill-per-type``
+  with the unallocated jobs of each type ordered ``recv``: least decayed seconds there first, or
+  ``gain``: largest throughput there over the job's slowest type first), ``+drr`` (each type's queue
+  ranked by the deficit: the integral of the allocation in force minus the seconds received, decayed
+  alike; ``+drr-norm``: times the job's throughput there over its mean; ``+diff``: the current allocation
+  times the age in place of the integral; with ``+fpt-<order>``: per-type fill too), ``+ratio-int``
+  (the share rule's priority with the integral of the allocation in force, coming round included, over
+  the seconds received: an experiment subclass, fast-forward off) and ``+integral`` (the same rule as
+  the core's ``allocation_integral``, fast-forward on: the same JCTs as ``+ratio-int``).
+  ``reference-emulation+reset<S>``: the emulation with a reset (and a new allocation) every S seconds.
+  ``--jobs-table A B --seeds S``: variant A against B job by job on seed S (JCT differences summed by
+  the job's V100 duration and V100/K80 speedup; uses ``SimResult.jobs``).
 * ``reference-emulation``: this simulator driven the way the reference implementation
   (stanford-futuredata/gavel, ``scheduler/scheduler.py`` at c4fa400, read, not copied) drives its
   simulation: one queue per type served V100, P100, K80; priority = allocation / the job's fraction of
@@ -32,13 +44,14 @@ writer) and read back with ``--trace``'s reader, so every variant runs the same 
   their last job ends (here: every 360 s), its steps per round are whole numbers, and ECOS's exact point.
 
 Run: .venv/bin/python experiments/gavel/compare_reference.py [--seeds 0 1 2] [--processes 2] [--ablations]
-[--variants V ...]
+[--variants V ...] [--jobs-table A B]
 Appends to experiments/gavel/results/reference_comparison.jsonl (resumable); prints the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import tempfile
@@ -66,7 +79,7 @@ WINDOW = (4000, 5000)
 RESET_S = 1920.0
 
 
-def _reference_mechanism(per_type: bool) -> type:
+def _reference_mechanism(per_type: bool, reset_s: float = RESET_S) -> type:
     import numpy as np
 
     from costopt.gavel.mechanism import RoundMechanism
@@ -98,7 +111,7 @@ def _reference_mechanism(per_type: bool) -> type:
             self.jobs, self.runnable = jobs, runnable
 
         def plan(self, now_s: float):  # type: ignore[no-untyped-def]
-            if self.pending is not None and now_s - self.last_reset >= RESET_S:  # a reset: the new allocation
+            if self.pending is not None and now_s - self.last_reset >= reset_s - 1e-9:  # a reset: the new allocation
                 jobs, x = self.pending
                 if np.isfinite(self.last_reset):
                     owed = self.x_in_force[jobs] * (now_s - self.last_reset) - (self.since_reset[jobs] - self.half)
@@ -167,6 +180,113 @@ def _fill_per_type_mechanism() -> type:
             return self._place(np.array(units, dtype=np.int64), np.array(types, dtype=np.int64))
 
     return FillPerType
+
+
+_THROUGHPUT: Any = None  # the trace's jobs x types steps/s, set by _run for the +fpt-gain variant
+
+
+def _fill_order_mechanism(order: str) -> type:
+    import numpy as np
+
+    base = _fill_per_type_mechanism()
+
+    class FillOrder(base):  # type: ignore[misc,valid-type]
+        """``+fill-per-type`` with another order of each type's unallocated jobs: ``recv`` (least decayed
+        seconds received on the type first, as the reference's deficit orders them), ``gain`` (largest
+        throughput on the type over the job's slowest type first), each then earliest arrival."""
+
+        def _fill_candidates(self) -> tuple[list[int], list[int]]:
+            jobs, allowed, since = self._fill_from
+            fu, fj = np.nonzero(allowed)
+            if order == "recv":
+                key = self._recent[jobs[fu], fj]
+            else:
+                tp = _THROUGHPUT[jobs]
+                slow = np.where(tp > 0, tp, np.inf).min(axis=1)
+                key = -tp[fu, fj] / slow[fu]
+            o = np.lexsort((jobs[fu], since[fu], key))
+            return fu[o].tolist(), fj[o].tolist()
+
+    return FillOrder
+
+
+def _deficit_mechanism(
+    fill_order: str | None = None, current_x: bool = False, normalized: bool = False, ratio: bool = False
+) -> type:
+    import numpy as np
+
+    from costopt.gavel.mechanism import RoundMechanism
+
+    base = _fill_order_mechanism(fill_order) if fill_order else RoundMechanism
+
+    class Deficit(base):  # type: ignore[misc,valid-type]
+        """Each type's queue ranked by the unit's deficit there: the (decayed) seconds the allocations in
+        force since it arrived gave it on the type (the integral of its allocation over the rounds) minus
+        the (decayed) seconds it ran there; larger first, ties by the usual rank (larger allocation,
+        earlier arrival). Single-GPU units without space sharing only (an experiment)."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._owed = np.zeros((self._n, self.n_types))
+
+        def _decay_to(self, now_s: float) -> None:
+            dt = now_s - self._decayed_at
+            if self.memory_s is not None and dt > 0:
+                self._owed *= float(np.exp(-dt / self.memory_s))
+            super()._decay_to(now_s)
+
+        def plan(self, now_s: float):  # type: ignore[no-untyped-def]
+            if self.memory_s is not None:
+                self._decay_to(now_s)
+            free, busy = list(self.capacity), bytearray(self._gone)
+            units: list[int] = []
+            types: list[int] = []
+            cu, cj = self._c_unit, self._c_type
+            if cu.shape[0]:
+                a = self._u_members[cu, 0]
+                if current_x:  # owed approximated by the current allocation over the (decayed) age, as the share rule
+                    age = np.maximum(now_s - self._u_since[cu], 0.0)
+                    if self.memory_s is not None:
+                        age = -self.memory_s * np.expm1(-age / self.memory_s)
+                    deficit = self._c_x * age - self._recent[a, cj]
+                else:
+                    deficit = self._owed[a, cj] - self._recent[a, cj]
+                if normalized:  # seconds owed x the job's throughput there over its mean one: progress owed
+                    tp = _THROUGHPUT[a]
+                    deficit = deficit * tp[np.arange(a.shape[0]), cj] / tp.mean(axis=1)
+                if ratio:  # owed (this round's allocation included) over received, as the share rule's x / share
+                    owed = self._owed[a, cj] + self._c_x * 360.0
+                    deficit = owed / np.maximum(self._recent[a, cj], 1e-9)
+                    if self.hysteresis > 0:
+                        held = (self._last_type[a] == cj) & (self._last_partner[a] == self._u_members[cu, 1])
+                        deficit = np.where(held, deficit * (1.0 + self.hysteresis), deficit)
+                elif self.hysteresis > 0:  # a unit that ran on the type last round: owed h rounds more there
+                    held = (self._last_type[a] == cj) & (self._last_partner[a] == self._u_members[cu, 1])
+                    deficit = np.where(held, deficit + self.hysteresis * 360.0, deficit)
+                assert self._type_pos is not None
+                order = np.lexsort((self._c_rank, -deficit, self._type_pos[cj]))
+                if fill_order:  # each type's queue followed by its unallocated jobs
+                    fu, fj = self._fill_candidates()
+                    uc = np.concatenate([cu[order], np.array(fu, dtype=np.int64)])
+                    tc = np.concatenate([cj[order], np.array(fj, dtype=np.int64)])
+                    group = np.concatenate([np.zeros(order.shape[0]), np.ones(len(fu))])
+                    final = np.lexsort((np.arange(uc.shape[0]), group, self._type_pos[tc]))
+                    self._greedy(uc[final].tolist(), tc[final].tolist(), free, busy, units, types)
+                else:
+                    self._greedy(cu[order].tolist(), cj[order].tolist(), free, busy, units, types)
+            if self.fill_idle and sum(free) > 0 and len(units) < self._n_units_jobs:
+                fu, fj = self._fill_candidates()
+                if fu:
+                    self._greedy(fu, fj, free, busy, units, types)
+            return self._place(np.array(units, dtype=np.int64), np.array(types, dtype=np.int64))
+
+        def record(self, plan, seconds):  # type: ignore[no-untyped-def]
+            super().record(plan, seconds)
+            a = self._u_members[self._c_unit, 0]
+            live = np.frombuffer(bytes(self._gone), dtype=np.uint8)[a] == 0
+            np.add.at(self._owed, (a[live], self._c_type[live]), self._c_x[live] * seconds)
+
+    return Deficit
 
 
 def _deficit_tie_mechanism(total: bool) -> type:
@@ -274,7 +394,7 @@ def _central_solve_lp(
     return LPSolution(x=x, objective=float(cost @ x))
 
 
-def _run(spec: dict[str, Any], trace_path: str) -> dict[str, Any]:
+def _run(spec: dict[str, Any], trace_path: str, per_job: bool = False) -> dict[str, Any]:
     import costopt.gavel.policies.fairness as fairness
     import costopt.gavel.simulator as simulator
     from costopt.gavel.policies import get_policy
@@ -304,17 +424,32 @@ def _run(spec: dict[str, Any], trace_path: str) -> dict[str, Any]:
             kwargs["hysteresis"] = float(opt[4:]) * kwargs.get("restart_overhead_s", 0.0) / 360.0
     if variant.startswith("one-queue") or variant == "costopt-one-queue":
         kwargs["per_type_queues"] = False
+    if "+integral" in variant:  # the core's allocation_integral (the +ratio-int experiment, fast-forward on)
+        kwargs["allocation_integral"] = True
     if "no-ff" in variant:  # every round simulated (the fast-forward off)
         kwargs["fast_forward"] = False
     if "deficit-tie" in variant or "deficit-total-tie" in variant:  # patched in this worker process only
         simulator.RoundMechanism = _deficit_tie_mechanism(total="deficit-total-tie" in variant)  # type: ignore[misc]
     if "type-frac" in variant:  # patched in this worker process only
         simulator.RoundMechanism = _type_fraction_mechanism()  # type: ignore[misc]
+    if "fpt-" in variant or "+drr" in variant:
+        global _THROUGHPUT
+        _THROUGHPUT = workload.consolidated[trace.entry]
+    if "+drr" in variant or "+diff" in variant or "+ratio-int" in variant:  # patched in this worker process only
+        fill = variant.split("fpt-")[1].split("+")[0] if "fpt-" in variant else None
+        simulator.RoundMechanism = _deficit_mechanism(
+            fill, current_x="+diff" in variant, normalized="+drr-norm" in variant, ratio="+ratio-int" in variant
+        )  # type: ignore[misc]
+        kwargs["fast_forward"] = False
+    elif "fpt-" in variant:  # patched in this worker process only
+        simulator.RoundMechanism = _fill_order_mechanism(variant.split("fpt-")[1].split("+")[0])  # type: ignore[misc]
+        kwargs["fast_forward"] = False
     if "fill-per-type" in variant:  # patched in this worker process only
         simulator.RoundMechanism = _fill_per_type_mechanism()  # type: ignore[misc]
         kwargs["fast_forward"] = False
     if variant.startswith("reference-emulation"):  # patched in this worker process only
-        simulator.RoundMechanism = _reference_mechanism(per_type="one-queue" not in variant)  # type: ignore[misc]
+        reset_s = float(variant.split("+reset")[1].split("+")[0]) if "+reset" in variant else RESET_S
+        simulator.RoundMechanism = _reference_mechanism("one-queue" not in variant, reset_s)  # type: ignore[misc]
         kwargs["fast_forward"] = False  # its skipped rounds assume the mechanism repeats the last one
     if variant == "reference-emulation" or "central-lp" in variant:
         fairness.solve_lp = _central_solve_lp  # type: ignore[assignment]
@@ -324,7 +459,7 @@ def _run(spec: dict[str, Any], trace_path: str) -> dict[str, Any]:
     res = simulator.simulate_trace(
         get_policy("max_min_fairness_perf"), trace, workload, (36, 36, 36), window=WINDOW, seed=spec["seed"], **kwargs
     )
-    out = res.as_dict()
+    out = res.as_dict(per_job=per_job)
     out["spec"] = spec
     out["runner_wall_s"] = time.perf_counter() - t0
     return out
@@ -345,6 +480,53 @@ def write_traces(seeds: list[int], folder: Path) -> dict[int, str]:
             write_trace(generated_trace(workload, 5.0, seed, WINDOW), workload, f)
         paths[seed] = str(path)
     return paths
+
+
+def jobs_table(a: str, b: str, seed: int, processes: int) -> str:
+    """Job by job, variant ``a`` against ``b`` on one seed's trace: the sum of JCT differences (hours)
+    by the job's duration on a V100 and by its V100 / K80 speedup (which jobs make up the difference)."""
+    import numpy as np
+
+    from costopt.gavel.workload import load_workload
+    from costopt.throughput import GAVEL_SIMULATION_FILE
+
+    workload = load_workload(DATA / GAVEL_SIMULATION_FILE)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_traces([seed], Path(tmp))[seed]
+        with ProcessPoolExecutor(max_workers=processes, max_tasks_per_child=1) as pool:
+            fa, fb = (pool.submit(_run, {"variant": v, "seed": seed}, path, True) for v in (a, b))
+            ra, rb = fa.result(), fb.result()
+    trace = generated_trace_for(seed)
+    row = {int(i): k for k, i in enumerate(trace.job_id.tolist())}
+    ids = [j["job_id"] for j in ra["jobs"]]
+    rows = np.array([row[i] for i in ids])
+    jct = [np.array([j["completion_s"] - j["arrival_s"] for j in r["jobs"]]) for r in (ra, rb)]
+    diff = (jct[0] - jct[1]) / 3600
+    cons = workload.consolidated[trace.entry[rows]]
+    hours = trace.steps[rows] / cons[:, 0] / 3600
+    speedup = cons[:, 0] / cons[:, 2]
+    lines = [f"{a} vs {b}, seed {seed}: mean JCT {jct[0].mean() / 3600:.3f} h vs {jct[1].mean() / 3600:.3f} h"]
+    lines.append("| jobs | n | sum of JCT differences | mean JCT a / b |")
+    lines.append("|---|---|---|---|")
+    bins = [("V100 duration", hours, (0, 1, 3, 10, np.inf)), ("V100/K80 speedup", speedup, (0, 2, 4, 7, np.inf))]
+    for name, val, edges in bins:
+        for lo, hi in itertools.pairwise(edges):
+            m = (val >= lo) & (val < hi)
+            if m.any():
+                lines.append(
+                    f"| {name} {lo}-{hi} | {int(m.sum())} | {diff[m].sum():+.1f} h | "
+                    f"{jct[0][m].mean() / 3600:.2f} / {jct[1][m].mean() / 3600:.2f} h |"
+                )
+    return "\n".join(lines)
+
+
+def generated_trace_for(seed: int) -> Any:
+    """The trace of ``seed`` as :func:`write_traces` writes it."""
+    from costopt.gavel.simulator import generated_trace
+    from costopt.gavel.workload import load_workload
+    from costopt.throughput import GAVEL_SIMULATION_FILE
+
+    return generated_trace(load_workload(DATA / GAVEL_SIMULATION_FILE), 5.0, seed, WINDOW)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -378,7 +560,16 @@ if __name__ == "__main__":
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--ablations", action="store_true", help="also run the variants that isolate each mechanism")
     ap.add_argument("--variants", nargs="+", help="run these variants only (e.g. costopt+mem1920@30s)")
+    ap.add_argument(
+        "--jobs-table",
+        nargs=2,
+        metavar=("A", "B"),
+        help="job by job: variant A against B on the first of --seeds (nothing appended to the results)",
+    )
     args = ap.parse_args()
+    if args.jobs_table:
+        print(jobs_table(args.jobs_table[0], args.jobs_table[1], args.seeds[0], args.processes))
+        raise SystemExit(0)
     done = {spec_key(r["spec"]) for r in load(OUT)}
     variants = tuple(args.variants) if args.variants else VARIANTS + (ABLATIONS if args.ablations else ())
     specs = [{"variant": v, "seed": s} for s in args.seeds for v in variants]

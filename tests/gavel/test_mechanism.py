@@ -212,3 +212,53 @@ def test_memory_and_hysteresis_are_validated() -> None:
         RoundMechanism([1], [1], 1, memory_s=0.0)
     with pytest.raises(InvalidState, match="hysteresis"):
         RoundMechanism([1], [1], 1, hysteresis=-0.1)
+
+
+def _rounds_of_job_0_after_its_allocation_drops(allocation_integral: bool) -> int:
+    """Jobs 0 and 1 share one GPU, 0.8 / 0.2 for 20 rounds, then 0.2 / 0.8: how many of the next 20
+    rounds job 0 runs."""
+    mech = RoundMechanism([1], [1], 2, allocation_integral=allocation_integral)
+    _alloc(mech, [[0.8], [0.2]])
+    _run(mech, 20)
+    assert mech.received[0, 0] == 16 * 360.0  # both rules realize the first allocation
+    _alloc(mech, [[0.2], [0.8]])
+    runs = 0
+    for r in range(20, 40):
+        plan = mech.plan(r * 360.0)
+        mech.record(plan, 360.0)
+        runs += int(plan.members[0, 0] == 0)
+    return runs
+
+
+def test_with_the_allocation_integral_a_job_is_charged_only_what_it_was_owed_when_it_ran() -> None:
+    # the share rule compares job 0's 16 rounds with the new 0.2 x its age (4 rounds): it is starved until
+    # job 1 catches up with 0.8 of its whole life; with the integral of the allocations in force, both jobs
+    # got what they were owed, and the next rounds follow the new allocation (4 of 20 for job 0)
+    assert _rounds_of_job_0_after_its_allocation_drops(False) == 0
+    assert _rounds_of_job_0_after_its_allocation_drops(True) == 4
+
+
+def test_the_allocation_integral_still_converges_with_a_memory_and_pairs_keep_theirs() -> None:
+    mech = RoundMechanism([2, 1], [4, 4], 4, memory_s=7200.0, allocation_integral=True, type_order=[0, 1])
+    x = [[0.5, 0.25], [0.5, 0.25], [0.75, 0.0], [0.25, 0.5]]
+    _alloc(mech, x)
+    _run(mech, 400)
+    assert np.allclose(mech.received / (400 * 360.0), x, atol=0.02)
+    pair = RoundMechanism([1], [1], 3, allocation_integral=True)
+    _alloc(pair, [[0.0], [0.0], [0.5]], pairs=[[0, 1]], pair_x=[[0.5]])
+    _run(pair, 40)
+    _alloc(pair, [[0.0], [0.0], [0.5]], pairs=[[0, 1]], pair_x=[[0.5]])  # a re-solve: the pair keeps its count
+    plans = _run(pair, 40)
+    assert sum(int(p.members[0, 1] >= 0) for p in plans) == 20
+
+
+def test_resuming_with_the_allocation_integral_needs_the_seconds_owed() -> None:
+    mech = RoundMechanism([1], [1], 2, allocation_integral=True)
+    with pytest.raises(InvalidState, match="owed"):
+        mech.resume(np.zeros((2, 1)), np.zeros(2, dtype=bool), now_s=0.0)
+    mech.resume(np.array([[3600.0], [0.0]]), np.array([True, False]), now_s=3600.0, owed=np.array([[1800.0], [1800.0]]))
+    _alloc(mech, [[0.5], [0.5]])
+    # job 0 ran 3600 s of the 1800 it was owed, job 1 none of its 1800: job 1 runs first
+    assert mech.plan(3600.0).members[0, 0] == 1
+    with pytest.raises(InvalidState, match="round_s"):
+        RoundMechanism([1], [1], 1, round_s=0.0)

@@ -120,6 +120,9 @@ def test_fast_forwarding_identical_rounds_changes_nothing(workload: Workload, na
     assert a.keys() == b.keys()
     for key, value in a.items():
         assert value == (pytest.approx(b[key], rel=1e-9) if isinstance(value, float) else b[key]), key
+    for f, s in zip(fast.jobs, slow.jobs, strict=True):  # job by job, not only on average
+        assert (f.job_id, f.moves) == (s.job_id, s.moves)
+        assert f.completion_s == pytest.approx(s.completion_s, rel=1e-9)
 
 
 def test_a_throttled_re_solve_never_completes_a_job_twice(workload: Workload) -> None:
@@ -174,3 +177,44 @@ def test_aware_policies_decay_their_priorities_memory_and_agnostic_ones_keep_it_
     assert (since_arrival.avg_jct_s, since_arrival.moves_per_job) != (aware.avg_jct_s, aware.moves_per_job)
     agnostic = run("max_min_fairness")
     assert _strip(agnostic.as_dict()) == _strip(run("max_min_fairness", memory_s=math.inf).as_dict())
+
+
+def test_per_job_outcomes_average_to_the_jct_and_are_json_able_on_demand(workload: Workload) -> None:
+    res = _short(workload, "max_min_fairness_perf", rate=2.0, seed=3, window=(5, 25))
+    assert [j.job_id for j in res.jobs] == list(range(5, 25))
+    assert all(j.completion_s is not None and j.completion_s >= j.arrival_s for j in res.jobs)
+    jct = [j.jct_s(res.simulated_s) for j in res.jobs]
+    assert sum(jct) / len(jct) == pytest.approx(res.avg_jct_s)
+    assert max(j.completion_s or 0.0 for j in res.jobs) - min(j.arrival_s for j in res.jobs) == pytest.approx(
+        res.makespan_s
+    )
+    assert sum(j.moves for j in res.jobs) / len(res.jobs) == pytest.approx(res.moves_per_job)
+    assert "jobs" not in res.as_dict()  # summaries stay small; per job only on demand
+    out = json.loads(json.dumps(res.as_dict(per_job=True)))
+    assert [j["job_id"] for j in out["jobs"]] == list(range(5, 25))
+    assert out["jobs"][0]["completion_s"] == res.jobs[0].completion_s
+
+
+def test_a_job_unfinished_at_the_end_has_no_completion_and_counts_up_to_the_end(workload: Workload) -> None:
+    res = _short(workload, "max_min_fairness_perf", rate=30.0, seed=1, window=(0, 40), max_simulated_s=2 * HOUR)
+    assert not res.window_complete
+    open_jobs = [j for j in res.jobs if j.completion_s is None]
+    assert len(open_jobs) == res.jobs_in_window - res.jobs_completed > 0
+    assert open_jobs[0].jct_s(res.simulated_s) == res.simulated_s - open_jobs[0].arrival_s
+    assert sum(j.jct_s(res.simulated_s) for j in res.jobs) / len(res.jobs) == pytest.approx(res.avg_jct_s)
+
+
+def test_the_allocation_integral_is_a_switch_of_the_simulator_and_fast_forwarding_stays_exact(
+    workload: Workload,
+) -> None:
+    trace = generate_trace(workload, 40, rate_per_hour=2.0, seed=5)
+    policy = get_policy("max_min_fairness_perf")
+    fast = simulate_trace(policy, trace, workload, (2, 2, 2), round_s=HOUR, allocation_integral=True)
+    slow = simulate_trace(
+        policy, trace, workload, (2, 2, 2), round_s=HOUR, allocation_integral=True, fast_forward=False
+    )
+    share = simulate_trace(policy, trace, workload, (2, 2, 2), round_s=HOUR)
+    assert fast.window_complete and fast.avg_jct_s == pytest.approx(slow.avg_jct_s, rel=1e-9)
+    for f, s in zip(fast.jobs, slow.jobs, strict=True):
+        assert f.completion_s == pytest.approx(s.completion_s, rel=1e-9)
+    assert [j.completion_s for j in fast.jobs] != [j.completion_s for j in share.jobs]
