@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, and_, create_engine, event, select
+from sqlalchemy import Engine, and_, create_engine, event, or_, select
 from sqlalchemy.pool import StaticPool
 
 from costopt.agent.storage import drop_memory
@@ -281,10 +281,11 @@ _ACTIVE_WITH_COPIES = (
             and_(migration_copies.c.job_id == jobs_table.c.id, migration_copies.c.ended_at.is_(None)),
         )
     )
-    .where(jobs_table.c.state.in_(sorted(s.value for s in ACTIVE_STATES)))
+    .where(or_(*(jobs_table.c.state == v for v in sorted(s.value for s in ACTIVE_STATES))))
     .order_by(jobs_table.c.created_at, jobs_table.c.id, migration_copies.c.instance_id)
 )
-"""The active jobs with their copies still open in the migrator's records (one query, built once)."""
+"""The active jobs with their copies still open in the migrator's records (one query, built once; the states as
+plain bound values, not an ``IN`` list SQLAlchemy would expand at every execution)."""
 
 
 def _active_jobs(db: Engine, wanted: set[str]) -> tuple[list[tuple[str, JobState]], list[tuple[str, str]]]:

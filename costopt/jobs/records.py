@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import Engine, and_, bindparam, false, func, insert, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
@@ -244,7 +244,10 @@ _PROGRESS = (
 def _in_states(values: frozenset[str]) -> Any:
     stmt = _IN_STATES.get(values)
     if stmt is None:
-        stmt = select(jobs).where(jobs.c.state.in_(sorted(values))).order_by(jobs.c.created_at, jobs.c.id)
+        # ``state = ? OR state = ? ...`` with plain bound values, not ``IN (...)``: SQLAlchemy expands a list's
+        # parameters anew at every execution, and the engine runs this every tick
+        cond = or_(*(jobs.c.state == v for v in sorted(values))) if values else false()
+        stmt = select(jobs).where(cond).order_by(jobs.c.created_at, jobs.c.id)
         if len(_IN_STATES) < 64:
             _IN_STATES[values] = stmt
     return stmt
