@@ -6,7 +6,8 @@ the first ``--days`` start days and ``--seeds`` seeds in this process, and print
 (process time: a loaded machine stretches the wall time far more than the CPU time) and the full study's
 estimate at this CPU rate (11,340 runs on 2 processes; target: 10 minutes; the study's runs are 5 of 6
 with preemptions, the bench's with ``--seeds 1`` half, so its estimate is low; the CPU per run counts the
-runs that reused an earlier one's outcome, as the study does). ``--profile`` prints the
+runs that reused an earlier one's outcome, as the study does: a run whose placements answered alike, or a
+run with hazards whose seed reclaims nothing near the same policy's run without them). ``--profile`` prints the
 top of a cProfile (cumulative) of the same runs, ``--dump PATH`` writes its stats.
 """
 
@@ -64,7 +65,10 @@ def main() -> None:
     cpu = time.process_time() - c0
     per_run = cpu / study.runs
     print(f"{study.runs} runs of {args.model} in {seconds:.1f} s wall, {cpu:.1f} s CPU: {per_run:.3f} s of CPU per run")
-    print(f"{study.reused} of them took the outcome of an earlier run whose placements answered alike")
+    print(
+        f"{study.reused} of them took the outcome of an earlier run (placements answering alike, or no reclaim"
+        " near the same policy's run without hazards)"
+    )
     print(f"full study ({FULL_RUNS} runs) on 2 processes at this rate: {FULL_RUNS * per_run / 2 / 60:.1f} min")
     if prof is not None and args.dump is not None:
         prof.dump_stats(args.dump)

@@ -11,7 +11,7 @@ Times are tz-aware UTC.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -163,6 +163,14 @@ class SimulatedCloud(CloudProvider, Protocol):
 
     def migrator_timeouts(self) -> dict[str, float]:
         """``checkpoint_timeout`` and ``verify_timeout`` (simulated seconds) for a migrator on this cloud."""
+        ...
+
+    def untouched(
+        self, spans: Iterable[tuple[OfferKey, datetime, datetime]], *, slack: timedelta = timedelta(hours=1)
+    ) -> bool:
+        """Whether nothing this cloud draws at random (launch failures, reclaims: its seed's) would touch
+        instances living over ``spans`` (``(offer, launched, ended)``), ``slack`` around each: a run whose
+        copies lived over them would run alike on a cloud with no hazards."""
         ...
 
 

@@ -1161,6 +1161,32 @@ class SimCloud:
         simulated time, ``sleep`` advances it (:meth:`sleeper`)."""
         return SimServiceClock(self)
 
+    @_locked
+    def untouched(
+        self, spans: Iterable[tuple[OfferKey, datetime, datetime]], *, slack: timedelta = timedelta(hours=1)
+    ) -> bool:
+        """Whether nothing this cloud draws at random would touch instances living over ``spans``
+        (``(offer, launched, ended)``): no launch can fail by a draw (no failure probability configured),
+        and no reclaim of a span's offer falls from ``slack`` before its launch to ``slack`` after its end
+        plus the notice lead, so an instance launched and ended then would meet no notice and no preemption.
+        Draws each offer's reclaim stream as far as needed, which changes nothing a later launch meets (the
+        stream's times are the same whenever they are drawn). The preemption study's test of whether a run
+        with hazards would run as the same run without them (:mod:`costopt.backtest.preemption`)."""
+        if self.config.launch_failure or self.config.default_launch_failure > 0:
+            return False
+        pad = slack // _US
+        for key, launched, ended in spans:
+            rate = self._offer_info(key)[0]
+            if key.market is not Market.SPOT or rate <= 0:
+                continue
+            proc = self._processes.get(key)
+            if proc is None:
+                proc = self._processes[key] = _Process(self._rng(key, 0), rate)
+            lead = self.config.notice_lead.get(key.cloud, DEFAULT_NOTICE_LEAD[Cloud.SIM]) // _US
+            if proc.first_after(self._us(launched) - pad) <= self._us(ended) + lead + pad:
+                return False
+        return True
+
     def migrator_timeouts(self) -> dict[str, float]:
         """``checkpoint_timeout`` and ``verify_timeout`` (seconds of simulated time) for a
         :class:`~costopt.migration.Migrator` on this cloud: a copy still booting and restoring has to answer

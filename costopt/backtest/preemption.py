@@ -33,7 +33,12 @@ start day and seed whose placements answer every question of the first one's run
 that pick the same start offer: ``multi_cloud`` and ``multi_gpu`` while Azure is not the cheaper,
 ``gpu_type`` and ``baseline`` where the V100 is the best single GPU) therefore run alike: the study runs the
 first through the service and reuses its outcome for the second (:class:`_Trace`; ``reuse=False`` runs
-every run).
+every run). Likewise a policy's run with preemptions is its run without them when the seed's simulated
+cloud draws nothing near that run's copies (no reclaim of a copy's offer from an hour before its launch to
+an hour after its end, notice lead included; no launch failures configured:
+:meth:`~costopt.simulated.SimulatedCloud.untouched`): an on-demand run, a V100 run whose offer the seed
+never reclaims while it runs. Such a run would launch, train and bill exactly as the run without hazards,
+so its outcome is taken from it.
 """
 
 from __future__ import annotations
@@ -305,6 +310,24 @@ class _Outcome:
     finished: bool
 
 
+@dataclass(frozen=True, slots=True)
+class _Done:
+    """A run of a start day: its rebalancing rule, its placements' questions and answers, its outcome, and
+    its copies' ``(offer, launched, ended)`` (what a run with hazards must not meet a reclaim near to run
+    alike)."""
+
+    rule: MigrationRule | None
+    trace: _Trace
+    outcome: _Outcome
+    spans: tuple[tuple[OfferKey, datetime, datetime], ...]
+
+
+def _spans(run: OfflineRun) -> tuple[tuple[OfferKey, datetime, datetime], ...]:
+    """Every copy of the run's job as ``(offer, launched, ended)`` (a copy still open: the run's end)."""
+    (job,) = run.jobs
+    return tuple((c.offer, c.started_at, c.ended_at or run.ended_at) for c in run.copies[job.id])
+
+
 def _outcome(run: OfflineRun) -> _Outcome:
     (job,) = run.jobs
     events = run.events[job.id]
@@ -362,7 +385,8 @@ def preemption_study(
     (common random numbers: an offer's reclaims are the same whichever policy uses it). ``baseline`` and
     ``on_demand`` are always run (the ratios need them). Raises :class:`BacktestError` on an unknown policy
     or model. ``reuse``: take a run's outcome from an earlier run of the same start day and seed whose
-    placements answered alike (module docstring); False runs every run."""
+    placements answered alike, or from the same policy's run without hazards when the seed draws no reclaim
+    near its copies (module docstring); False runs every run."""
     t0 = time.perf_counter()
     unknown = [p for p in policies if p not in STUDY_POLICIES]
     if unknown:
@@ -393,12 +417,13 @@ def preemption_study(
                 job = OfflineJob(steps, spec, name=f"{model}/{n:g}")
                 for d, day in enumerate(days):
                     start = datetime(day.year, day.month, day.day, tzinfo=UTC)
-                    # the runs of this start day per (hazards, seed): their rule, answers and outcome
-                    done: dict[tuple[bool, int], list[tuple[MigrationRule | None, _Trace, _Outcome]]] = {}
+                    # the runs of this start day per (hazards, seed): their rule, answers, outcome and copies
+                    done: dict[tuple[bool, int], list[_Done]] = {}
                     for p in run_policies:
                         policy = setup.policies[p]
                         placements = GridPlacements(setup, policy, model, rule, keys)
                         p_rule = None if policy.mode == "static" else (ALWAYS_MOVE if policy.mode == "free" else rule)
+                        calm: _Done | None = None  # this policy's run without hazards
                         for noisy_run, hz, seed_list, sink in (
                             (False, NO_HAZARD, [0], clean),
                             (True, hazards, list(seeds), noisy),
@@ -407,24 +432,38 @@ def preemption_study(
                                 earlier = done.setdefault((noisy_run, s), [])
                                 same = next(
                                     (
-                                        o
-                                        for r, trace, o in earlier
-                                        if reuse and r is p_rule and trace.answers_alike(placements)
+                                        e
+                                        for e in earlier
+                                        if reuse and e.rule is p_rule and e.trace.answers_alike(placements)
                                     ),
                                     None,
                                 )
                                 runs += 1
+                                cloud = None
+                                if same is None and reuse and noisy_run and calm is not None:
+                                    # no reclaim near any copy of the run without hazards: this run is that run
+                                    cloud = cloud_factory(prices, hz, start=start, seed=[s, d], rate=rate)
+                                    if cloud.untouched(calm.spans):
+                                        same = calm
+                                        earlier.append(calm)
+                                        cloud = None
                                 if same is not None:
-                                    sink[p].append(same)
+                                    sink[p].append(same.outcome)
                                     reused += 1
+                                    if not noisy_run:
+                                        calm = same
                                     continue
                                 trace = _Trace(placements)
-                                cloud = cloud_factory(prices, hz, start=start, seed=[s, d], rate=rate)
+                                if cloud is None:
+                                    cloud = cloud_factory(prices, hz, start=start, seed=[s, d], rate=rate)
                                 run = run_policy(cloud, prices, trace, [job], until=start + horizon, rule=p_rule, db=db)
                                 out = _outcome(run)
                                 sink[p].append(out)
                                 if reuse:
-                                    earlier.append((p_rule, trace, out))
+                                    entry = _Done(p_rule, trace, out, _spans(run))
+                                    earlier.append(entry)
+                                    if not noisy_run:
+                                        calm = entry
                 paper = _paper_reductions(setup, model, steps, gb, days, run_policies)
                 cells.extend(_cells(region, model, n, len(days), len(seeds), clean, noisy, paper, policies))
             log.info("%s %s: %d runs so far (%d reused)", region, model, runs, reused)

@@ -318,17 +318,21 @@ def test_the_preemption_study_reproduces_the_engine_without_preemptions_and_pays
 def test_the_study_reuses_only_runs_whose_placements_answer_alike(paper_inputs, hazards) -> None:
     """On 2020-02-18 (before Azure's prices) ResNet-50's ``gpu_type`` picks the baseline's V100 and
     ``multi_cloud`` the ``multi_gpu`` offer: those two runs of each (clean, seed) take the earlier
-    one's outcome, and the cells are those of running every run."""
+    one's outcome; and a run with hazards whose seed reclaims nothing near its copies (on-demand, a V100
+    the seed does not reclaim in that day) takes the outcome of its run without them. The cells are those
+    of running every run."""
     from costopt.backtest.preemption import preemption_study
 
     kw: dict[str, object] = {"models": (RESNET,), "job_days": (1.0,), "seeds": (0,), "start_days": 1}
     reused = preemption_study(paper_inputs, sim_factory(), hazards, **kw)  # type: ignore[arg-type]
     every = preemption_study(paper_inputs, sim_factory(), hazards, reuse=False, **kw)  # type: ignore[arg-type]
     assert (reused.runs, every.runs) == (14, 14)
-    assert (reused.reused, every.reused) == (4, 0)
+    # 4 by their placements (gpu_type as baseline, multi_cloud as multi_gpu, clean and seeded), 4 by their
+    # seed's cloud drawing nothing near the run without hazards (on_demand, baseline, multi_gpu, dynamic)
+    assert (reused.reused, every.reused) == (8, 0)
     assert reused.frame().equals(every.frame())  # the same cells (NaN where no saving), run by run
     # a policy on another offer is run: A3C's gpu_type (K80) is not the baseline's V100
     a3c = preemption_study(
         paper_inputs, sim_factory(), hazards, models=("A3C",), job_days=(1.0,), seeds=(0,), start_days=1
     )
-    assert a3c.reused == 2  # only multi_cloud, as multi_gpu
+    assert a3c.reused == 3  # multi_cloud as multi_gpu (clean and seeded), and on_demand's seeded run

@@ -261,6 +261,30 @@ def test_one_offer_meets_the_same_reclaims_whoever_launches_on_it() -> None:
     assert a.describe(ia.instance_id).terminated_at == b.describe(ib.instance_id).terminated_at
 
 
+def test_untouched_says_whether_a_seed_draws_anything_near_a_run_s_copies() -> None:
+    # where the seed's cloud reclaims AWS: an instance launched at T meets its notice then
+    probe = sim(HIGH_HAZARD, seed=4)
+    inst = probe.launch(spec(AWS), "probe")
+    probe.run_until(T + timedelta(days=2), watch=())
+    gone = probe.describe(inst.instance_id).terminated_at
+    assert gone is not None
+    notice = gone - timedelta(minutes=2)
+    hour = timedelta(hours=1)
+    cloud = sim(HIGH_HAZARD, seed=4)
+    assert not cloud.untouched([(AWS, T, gone)])  # the copy would be preempted
+    assert not cloud.untouched([(AWS, T, notice - hour / 2)])  # ended within the slack before the notice
+    assert cloud.untouched([(AWS, T, notice - hour / 2)], slack=timedelta(0))
+    assert cloud.untouched([(AWS_OD, T, T + timedelta(days=30))])  # on-demand: never reclaimed
+    assert sim(NO_HAZARD, seed=4).untouched([(AWS, T, T + timedelta(days=30))])  # no hazard: nothing drawn
+    assert not sim(NO_HAZARD, default_launch_failure=0.1).untouched([])  # a launch may fail by a draw
+    # asking draws nothing a later launch would meet differently
+    asked = sim(HIGH_HAZARD, seed=4)
+    asked.untouched([(AWS, T, T + timedelta(days=3)), (AZURE, T, T + timedelta(days=3))])
+    again = asked.launch(spec(AWS), "probe")
+    asked.run_until(T + timedelta(days=2), watch=())
+    assert asked.describe(again.instance_id).terminated_at == gone
+
+
 def test_progress_counts_boot_training_and_periodic_checkpoints() -> None:
     # boot 3 min; 10 steps/s; a checkpoint (1 min pause) after every hour of training
     cloud = sim()
