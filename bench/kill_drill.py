@@ -66,6 +66,9 @@ With both on, a check requires the killed run to show at least one move and one 
     .venv/bin/python bench/kill_drill.py --jobs 50 --kills 20 --seed 1
     .venv/bin/python bench/kill_drill.py --jobs 5 --kills 3 --no-baseline     # a small version
 
+Where two runs part (``--folder F`` keeps them: ``F/killed``, ``F/baseline``...): ``bench/kill_drill_diff.py
+F/killed F/baseline`` compares them job by job (ledger costs, then copies, migrations and events).
+
 Exit 0 when every check passes, 1 otherwise. The comparison's tolerance is the issue's (a boot interval of
 the dearest instance per kill); ``--baselines N`` runs N runs without kills (same jobs, same seed), whose
 spread is the comparison's own noise (none with the stepped clock: a check requires their totals equal;
