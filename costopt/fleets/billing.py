@@ -19,13 +19,19 @@ last of them recorded as one more gap, and then ``fleet_instances.billed_to`` is
 are in the database, so a restart neither forgets an instance's last stretch nor looks for it again.
 Recording is idempotent per interval key (``fleet:<fleet>:<instance>:<window>:s<segment>:<job>``), so a
 pass cut short (a crash between the lines and their mark) and repeated records nothing twice.
+
+A cloud instance launched for a fleet instance but never recorded on it (a launch cut short, found by its
+tags and terminated by the round executor) is billed whole, from its launch to its end on the cloud, as the
+fleet's idle time (:meth:`FleetBilling.stray`: one interval of the whole instance, keyed by the cloud
+instance, recorded open before it is terminated and closed at its end, the first end recorded staying).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from decimal import Context, Decimal
 
@@ -99,6 +105,57 @@ class FleetBilling:
             billed.add(rnd.round)
         lines += self._ends(fleet, ends, rounds, billed)
         return lines
+
+    def stray(
+        self,
+        fleet: FleetRecord,
+        inst: FleetInstance,
+        cloud_instance_id: str,
+        started_at: datetime,
+        ended_at: datetime | None,
+    ) -> bool:
+        """Record the life of a cloud instance launched for ``inst`` that the fleet never tracked (a launch
+        cut short, :attr:`FleetInstance.launch_unresolved`, found by its tags by the round executor) as the
+        fleet's idle time (no job held it): one ledger interval of the whole instance (ledger job = the
+        fleet), key ``fleet:<fleet>:<instance>:x<hash of the cloud id>:<fleet>``, from ``started_at`` (its
+        launch) to ``ended_at`` (None: open, while it is being terminated). Idempotent: the first end
+        recorded stays (a later call, with another end, changes nothing). Returns True when the stored
+        interval is closed (billed to its end). Raises :class:`~costopt.ledger.model.LedgerError` when it
+        cannot be recorded."""
+        window = "x" + hashlib.sha256(cloud_instance_id.encode()).hexdigest()[:16]
+        record = IntervalRecord(
+            interval_key=f"fleet:{fleet.id}:{inst.id}:{window}:{fleet.id}",
+            job_id=fleet.id,
+            instance_id=cloud_instance_id,
+            offer=inst.offer,
+            started_at=started_at,
+            ended_at=None,
+            team=fleet.team_id,
+            provider=inst.provider,
+        )
+        stored = self.ledger.record_interval(record)
+        if stored.record.ended_at is not None or ended_at is None:
+            return stored.record.ended_at is not None
+        closed = replace(record, ended_at=max(ended_at, started_at), end_reason="idle")
+        return self.ledger.record_interval(closed).record.ended_at is not None
+
+    def open_strays(self, fleet: FleetRecord, inst: FleetInstance) -> list[tuple[str, datetime]]:
+        """``(cloud instance id, start)`` of the bills :meth:`stray` opened for ``inst`` and did not close
+        (a pass that died between opening one and closing it): the executor closes them even when the
+        provider no longer lists the instance. Reads the fleet's own lines not ended by now (on the SQL
+        ledger: only those, by the job's index; the fleet's other lines are all closed), else all of them."""
+        prefix = f"fleet:{fleet.id}:{inst.id}:x"
+        now = self.repo.now()
+        reader = getattr(self.ledger, "intervals", None)  # SqlLedger.intervals: overlapping [now, ...)
+        if callable(reader):
+            records = [line.record for line in reader(job_id=fleet.id, start=now)]
+        else:
+            records = [line.record for line in self.ledger.costs(job_id=fleet.id, as_of=now).lines]
+        found: dict[str, datetime] = {}
+        for rec in records:
+            if rec.ended_at is None and rec.interval_key.startswith(prefix):
+                found[rec.instance_id] = rec.started_at
+        return sorted(found.items())
 
     def billed_to_end(self, instance: FleetInstance) -> bool:
         """True when the ended ``instance`` is in the ledger up to its end (as read from the database:

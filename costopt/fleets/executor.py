@@ -10,9 +10,13 @@ Per fleet, each pass:
 3. **liveness**: an instance whose worker has not synced for ``dead_after_s`` (or never within
    ``boot_timeout_s`` of its launch), or that its provider reports ended, is ``lost``: its GPUs leave the
    fleet, its jobs' copies are given up (they resume elsewhere from their last checkpoint under a new
-   epoch), the cloud instance is terminated and a replacement is launched (active fleets);
+   epoch), the cloud instance is terminated and a replacement is launched (active fleets); **launches cut
+   short** (:attr:`FleetInstance.launch_unresolved`) are found on their provider by their tags
+   (``costopt:fleet``, ``costopt:fleet-instance``), terminated and billed as the fleet's idle time
+   (:meth:`FleetExecutor._cut_short`);
 4. **draining** instances (scaled down, or the fleet released) are terminated once no job holds them
-   (their end written; they stay ``draining`` until billed to it, step 8);
+   (their end written; they stay ``draining`` until billed to it, step 8), a launch of theirs cut short
+   cleared on its cloud first;
 5. **launches** pending instances: each runs a worker (``worker_command``) with its fleet, its id and a
    token whose SHA-256 only is stored;
 6. **round boundary**: when the round in force ends (rounds are ``round_s`` apart on one grid, as the
@@ -43,7 +47,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from costopt.cloud import CloudError, CloudProvider, LaunchSpec, NotFoundError
+from costopt.cloud import CloudError, CloudProvider, Instance, LaunchSpec, NotFoundError
 from costopt.cloud import InstanceState as CloudState
 from costopt.errors import CostoptError
 from costopt.fleets.model import (
@@ -64,6 +68,7 @@ from costopt.gavel.mechanism import mechanism_rule
 from costopt.gavel.policies import Policy
 from costopt.jobs.model import JobState
 from costopt.jobs.records import ConcurrentUpdate, IllegalTransition, JobNotFound, JobRecord, JobRepository
+from costopt.ledger.model import LedgerError
 
 log = logging.getLogger("costopt.fleets")
 
@@ -73,6 +78,13 @@ TICK_ANCHOR = datetime(2000, 1, 1, tzinfo=UTC)
 """Where the service's interval schedules count their ticks from (``api.ticks.ANCHOR``)."""
 ENDED = (CloudState.TERMINATED, CloudState.PREEMPTED, CloudState.STOPPED)
 LAUNCH_RETRY_S = 30.0
+CUT_SHORT_AFTER = timedelta(seconds=60)
+"""A fleet instance ``launching`` (or ``running``) this long after it was created with no cloud instance id
+recorded had its launch cut short (before that, another replica's launch may still be in flight)."""
+TAG_FLEET = "costopt:fleet"
+TAG_FLEET_INSTANCE = "costopt:fleet-instance"
+"""The tags of every cloud instance launched for a fleet instance: the fleet's id and the fleet instance's
+(the same on every launch attempt of it), by which a launch cut short is found on its provider."""
 
 
 class FleetBiller(Protocol):
@@ -81,6 +93,23 @@ class FleetBiller(Protocol):
     def __call__(self, fleet: FleetRecord, now: datetime) -> object:
         """Record in the ledger what of ``fleet`` ended by ``now``; an ended instance billed to its end has
         its ``billed_to`` written (:attr:`FleetInstance.billed_to_end`)."""
+        ...
+
+    def stray(
+        self,
+        fleet: FleetRecord,
+        inst: FleetInstance,
+        cloud_instance_id: str,
+        started_at: datetime,
+        ended_at: datetime | None,
+    ) -> bool:
+        """Record the life of a cloud instance launched for ``inst`` but never recorded on it (a launch cut
+        short) as ``fleet``'s idle time, open while ``ended_at`` is None, the first end recorded staying;
+        True once closed (:meth:`costopt.fleets.billing.FleetBilling.stray`)."""
+        ...
+
+    def open_strays(self, fleet: FleetRecord, inst: FleetInstance) -> list[tuple[str, datetime]]:
+        """``(cloud instance id, start)`` of the bills :meth:`stray` opened for ``inst`` and not closed."""
         ...
 
 
@@ -249,8 +278,9 @@ class FleetExecutor:
         runnable = self._cancels(jobs, records)
         instances = self.repo.instances(fleet.id)
         self._liveness(fleet, instances, now, out)
+        self._cut_short(fleet, self.repo.instances(fleet.id), now, out)
         instances = self.repo.instances(fleet.id)
-        self._drain(fleet, instances)
+        self._drain(fleet, instances, out)
         # Read again: the fleet may have been released since this pass read it (its instances drained just
         # now). Its last round then ends here, at the release, before anything of it is billed.
         fleet = self.repo.get(fleet.id)
@@ -324,31 +354,33 @@ class FleetExecutor:
                     reason = self._ended(inst)
             if reason is None:
                 continue
-            replace = None
-            if fleet.state is FleetState.ACTIVE and inst.state is not InstanceState.DRAINING:
-                replace = NewInstance(
-                    offer=inst.offer,
-                    accelerator=inst.accelerator,
-                    gpus=inst.gpus,
-                    provider=inst.provider,
-                    usd_per_hour=inst.usd_per_hour,
-                    replaces=inst.id,
-                    **(
-                        {}
-                        if self.id_seed is None
-                        else {"instance_id": seeded_id("fi-", self.id_seed, "replaces", inst.id)}
-                    ),
-                )
-            if self.repo.lose_instance(inst.id, reason, replace=replace):
-                log.warning(
-                    "fleet %s: instance %s lost: %s%s",
-                    fleet.id,
-                    inst.id,
-                    reason,
-                    "; launching a replacement" if replace else "",
-                )
-                out.lost.append(inst.id)
+            if self._lose(fleet, inst, reason, out):
                 self._terminate(inst)
+
+    def _lose(self, fleet: FleetRecord, inst: FleetInstance, reason: str, out: ExecutorReport) -> bool:
+        """``inst`` is ``lost`` (:meth:`FleetRepository.lose_instance`), replaced when its fleet is active and
+        it was not draining; False when it was not live any more."""
+        replace = None
+        if fleet.state is FleetState.ACTIVE and inst.state is not InstanceState.DRAINING:
+            replace = NewInstance(
+                offer=inst.offer,
+                accelerator=inst.accelerator,
+                gpus=inst.gpus,
+                provider=inst.provider,
+                usd_per_hour=inst.usd_per_hour,
+                replaces=inst.id,
+                **self._replacement_id(inst),
+            )
+        if not self.repo.lose_instance(inst.id, reason, replace=replace):
+            return False
+        then = "; launching a replacement" if replace else ""
+        log.warning("fleet %s: instance %s lost: %s%s", fleet.id, inst.id, reason, then)
+        out.lost.append(inst.id)
+        return True
+
+    def _replacement_id(self, inst: FleetInstance) -> dict[str, str]:
+        """The id of ``inst``'s replacement when it is derived (a drill's seed); else none (random)."""
+        return {} if self.id_seed is None else {"instance_id": seeded_id("fi-", self.id_seed, "replaces", inst.id)}
 
     def _ended(self, inst: FleetInstance) -> str | None:
         provider = self.providers.get(inst.provider)
@@ -372,9 +404,14 @@ class FleetExecutor:
         except CloudError as exc:
             log.warning("fleet instance %s: terminate failed (retried by the reconciler): %s", inst.id, exc)
 
-    def _drain(self, fleet: FleetRecord, instances: Sequence[FleetInstance]) -> None:
+    def _drain(self, fleet: FleetRecord, instances: Sequence[FleetInstance], out: ExecutorReport) -> None:
         """Terminate the draining instances no job holds any more: their end is written (``ended_at``), they
-        stay ``draining`` until their bill is complete (:meth:`_settle`)."""
+        stay ``draining`` until their bill is complete (:meth:`_settle`). One whose launch was cut short
+        (a released fleet's instance that was ``launching``, or ``pending`` after a failed launch) is
+        cleared on the cloud first (:meth:`_clear_strays`); its end is written with the clean-up's record,
+        only once that succeeded (until then it is looked at again at every pass). One that was launched is
+        looked for strays too before its end is written (a failed launch whose instance the cloud created
+        only after the retry's look-up), when its provider is here."""
         for inst in instances:
             if inst.state is not InstanceState.DRAINING or inst.ended_at is not None:
                 continue
@@ -383,8 +420,21 @@ class FleetExecutor:
                 for j in self.repo.holders(inst.id)
             ):
                 continue  # its jobs stop at the next round first
-            self._terminate(inst)
-            self.repo.update_instance(inst.id, expect=(InstanceState.DRAINING,), ended_at=self.repo.now())
+            if inst.launch_unresolved:
+                if not self._clear_strays(fleet, inst, out):
+                    continue
+                self.repo.update_instance(
+                    inst.id, expect=(InstanceState.DRAINING,), ended_at=self.repo.now(), launch_token=None
+                )
+            else:
+                if (
+                    inst.launch_token is not None
+                    and inst.provider in self.providers
+                    and not self._clear_strays(fleet, inst, out)
+                ):
+                    continue  # an earlier failed launch's instance the cloud created late: cleared first
+                self._terminate(inst)
+                self.repo.update_instance(inst.id, expect=(InstanceState.DRAINING,), ended_at=self.repo.now())
             log.info("fleet %s: instance %s terminated (%s)", fleet.id, inst.id, inst.end_reason or "drained")
 
     def _settle(self, fleet: FleetRecord, out: ExecutorReport) -> None:
@@ -405,11 +455,9 @@ class FleetExecutor:
     def _launch(self, fleet: FleetRecord, pending: Sequence[FleetInstance], now: datetime, out: ExecutorReport) -> None:
         for inst in pending:
             if inst.state is InstanceState.LAUNCHING:
-                if inst.instance_id is None and inst.launch_token and (now - inst.created_at) > timedelta(seconds=60):
-                    self._abandon_launch(inst)  # a launch cut short: its token's secret is lost
-                continue
-            if self._retry_at.get(inst.id, now) > now:
-                continue
+                continue  # a launch cut short is cleared by _cut_short
+            if self._retry_at.get(inst.id, now) > now or inst.launch_unresolved:
+                continue  # a failed launch not cleared on its cloud yet: never two
             provider = self.providers.get(inst.provider)
             why = (
                 f"provider {inst.provider!r} cannot run a fleet worker in this service: the instance waits"
@@ -448,18 +496,20 @@ class FleetExecutor:
                     "COSTOPT_WORKER_TOKEN": token,
                     "COSTOPT_WORKER_GPUS": str(inst.gpus),
                 },
-                tags={"costopt:fleet": fleet.id, "costopt:fleet-instance": inst.id},
+                tags={TAG_FLEET: fleet.id, TAG_FLEET_INSTANCE: inst.id},
             )
             try:
                 launched = provider.launch(spec, launch_token)
             except (CloudError, ValueError) as exc:  # ValueError: the provider refused the spec, sent nothing
+                # after a CloudError the cloud may have created the instance all the same (a time-out, a
+                # failure part-way): launch_token stays, so it is looked for by its tags before the retry
                 self.repo.update_instance(
                     inst.id,
                     expect=(InstanceState.LAUNCHING,),
                     state=InstanceState.PENDING,
                     token_hash=None,
-                    launch_token=None,
                     end_reason=f"launch failed: {exc}"[:2000],
+                    **({"launch_token": None} if isinstance(exc, ValueError) else {}),
                 )
                 self._retry_at[inst.id] = now + timedelta(seconds=LAUNCH_RETRY_S)
                 out.errors.append(f"{inst.id}: launch failed: {exc}")
@@ -470,19 +520,113 @@ class FleetExecutor:
             out.launched.append(inst.id)
             log.info("fleet %s: launched %s (%s) as %s", fleet.id, inst.id, inst.offer, launched.instance_id)
 
-    def _abandon_launch(self, inst: FleetInstance) -> None:
+    def _cut_short(
+        self, fleet: FleetRecord, instances: Sequence[FleetInstance], now: datetime, out: ExecutorReport
+    ) -> None:
+        """Clear the launches cut short (:attr:`FleetInstance.launch_unresolved`): the cloud instances
+        launched for the fleet instance and never recorded on it are found on its provider by their tags,
+        terminated and billed as the fleet's idle time (:meth:`_clear_strays`); then, by the fleet
+        instance's state:
+
+        - ``launching`` (``CUT_SHORT_AFTER`` after it was created): back to ``pending``, launched again with
+          a new token (the dead process took the first one's secret);
+        - ``running`` (the worker of the instance cut short came up and synced, ``CUT_SHORT_AFTER`` after
+          it was created): that instance is gone now, so the fleet instance is ``lost`` (its jobs resume
+          elsewhere from their last checkpoint) and replaced when the fleet is active;
+        - ``pending`` after a failed launch (the cloud may have created it all the same): cleared when its
+          retry is due, before it is tried again (never two launches of one fleet instance);
+        - ``lost`` or ``released``: cleared;
+        - ``draining``: cleared when it is terminated (:meth:`_drain`).
+
+        Each record (``launch_token`` cleared) is written after the clean-up and its bill: a pass cut short
+        in between leaves the fleet instance unresolved, and the next pass (this process's or a restarted
+        one's) does it again, terminating nothing new and recording the same ledger lines (the same keys
+        and times), so the bill counts once. Until cleared, a released fleet stays on the work list."""
+        for inst in instances:
+            if not inst.launch_unresolved or inst.state is InstanceState.DRAINING:
+                continue
+            young = now - inst.created_at <= CUT_SHORT_AFTER
+            if young and inst.state in (InstanceState.LAUNCHING, InstanceState.RUNNING):
+                continue  # another replica's launch may still be in flight
+            if inst.state is InstanceState.PENDING and self._retry_at.get(inst.id, now) > now:
+                continue
+            if not self._clear_strays(fleet, inst, out):
+                continue
+            if inst.state is InstanceState.LAUNCHING:
+                self.repo.update_instance(
+                    inst.id,
+                    expect=(InstanceState.LAUNCHING,),
+                    state=InstanceState.PENDING,
+                    token_hash=None,
+                    launch_token=None,
+                )
+                continue  # its worker came up meanwhile (now running): the next pass loses it
+            if inst.state is InstanceState.RUNNING:
+                why = "its launch was cut short: its cloud instance, never recorded, was terminated"
+                if not self._lose(fleet, inst, why, out):
+                    continue
+            self.repo.update_instance(inst.id, launch_token=None)
+
+    def _clear_strays(self, fleet: FleetRecord, inst: FleetInstance, out: ExecutorReport) -> bool:
+        """Find on ``inst``'s provider the cloud instances tagged with ``inst`` (its id and its fleet's) other
+        than the one recorded on it; for each not billed to its end yet: its bill is opened from its launch
+        (the provider's launch time, else the fleet instance's creation) as the fleet's idle time
+        (``billing.stray``), it is terminated unless the provider reports it terminated, and its bill is
+        closed at its end (the provider's end time, else now: a provider that reports no end time, or no
+        longer knows the instance). The bill's first end stays: a pass cut short anywhere in this and done
+        again bills each instance once; a bill a pass opened and did not close is closed too when the
+        provider no longer lists the instance (at its end, or now when the provider no longer knows it).
+        True when every one is terminated and billed (or none was found); False to try again at the next
+        pass (the provider cannot be asked, a terminate has not taken, or the bill failed)."""
         provider = self.providers.get(inst.provider)
-        if provider is None or inst.launch_token is None:
-            return
+        if provider is None:
+            log.warning("fleet instance %s: launch cut short, its provider %r is not here", inst.id, inst.provider)
+            return False
         try:
-            found = provider.launch(LaunchSpec(offer=inst.offer, command=["true"]), inst.launch_token)
-            provider.terminate(found.instance_id)
-        except (CloudError, ValueError) as exc:
+            found = [
+                i
+                for i in provider.list({TAG_FLEET_INSTANCE: inst.id})
+                if i.tags.get(TAG_FLEET_INSTANCE) == inst.id
+                and i.tags.get(TAG_FLEET) == fleet.id
+                and i.instance_id != inst.instance_id
+            ]
+            done = True
+            starts = {i.instance_id: i.launched_at or inst.created_at for i in found}
+            if self.billing is not None:  # opened by a pass that died before closing them, listed or not
+                for cloud_id, opened in self.billing.open_strays(fleet, inst):
+                    starts[cloud_id] = opened  # the start its bill was opened with
+            for cloud_id, start in starts.items():
+                listed = next((i for i in found if i.instance_id == cloud_id), None)
+                if self.billing is not None and self.billing.stray(fleet, inst, cloud_id, start, None):
+                    continue  # terminated and billed to its end by a pass cut short before its record
+                try:
+                    stray: Instance | None = listed or provider.describe(cloud_id)
+                except NotFoundError:
+                    stray = None
+                if stray is not None and stray.state is not CloudState.TERMINATED:
+                    log.warning(
+                        "fleet %s: instance %s's launch cut short left cloud instance %s (%s): terminating",
+                        fleet.id,
+                        inst.id,
+                        cloud_id,
+                        stray.state.value,
+                    )
+                    provider.terminate(cloud_id)
+                try:
+                    gone: Instance | None = provider.describe(cloud_id)
+                except NotFoundError:
+                    gone = None
+                if gone is not None and gone.state in (CloudState.PENDING, CloudState.RUNNING):
+                    done = False  # the terminate has not taken yet: asked again at the next pass
+                    continue
+                end = gone.terminated_at if gone is not None and gone.terminated_at is not None else self.repo.now()
+                if self.billing is not None:
+                    self.billing.stray(fleet, inst, cloud_id, start, end)
+        except (CloudError, LedgerError) as exc:
             log.warning("fleet instance %s: could not clear a launch cut short: %s", inst.id, exc)
-            return
-        self.repo.update_instance(
-            inst.id, expect=(InstanceState.LAUNCHING,), state=InstanceState.PENDING, token_hash=None, launch_token=None
-        )
+            out.errors.append(f"{inst.id}: could not clear a launch cut short: {exc}")
+            return False
+        return done
 
     # -- the boundary ----------------------------------------------------------------------------------
 

@@ -279,6 +279,14 @@ class FleetInstance:
         """Ended and in the ledger to its end."""
         return self.ended_at is not None and self.billed_to is not None and self.billed_to >= self.ended_at
 
+    @property
+    def launch_unresolved(self) -> bool:
+        """A launch of it was sent (``launch_token`` written first) but no cloud instance id was recorded:
+        cut short (the service died in the call, or the call failed, possibly after the cloud created the
+        instance). A cloud instance tagged with its id may exist that nobody tracks: the round executor
+        finds it by its tags, terminates and bills it, then clears ``launch_token``."""
+        return self.launch_token is not None and self.instance_id is None
+
     @classmethod
     def of(cls, row: Any) -> FleetInstance:
         return cls(

@@ -415,9 +415,15 @@ class FleetRepository:
         """Released fleets that still have instances to terminate or bill to their end, jobs to end, or a
         round to end (a release that landed while a pass ran: the round ends at the release). A ``lost``
         instance is done once billed to its end (``billed_to``; with ``billed`` False, for an executor that
-        bills nothing: at once); a ``released`` one is done."""
+        bills nothing: at once); a ``released`` one is done. An instance whose launch was cut short is not
+        done, whatever its state, until the executor cleared it on the cloud
+        (:attr:`FleetInstance.launch_unresolved`)."""
         live = [InstanceState.PENDING, InstanceState.LAUNCHING, InstanceState.RUNNING, InstanceState.DRAINING]
-        pending: ColumnElement[bool] = fleet_instances.c.state.in_([s.value for s in live])
+        pending: ColumnElement[bool] = or_(
+            fleet_instances.c.state.in_([s.value for s in live]),
+            # a launch cut short not cleared yet (FleetInstance.launch_unresolved), in any state
+            and_(fleet_instances.c.launch_token.is_not(None), fleet_instances.c.instance_id.is_(None)),
+        )
         if billed:
             pending = or_(
                 pending,
