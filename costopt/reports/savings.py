@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from costopt.domain import OfferKey
@@ -51,9 +51,13 @@ from costopt.reports.model import (
     SavingsReport,
     usd,
 )
+from costopt.reports.price_memo import MemoSteps
 
 __all__ = ["build_report"]
 
+MEMO_AHEAD = timedelta(days=3660)
+"""How far past the report's time its price memo reaches (a baseline's run may end after ``now``: it runs
+the job's work at the baseline's speed from the job's first launch); a range beyond is read from the view."""
 SPIKE_RATIO = Decimal("1.2")
 """A price paid at least this many times the lowest price paid on the same offer by the job is called a
 price spike in the reasons."""
@@ -334,6 +338,9 @@ def build_report(
     now: datetime,
 ) -> SavingsReport:
     """The report of ``data`` for ``query`` (module docstring); open intervals priced up to ``now``."""
+    starts = [ln.record.started_at for ln in data.intervals]
+    if starts:  # each offer's history read once for the report (baselines may run past now: MEMO_AHEAD)
+        prices = MemoSteps(prices, min(starts), max(now, *starts) + MEMO_AHEAD)
     by_job_iv: dict[str, list[IntervalLine]] = defaultdict(list)
     by_job_ch: dict[str, list[ChargeLine]] = defaultdict(list)
     for ln in data.intervals:
