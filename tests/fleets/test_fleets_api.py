@@ -158,7 +158,9 @@ def test_idempotency_key_returns_the_first_fleet(svc: Service) -> None:
     assert svc.client.get("/v1/fleets", headers=svc.alpha).json()["total"] == 1
 
 
-def test_a_seeded_service_derives_the_fleets_and_its_instances_ids_from_the_seed(engine: Engine, tmp_path: Path) -> None:
+def test_a_seeded_service_derives_the_fleets_and_its_instances_ids_from_the_seed(
+    engine: Engine, tmp_path: Path
+) -> None:
     """COSTOPT_JOB_ID_SEED (drills): a fleet leased with an Idempotency-Key gets an id from the seed, the team's
     name and the key, its instances ids from the fleet's and their index (the service orders a fleet's
     instances by id): the same in every run; without the key, random ones."""
