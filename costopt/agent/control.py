@@ -180,9 +180,9 @@ def progress(location: str | Storage, epoch: int) -> EpochProgress:
     return storage_epoch_progress(_storage(location), epoch)
 
 
-def records(location: str | Storage) -> list[dict[str, Any]]:
-    """Every progress record at the location (all epochs)."""
-    return read_records(_storage(location))
+def records(location: str | Storage, epoch: int | None = None) -> list[dict[str, Any]]:
+    """The progress records at the location: every epoch's, or ``epoch``'s only."""
+    return read_records(_storage(location), epoch)
 
 
 def audit_job(location: str | Storage, steps_requested: int | None = None) -> ProgressAudit:

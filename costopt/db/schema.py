@@ -133,6 +133,10 @@ throughput_measurements = Table(
     Column("provenance", String(16), nullable=False),
     Column("source", String(200), nullable=False),
     Column("measured_at", UtcDateTime(), nullable=False),
+    Column("window_key", String(300), nullable=True),
     Index("ix_throughput_measurements_job_type", "job_type"),
+    Index("ux_throughput_measurements_window_key", "window_key", unique=True),
 )
-"""Throughputs users registered or running jobs reported (steps/s); folded over the file's values."""
+"""Throughputs users registered or running jobs reported (steps/s); folded over the file's values.
+``window_key``: the progress window a running job's measurement covers (unique: recorded once; NULL for
+registrations)."""

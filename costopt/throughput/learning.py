@@ -2,12 +2,25 @@
 
 The job engine looks at each running copy's progress (:func:`costopt.agent.progress.storage_epoch_progress`:
 the copy's epoch, its last step and when it was reported) on every tick and hands each look to
-:meth:`ThroughputLearner.observe`. The first look at an epoch is only a baseline: the boot and the restore
-of the copy happen before it, so they are never counted. From then on the steps and seconds between
-successive looks of the same epoch are summed; once ``window_s`` seconds of training are summed, their
-ratio is one measurement (steps/s of the whole job, on its GPU count, consolidated) of the job's type on
-the copy's accelerator. A look from a new epoch (a move, a recovery), a look without new steps, or a step
-count going back starts a new baseline.
+:meth:`ThroughputLearner.observe`, with a way to read the epoch's progress log (``CopyLook.reports``).
+
+**Windows come from the copy's log, not from the looks.** The copy (the epoch's latest run, as
+:class:`~costopt.agent.progress.EpochProgress` takes it) logs ``step`` records with their times. Its first
+step record is the baseline (the boot and the restore happen before it, so they are never counted); a window
+runs from one step record to the first step record at least ``window_s`` seconds later, which starts the next
+one; each window is one measurement (steps/s of the whole job, on its GPU count, consolidated) of the job's
+type on the copy's accelerator, ``window`` = ``<source>|e<epoch>|<first step>@<its time>``. So the windows
+are a function of the log alone: a service restarted (or killed) mid-window, or looking at other moments,
+finds the same windows; the learner keeps in memory only where the next window ends, and reads the log again
+when a look passes it (once per window per copy, and once per copy after a restart). A window is recorded once
+(the registry's unique ``window``: a restarted service, or a second replica, that completes it again writes
+nothing and announces nothing). A new epoch (a move, a recovery) or a new run starts from its own first
+step record.
+
+A look without ``reports`` (no log to read) keeps the earlier in-memory windows: the first look at an epoch is
+a baseline; the steps and seconds between successive looks of the same epoch are summed; once ``window_s``
+seconds are summed, their ratio is one measurement. A look from a new epoch, or a step count going back,
+starts a new baseline. These windows are lost with the process.
 
 A measurement is written to the :class:`~costopt.throughput.registry.MeasurementRegistry` (``source``
 ``job:<job id>:<precision>``: a catalog built at another precision leaves it out) and passed to
@@ -27,7 +40,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -63,6 +76,60 @@ class CopyLook:
     step: int
     reported_at: float
     """Unix seconds of the copy's last progress report."""
+    reports: Callable[[], Sequence[Mapping[str, Any]]] | None = field(default=None, compare=False)
+    """The epoch's progress records (:func:`costopt.agent.progress.read_records` of the epoch), read only
+    when a window may have ended; None: windows between looks, in memory only (module doc)."""
+
+
+def run_steps(records: Sequence[Mapping[str, Any]], epoch: int) -> tuple[str, list[tuple[int, float]]] | None:
+    """The epoch's latest run (the one started last, as :class:`~costopt.agent.progress.EpochProgress` takes
+    it) and its step reports ``(step, t)`` in logging order; None: no run."""
+    started: dict[str, float] = {}
+    steps: dict[str, list[tuple[int, float]]] = {}
+    for rec in records:
+        if int(rec.get("epoch", -1)) != epoch:
+            continue
+        rid = str(rec.get("run", ""))
+        t = float(rec.get("t", 0.0))
+        if rec.get("event") == "start" or rid not in started:
+            started[rid] = t
+        if rec.get("event") == "step":
+            steps.setdefault(rid, []).append((int(rec["step"]), t))
+    if not started:
+        return None
+    latest = max(started, key=lambda r: started[r])  # the first of equal starts, as max() in EpochProgress
+    return latest, steps.get(latest, [])
+
+
+def log_windows(reports: Sequence[tuple[int, float]], window_s: float) -> list[tuple[int, float, int, float]]:
+    """The complete windows of one run's step reports: ``(first step, its time, last step, its time)``, from
+    the first report on, each ending at the first report at least ``window_s`` seconds after its start (a
+    report whose step does not advance is passed over: a window needs steps). Deterministic in ``reports``."""
+    out: list[tuple[int, float, int, float]] = []
+    if not reports:
+        return out
+    s0, t0 = reports[0]
+    for step, t in reports[1:]:
+        if step <= s0:
+            if step < s0:  # steps going back inside a run: start again from here
+                s0, t0 = step, t
+            continue
+        if t - t0 >= window_s:
+            out.append((s0, t0, step, t))
+            s0, t0 = step, t
+    return out
+
+
+@dataclass(slots=True)
+class _Logged:
+    """Where a copy's next log window ends (the learner's only memory of a copy with a log)."""
+
+    epoch: int
+    run: str
+    start_step: int
+    start_at: float
+    recorded: set[str]
+    """This copy's windows known to be recorded (read from the registry once, then kept)."""
 
 
 @dataclass(slots=True)
@@ -95,10 +162,15 @@ class ThroughputLearner:
         self.max_windows = max_windows
         self.on_measurement = on_measurement
         self._windows: dict[str, _Window] = {}
+        self._logged: dict[str, _Logged] = {}
         self._lock = threading.Lock()
 
     def observe(self, look: CopyLook) -> Measurement | None:
-        """Fold one look in; the measurement it completes, if any (already recorded and announced)."""
+        """Fold one look in; the measurement it completes, if any (already recorded and announced; with
+        ``reports``, the last of the windows it completes, each recorded once)."""
+        if look.reports is not None:
+            done = self._observe_log(look)
+            return done[-1] if done else None
         with self._lock:
             w = self._windows.get(look.job_id)
             if (
@@ -120,32 +192,88 @@ class ThroughputLearner:
                 return None
             rate = w.steps / w.seconds
             w.steps, w.seconds = 0, 0.0
-        m = Measurement(
+        m = self._measurement(look, rate, look.reported_at, None)
+        if self.registry is not None:
+            self.registry.add(m)
+        self._announce(look, m)
+        return m
+
+    def _observe_log(self, look: CopyLook) -> list[Measurement]:
+        """A look with its log: the windows completed since the last reading, each recorded once."""
+        assert look.reports is not None
+        with self._lock:
+            st = self._logged.get(look.job_id)
+            if (
+                st is not None
+                and st.epoch == look.epoch
+                and look.step >= st.start_step
+                and look.reported_at < st.start_at + self.window_s
+            ):
+                return []  # the open window cannot have ended yet: nothing to read
+        ran = run_steps(look.reports(), look.epoch)
+        if ran is None:
+            return []
+        run, reports = ran
+        source = job_source(look.job_id, look.precision)
+        windows = log_windows(reports, self.window_s)
+        with self._lock:
+            st = self._logged.get(look.job_id)
+            known = st.recorded if st is not None and st.epoch == look.epoch and st.run == run else None
+        if known is None:
+            known = self.registry.windows(source) if self.registry is not None else set()
+        out: list[Measurement] = []
+        for s0, t0, s1, t1 in windows:
+            key = f"{source}|e{look.epoch}|{s0}@{t0!r}"
+            if key in known:
+                continue
+            m = self._measurement(look, (s1 - s0) / (t1 - t0), t1, key)
+            fresh = self.registry.add(m) if self.registry is not None else True
+            known.add(key)
+            if fresh:  # recorded here: announced here (another replica, or this one before a restart, did the rest)
+                self._announce(look, m)
+                out.append(m)
+        # the next window starts where the last one ended (or at the baseline; before it, at this look)
+        start = (look.step, look.reported_at)
+        if windows:
+            start = (windows[-1][2], windows[-1][3])
+        elif reports:
+            start = reports[0]
+        mine = f"{source}|e{look.epoch}|"
+        known = {k for k in known if k.startswith(mine)}  # this copy's only (bounded by its windows)
+        with self._lock:
+            if look.job_id not in self._logged and len(self._logged) >= self.max_windows:  # the stalest goes
+                del self._logged[min(self._logged, key=lambda j: self._logged[j].start_at)]
+            self._logged[look.job_id] = _Logged(look.epoch, run, start[0], start[1], known)
+        return out
+
+    def _measurement(self, look: CopyLook, rate: float, at: float, window: str | None) -> Measurement:
+        return Measurement(
             job_type=look.job_type,
             accelerator=look.accelerator,
             gpu_count=look.gpu_count,
             steps_per_s=rate,
             provenance="user",
             source=job_source(look.job_id, look.precision),
-            measured_at=datetime.fromtimestamp(look.reported_at, UTC),
+            measured_at=datetime.fromtimestamp(at, UTC),
+            window=window,
         )
-        if self.registry is not None:
-            self.registry.add(m)
+
+    def _announce(self, look: CopyLook, m: Measurement) -> None:
         log.info(
             "job %s: %s on %d x %s measured at %.4g steps/s",
             look.job_id,
             look.job_type.name,
             look.gpu_count,
             look.accelerator,
-            rate,
+            m.steps_per_s,
         )
         self.on_measurement(m)
-        return m
 
     def forget(self, job_id: str) -> None:
         """Drop a job's open window (it ended)."""
         with self._lock:
             self._windows.pop(job_id, None)
+            self._logged.pop(job_id, None)
 
 
 def engine_observer(
@@ -168,6 +296,7 @@ def engine_observer(
             shape = shape_of(offer)
             if shape is None:
                 return
+            uri = getattr(mj, "checkpoint_uri", None)
             look = CopyLook(
                 job_id=str(job.id),
                 job_type=JobType.parse(str(name)) if name else own_job_type(str(job.id)),
@@ -177,12 +306,22 @@ def engine_observer(
                 epoch=int(prog.epoch),
                 step=int(prog.last_step),
                 reported_at=float(prog.last_report_at),
+                reports=None if uri is None else _epoch_records(uri, int(prog.epoch)),
             )
             learner.observe(look)
         except (CostoptError, SQLAlchemyError, ValueError, LookupError, TypeError) as exc:
             log.warning("job %s: its throughput was not learnt from this look: %s", getattr(job, "id", "?"), exc)
 
     return observe
+
+
+def _epoch_records(location: str, epoch: int) -> Callable[[], Sequence[Mapping[str, Any]]]:
+    def read() -> Sequence[Mapping[str, Any]]:
+        from costopt.agent.control import records
+
+        return records(location, epoch)
+
+    return read
 
 
 def own_catalog(

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, select
+from sqlalchemy.exc import IntegrityError
 
 from costopt.db.schema import throughput_measurements as t_meas
 from costopt.domain import normalize_accelerator
@@ -88,6 +89,9 @@ class Measurement:
     provenance: Provenance = "user"
     source: str = "user"
     measured_at: datetime | None = None
+    window: str | None = None
+    """The progress window a running job's measurement covers (:mod:`costopt.throughput.learning`): a
+    measurement with a window is recorded at most once (None: a registration, never deduplicated)."""
 
 
 class MeasurementRegistry:
@@ -96,23 +100,40 @@ class MeasurementRegistry:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def add(self, m: Measurement) -> None:
-        """Record one measurement. Raises InvalidThroughput for a negative/NaN/infinite value."""
+    def add(self, m: Measurement) -> bool:
+        """Record one measurement; False when it names a ``window`` already recorded (by this process before
+        a restart, or by another replica: nothing written). Raises InvalidThroughput for a
+        negative/NaN/infinite value."""
         check_steps_per_s(m.steps_per_s)
-        with self.engine.begin() as conn:
-            conn.execute(
-                t_meas.insert().values(
-                    job_type=m.job_type.name,
-                    accelerator=normalize_accelerator(m.accelerator),
-                    gpu_count=m.gpu_count,
-                    placement=m.placement,
-                    steps_per_s=m.steps_per_s,
-                    n_measurements=m.n_measurements,
-                    provenance=m.provenance,
-                    source=m.source,
-                    measured_at=m.measured_at or datetime.now(UTC),
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(
+                    t_meas.insert().values(
+                        job_type=m.job_type.name,
+                        accelerator=normalize_accelerator(m.accelerator),
+                        gpu_count=m.gpu_count,
+                        placement=m.placement,
+                        steps_per_s=m.steps_per_s,
+                        n_measurements=m.n_measurements,
+                        provenance=m.provenance,
+                        source=m.source,
+                        measured_at=m.measured_at or datetime.now(UTC),
+                        window_key=m.window,
+                    )
                 )
-            )
+        except IntegrityError:
+            if m.window is None:
+                raise
+            return False
+        return True
+
+    def windows(self, source: str) -> set[str]:
+        """The windows recorded for ``source`` (a running job's measurements, :func:`job_source`)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(t_meas.c.window_key).where(t_meas.c.source == source, t_meas.c.window_key.is_not(None))
+            ).fetchall()
+        return {str(r[0]) for r in rows}
 
     def all(self) -> list[Measurement]:
         """Every measurement, oldest first."""
@@ -167,4 +188,5 @@ def _measurement(r: Any) -> Measurement:
         provenance=r.provenance,
         source=r.source,
         measured_at=r.measured_at,
+        window=r.window_key,
     )

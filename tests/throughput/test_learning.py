@@ -144,6 +144,7 @@ def test_a_job_slower_than_its_estimate_is_measured_and_moved(
     run(lambda: bool(learnt))
     (m,) = learnt
     assert (m.job_type, m.accelerator, m.gpu_count) == (JT, "a100", 1)
+    assert m.window is not None and m.window.startswith(f"job:{job.id}:fp32|e")  # a window of the copy's log
     assert m.steps_per_s == pytest.approx(truth["a100"], rel=0.05)  # boot and restore left out
     cell = catalog_at(settings, store).get(JT, "a100")
     assert cell is not None and cell.provenance == "user" and cell.steps_per_s == pytest.approx(m.steps_per_s)
