@@ -24,7 +24,15 @@ from api.scheduler import new_scheduler
 from costopt.cloud import CloudError, Instance, LaunchSpec
 from costopt.fleets.billing import FleetBilling
 from costopt.fleets.executor import FleetExecutor
-from costopt.fleets.model import FLEET_PROVIDER, FleetJobStatus, FleetRecord, InstanceState, NewFleet, NewInstance
+from costopt.fleets.model import (
+    FLEET_PROVIDER,
+    FleetInstance,
+    FleetJobStatus,
+    FleetRecord,
+    InstanceState,
+    NewFleet,
+    NewInstance,
+)
 from costopt.fleets.store import FleetRepository, NewFleetJob
 from costopt.fleets.sync import WorkerSync
 from costopt.jobs.records import JobRepository, NewJob
@@ -155,8 +163,23 @@ class Died(RuntimeError):
 
 
 class DiesWhenBilling:
+    """A FleetBiller whose every call is where the process dies."""
+
     def __call__(self, fleet: FleetRecord, now: datetime) -> object:
         raise Died("the process died before billing")
+
+    def stray(
+        self,
+        fleet: FleetRecord,
+        inst: FleetInstance,
+        cloud_instance_id: str,
+        started_at: datetime,
+        ended_at: datetime | None,
+    ) -> bool:
+        raise Died("the process died before billing a stray")
+
+    def open_strays(self, fleet: FleetRecord, inst: FleetInstance) -> list[tuple[str, datetime]]:
+        raise Died("the process died before reading the open strays")
 
 
 def _lost_in_a_gap_then_released(run: Run, *, crash: str | None) -> None:
