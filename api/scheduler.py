@@ -215,7 +215,11 @@ class MigrationJobs:
     - ``clock``: the service clock's now (:mod:`costopt.clock`) the watchers and the reconciler read
       (None: each provider's own clock when it has one, else the wall clock);
     - ``recovery_workers``: how many recoveries one watcher pass runs at once (its clock's ``sleep`` must
-      wait for the clock, not move it: the service's).
+      wait for the clock, not move it: the service's), and each watcher's recovery cap: at most this many
+      RECOVER migrations of its provider's jobs active at once in the database, those the job engine and
+      the reconciler resume after a restart included (a pass starts the cap minus the active ones, in a
+      stable order: :mod:`costopt.migration.watch`), so a restarted service starts no more than one never
+      killed.
     """
 
     def __init__(
@@ -255,6 +259,7 @@ class MigrationJobs:
                 overlap=watch_overlap,
                 clock=clock or _provider_clock(m.provider),
                 workers=recovery_workers,
+                cap=recovery_workers,
             )
             for name, m in self.migrators.items()
         }

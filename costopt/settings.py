@@ -342,7 +342,9 @@ class Settings(BaseSettings):
         ge=1,
         description="How many recoveries one pass of the service's interruption watcher runs at once (each "
         "waits for its new copy's first progress): a reclaim that takes every instance of an offer is "
-        "recovered side by side. 1: one job after another.",
+        "recovered side by side. 1: one job after another. Also the recovery cap per provider: a pass starts "
+        "this many minus the recoveries already active in the database (those a restarted service resumes "
+        "included), the next ones in order of the time their copies were lost.",
     )
     sim_seed: int = Field(
         default=0,

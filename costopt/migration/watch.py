@@ -31,11 +31,22 @@ recovery ran), and count as seen only then: a watcher that dies between reading 
 again. Idempotent: the same events polled again do nothing (seen keys; and a job whose current copy
 changed no longer matches); the migrator's one-active-migration-per-job rule guards the rest. A pass returns a
 frozen :class:`WatchReport`. Recoveries run inside the pass (each waits for the new copy to progress),
-up to ``workers`` at once (the service: ``COSTOPT_RECOVERY_WORKERS``): a reclaim that takes many copies at
-once (every instance of an offer) is recovered side by side, not one job after another (one at a time, 40
-jobs of the kill drill waited up to 22 simulated hours for their turn, each recovery 25-37 minutes). One
-at a time (the default) where ``sleep`` moves the clock itself (offline runs: concurrent sleepers would
-each move it).
+up to ``workers`` at once: a reclaim that takes many copies at once (every instance of an offer) is
+recovered side by side, not one job after another (one at a time, 40 jobs of the kill drill waited up to
+22 simulated hours for their turn, each recovery 25-37 minutes). One at a time (the default) where
+``sleep`` moves the clock itself (offline runs: concurrent sleepers would each move it).
+
+The recovery cap (``cap``; the service: ``COSTOPT_RECOVERY_WORKERS``) is a property of the database, not
+of the process: a pass starts at most ``cap`` minus the RECOVER migrations of the provider's jobs already
+active in the database, whoever drives them (this pass's earlier ones, or the job engine and the
+reconciler resuming those a killed service left in flight). Before, the cap was the size of one pass's
+thread pool: a restarted service's empty pool started ``cap`` more beside the resumed ones (the kill drill:
+9 recoveries at once, a batch 2 minutes early, copies sent to a zone reclaimed next). Due recoveries are
+started in a stable order, by the time their copy was lost (the preemption, or the notice of a copy
+found gone; a job only marked ``recovering`` last) then by job id, so a restarted watcher that reads the
+same events starts the same next ones. Those left for a later pass are reported in ``waiting``; their
+preemptions are not acknowledged and the watermark is not saved past the oldest of them, so a watcher
+killed meanwhile reads them again.
 Times are tz-aware UTC on ``clock`` (the provider's clock: wall time for real clouds).
 """
 
@@ -60,7 +71,7 @@ from costopt.cloud import CloudProvider, Interruption, NotFoundError
 from costopt.db.schema import store_meta
 from costopt.domain import OfferKey, utc
 from costopt.migration.machine import Migrator
-from costopt.migration.records import ALIVE_STATES, RACES, JobRecord, JobStatus, MigrationRecord, State
+from costopt.migration.records import ALIVE_STATES, RACES, JobRecord, JobStatus, Kind, MigrationRecord, State
 from costopt.migration.unavailable import REASON_PREEMPTED, UnavailableOffers
 
 log = logging.getLogger("costopt.migration.watch")
@@ -215,10 +226,16 @@ class WatchReport:
 
 @dataclass(slots=True)
 class _Suspect:
-    """A current copy under notice (``taken`` False: alive until described otherwise) or taken."""
+    """A current copy under notice (``taken`` False: alive until described otherwise) or taken; ``at``:
+    the event's time (the preemption's once taken, else the notice's), the recoveries' order."""
 
     job_id: str
     taken: bool
+    at: datetime
+
+
+_MARKED_AT = datetime.max.replace(tzinfo=UTC)
+"""The order key of a job only marked ``recovering`` (no event of this process): after the lost copies."""
 
 
 class InterruptionWatcher:
@@ -237,7 +254,10 @@ class InterruptionWatcher:
       ``min(cap, base * 2**failures)``;
     - ``workers``: how many recoveries of one pass run at once (each in its own thread; the migrator runs
       different jobs' migrations concurrently, as the job engine's workers do); 1: one after another
-      (offline, where the migrator's ``sleep`` moves the simulated clock, it must be 1).
+      (offline, where the migrator's ``sleep`` moves the simulated clock, it must be 1);
+    - ``cap``: the most RECOVER migrations of the provider's jobs active at once in the database: a pass
+      starts at most ``cap`` minus those already active (whoever drives them), the others wait for a
+      later pass (module docstring). None: no cap, every due recovery runs in the pass.
     """
 
     def __init__(
@@ -253,12 +273,16 @@ class InterruptionWatcher:
         retry_base: float = 5.0,
         retry_cap: float = 300.0,
         workers: int = 1,
+        cap: int | None = None,
     ) -> None:
         if overlap < timedelta(0):
             raise ValueError(f"overlap must be >= 0, got {overlap}")
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        if cap is not None and cap < 1:
+            raise ValueError(f"cap must be >= 1 or None, got {cap}")
         self.workers = workers
+        self.cap = cap
         self.migrator = migrator
         self.provider: CloudProvider = migrator.provider
         self.offers_for = offers_for
@@ -373,9 +397,9 @@ class InterruptionWatcher:
                     "watch %s: %s (job %s) was preempted at %s", self.provider.name, ev.instance_id, job.job_id, at
                 )
                 self._mark(job, at, f"{ev.instance_id} preempted (job {job.job_id})")
-                self._suspects[ev.instance_id] = _Suspect(job.job_id, True)
+                self._suspects[ev.instance_id] = _Suspect(job.job_id, True, at)
                 continue
-            self._suspects.setdefault(ev.instance_id, _Suspect(job.job_id, False))
+            self._suspects.setdefault(ev.instance_id, _Suspect(job.job_id, False, at))
             if ev.instance_id in taken_now:
                 ignored.append(IgnoredEvent(ev.instance_id, ev.kind, at, "the copy was taken in the same window"))
                 continue
@@ -414,9 +438,11 @@ class InterruptionWatcher:
         acted = [ev for ev in events if _key(ev) in self._seen]
         self._acknowledge([ev for ev in acted if ev.kind != PREEMPTED])
         due = self._due(jobs, active, now)
-        recoveries, waiting = self._recover(jobs, due, now)
-        self._acknowledge([ev for ev in acted if ev.kind == PREEMPTED])
-        self.watermark.save(now)
+        recoveries, waiting, deferred = self._recover(jobs, due, now)
+        # A preemption whose recovery waits for the cap is neither acknowledged nor left behind the
+        # watermark: a watcher killed before it starts reads it again.
+        self._acknowledge([ev for ev in acted if ev.kind == PREEMPTED and ev.instance_id not in deferred])
+        self.watermark.save(min([now, *deferred.values()]))
         self._prune(since)
         return WatchReport(
             since=since,
@@ -429,9 +455,11 @@ class InterruptionWatcher:
             waiting=tuple(waiting),
         )
 
-    def _due(self, jobs: dict[str, JobRecord], active: set[str], now: datetime) -> dict[str, tuple[str | None, str]]:
-        """Jobs to recover now: job id -> (the lost instance, the cause)."""
-        due: dict[str, tuple[str | None, str]] = {}
+    def _due(
+        self, jobs: dict[str, JobRecord], active: set[str], now: datetime
+    ) -> dict[str, tuple[str | None, str, datetime]]:
+        """Jobs to recover now: job id -> (the lost instance, the cause, when it was lost: the order)."""
+        due: dict[str, tuple[str | None, str, datetime]] = {}
         for iid, suspect in list(self._suspects.items()):
             job = jobs.get(suspect.job_id)
             if job is None or job.instance_id != iid or job.status is JobStatus.FINISHED:
@@ -449,20 +477,36 @@ class InterruptionWatcher:
                 log.info("watch %s: job %s finished on %s before it was taken", self.provider.name, job.job_id, iid)
                 del self._suspects[iid]
                 continue
-            due[job.job_id] = (iid, PREEMPTED)
+            due[job.job_id] = (iid, PREEMPTED, suspect.at)
         if self.recover_marked:
             for job in jobs.values():
                 if job.status is JobStatus.RECOVERING and job.job_id not in active:
-                    due.setdefault(job.job_id, (job.instance_id, "marked for recovery"))
+                    due.setdefault(job.job_id, (job.instance_id, "marked for recovery", _MARKED_AT))
         return due
 
+    def _slots(self, jobs: dict[str, JobRecord]) -> tuple[int | None, int]:
+        """How many recoveries this pass may start (None: no cap), and how many are active already."""
+        if self.cap is None:
+            return None, 0
+        busy = sum(1 for m in self.migrator.active_migrations() if m.kind is Kind.RECOVER and m.job_id in jobs)
+        return max(0, self.cap - busy), busy
+
     def _recover(
-        self, jobs: dict[str, JobRecord], due: dict[str, tuple[str | None, str]], now: datetime
-    ) -> tuple[list[RecoveryStarted], list[Waiting]]:
+        self, jobs: dict[str, JobRecord], due: dict[str, tuple[str | None, str, datetime]], now: datetime
+    ) -> tuple[list[RecoveryStarted], list[Waiting], dict[str, datetime]]:
+        """Start the due recoveries the cap allows, in order (time lost, job id), and wait for them. Returns
+        what ran, what waits, and the lost copies whose recoveries wait for the cap (instance -> time)."""
         recoveries: list[RecoveryStarted] = []
         waiting: list[Waiting] = []
+        deferred: dict[str, datetime] = {}
         ready: list[tuple[str, str | None, str, list[OfferKey]]] = []  # (job, its lost copy, cause, offers)
-        for job_id, (iid, cause) in due.items():
+        slots, busy = self._slots(jobs) if due else (None, 0)
+        for job_id, (iid, cause, lost_at) in sorted(due.items(), key=lambda d: (d[1][2], d[0])):
+            if slots is not None and len(ready) >= slots:
+                waiting.append(Waiting(job_id, f"the recovery cap: {busy + len(ready)} of {self.cap} active"))
+                if iid is not None and lost_at != _MARKED_AT:
+                    deferred[iid] = lost_at
+                continue
             retry = self._retry_at.get(job_id)
             if retry is not None and now < retry:
                 waiting.append(Waiting(job_id, f"backing off after a failed recovery until {retry.isoformat()}"))
@@ -525,7 +569,7 @@ class InterruptionWatcher:
                 self._retry_at.pop(job_id, None)
             else:
                 self._back_off(job_id)
-        return recoveries, waiting
+        return recoveries, waiting, deferred
 
     def _acknowledge(self, events: Sequence[Interruption]) -> None:
         if not events:

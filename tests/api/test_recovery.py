@@ -126,3 +126,4 @@ def test_the_services_watchers_recover_side_by_side(store: PriceStore, tmp_path:
     assert build_migration_jobs(_settings(tmp_path, **base), store).watchers["local"].workers == 8
     jobs = build_migration_jobs(_settings(tmp_path, recovery_workers=3, **base), store)
     assert jobs.watchers["local"].workers == 3
+    assert jobs.watchers["local"].cap == 3  # the cap counts the recoveries active in the database

@@ -472,3 +472,91 @@ def test_copies_taken_at_once_are_recovered_at_once(s: Setup, tmp_path: Path) ->
     assert {s.migrator.job(f"job-{n}").epoch for n in (1, 2, 3)} == {2}
     with pytest.raises(ValueError, match="workers must be >= 1"):
         s.watcher(workers=0)
+
+
+def _jobs(s: Setup, tmp_path: Path, n: int) -> list[str]:
+    ids = [f"job-{k}" for k in range(1, n + 1)]
+    for job_id in ids:
+        s.migrator.register_job(job_id, ["train"], str(tmp_path / "ckpt" / job_id))
+        assert s.migrator.start(job_id, OFFERS).state is State.DONE
+    return ids
+
+
+def test_the_recovery_cap_counts_the_recoveries_a_previous_process_left_active(s: Setup, tmp_path: Path) -> None:
+    # A service killed with 2 recoveries in flight (the job engine resumes them at restart): a fresh
+    # watcher with a cap of 3 starts 1 of the 3 due recoveries, not 3 beside the 2 (its pool is empty).
+    ids = _jobs(s, tmp_path, 5)
+    for job_id in ids[:2]:
+        s.cloud.preempt(s.migrator.job(job_id).instance_id or "")
+        s.migrator.plan(job_id, OFFERS, Kind.RECOVER)  # planned by the killed process, still active
+    s.clock.tick(5)
+    for job_id in reversed(ids[2:]):  # taken at once: the order is then the job ids'
+        s.cloud.preempt(s.migrator.job(job_id).instance_id or "")
+    report = s.watcher(workers=3, cap=3).poll()
+    assert [r.job_id for r in report.recoveries] == ["job-3"]
+    assert [(w.job_id, w.why) for w in report.waiting] == [
+        ("job-4", "the recovery cap: 3 of 3 active"),
+        ("job-5", "the recovery cap: 3 of 3 active"),
+    ]
+    assert {s.migrator.job(j).epoch for j in ids[3:]} == {1}  # not started
+    assert len(s.migrator.active_migrations()) == 2  # the resumed ones still in flight
+    with pytest.raises(ValueError, match="cap must be >= 1"):
+        s.watcher(cap=0)
+
+
+def test_recoveries_waiting_for_the_cap_start_in_the_same_order_after_a_restart(s: Setup, tmp_path: Path) -> None:
+    # Five copies taken at different times (one after its notice); a cap of 2. A watcher killed after
+    # its first pass is replaced by a fresh one: the preemptions left waiting are read again (not
+    # acknowledged, the watermark kept before them), and the next two started are those a watcher never
+    # killed starts: by the time their copies were lost, then by job id.
+    ids = _jobs(s, tmp_path, 5)
+    lost = {job_id: s.migrator.job(job_id).instance_id or "" for job_id in ids}
+    s.clock.tick(1)
+    s.cloud.preempt(lost["job-4"])
+    s.clock.tick(1)
+    s.cloud.notice(lost["job-2"])  # then gone: lost at its notice's time
+    s.cloud.set_state(lost["job-2"], InstanceState.TERMINATED)
+    s.clock.tick(1)
+    s.cloud.preempt(lost["job-5"])
+    s.cloud.preempt(lost["job-1"])
+    s.clock.tick(1)
+    s.cloud.preempt(lost["job-3"])
+    s.clock.tick(300)  # more than the overlap after the events: only the watermark keeps them in reach
+
+    def passes(restart: bool) -> list[list[str]]:
+        started: list[list[str]] = []
+        watcher = s.watcher(workers=2, cap=2, watermark=MemoryWatermark(T0))
+        for _ in range(3):
+            report = watcher.poll()
+            started.append([r.job_id for r in report.recoveries])
+            acked.append({ev.instance_id for ev in s.cloud.acknowledged if ev.kind == "preempted"})
+            s.clock.tick(300)
+            if restart:  # killed between passes: nothing in memory but the watermark
+                watcher = s.watcher(workers=2, cap=2, watermark=watcher.watermark)
+        return started
+
+    acked: list[set[str]] = []
+    assert passes(restart=True) == [["job-4", "job-2"], ["job-1", "job-5"], ["job-3"]]
+    assert {s.migrator.job(j).epoch for j in ids} == {2}
+    # a preemption is acknowledged once its recovery ran, not while it waits for the cap
+    assert acked == [
+        {lost["job-4"]},
+        {lost[j] for j in ("job-4", "job-1", "job-5")},
+        {lost[j] for j in ids} - {lost["job-2"]},
+    ]
+
+
+def test_without_restart_the_capped_passes_start_the_same_recoveries(s: Setup, tmp_path: Path) -> None:
+    ids = _jobs(s, tmp_path, 5)
+    lost = {job_id: s.migrator.job(job_id).instance_id or "" for job_id in ids}
+    for job_id in ("job-5", "job-2", "job-4", "job-1", "job-3"):
+        s.clock.tick(1)
+        s.cloud.preempt(lost[job_id])
+    watcher = s.watcher(workers=2, cap=2)
+    started = []
+    for _ in range(3):
+        started.append([r.job_id for r in watcher.poll().recoveries])
+        s.clock.tick(300)
+    assert started == [["job-5", "job-2"], ["job-4", "job-1"], ["job-3"]]
+    # The watermark was held at the oldest waiting preemption, then advanced once none waited.
+    assert watcher.watermark.load() == s.clock() - timedelta(seconds=300)
