@@ -38,11 +38,11 @@ recovered side by side, not one job after another (one at a time, 40 jobs of the
 
 The recovery cap (``cap``; the service: ``COSTOPT_RECOVERY_WORKERS``) is a property of the database, not
 of the process: a pass starts at most ``cap`` minus the RECOVER migrations of the provider's jobs already
-active in the database, whoever drives them (this pass's earlier ones, or the job engine and the
-reconciler resuming those a killed service left in flight). Before, the cap was the size of one pass's
+active in the database, whoever drives them (the job engine and the reconciler resume those a killed
+service left in flight; a pass waits for its own). Before, the cap was the size of one pass's
 thread pool: a restarted service's empty pool started ``cap`` more beside the resumed ones (the kill drill:
-9 recoveries at once, a batch 2 minutes early, copies sent to a zone reclaimed next). Due recoveries are
-started in a stable order, by the time their copy was lost (the preemption, or the notice of a copy
+9 recoveries at once, a batch 2 minutes early, copies sent to a zone reclaimed next). With a cap, due recoveries
+are started in a stable order, by the time their copy was lost (the preemption, or the notice of a copy
 found gone; a job only marked ``recovering`` last) then by job id, so a restarted watcher that reads the
 same events starts the same next ones. Those left for a later pass are reported in ``waiting``; their
 preemptions are not acknowledged and the watermark is not saved past the oldest of them, so a watcher
@@ -501,7 +501,10 @@ class InterruptionWatcher:
         deferred: dict[str, datetime] = {}
         ready: list[tuple[str, str | None, str, list[OfferKey]]] = []  # (job, its lost copy, cause, offers)
         slots, busy = self._slots(jobs) if due else (None, 0)
-        for job_id, (iid, cause, lost_at) in sorted(due.items(), key=lambda d: (d[1][2], d[0])):
+        # With a cap, in a stable order (a restart picks the same next ones); without one, every due job
+        # starts in this pass, in the order found (the offline runs' order, unchanged).
+        order = list(due.items()) if slots is None else sorted(due.items(), key=lambda d: (d[1][2], d[0]))
+        for job_id, (iid, cause, lost_at) in order:
             if slots is not None and len(ready) >= slots:
                 waiting.append(Waiting(job_id, f"the recovery cap: {busy + len(ready)} of {self.cap} active"))
                 if iid is not None and lost_at != _MARKED_AT:
