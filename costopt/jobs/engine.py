@@ -145,10 +145,10 @@ class TickReport:
 
 
 def _log_failure(what: str, exc: BaseException) -> None:
-    """Log a failed step (call it in the ``except`` block): a lost race (:data:`MIGRATION_RACES`: another
-    actor advanced the job first; the next pass looks at it afresh) in one line, anything else with its
-    traceback."""
-    if isinstance(exc, MIGRATION_RACES):
+    """Log a failed step (call it in the ``except`` block): a lost race (:data:`MIGRATION_RACES`, or a job
+    record's compare-and-set refused twice in :meth:`JobEngine._to`: another actor advanced the job first,
+    nothing was written; the next pass looks at it afresh) in one line, anything else with its traceback."""
+    if isinstance(exc, (*MIGRATION_RACES, ConcurrentUpdate)):
         log.warning("%s: %s: %s", what, type(exc).__name__, exc)
     else:
         log.exception("%s failed", what)

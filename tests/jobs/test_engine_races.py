@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from costopt.jobs.engine import _Pass, _snapshot
+from costopt.jobs.engine import _log_failure, _Pass, _snapshot
 from costopt.jobs.model import JobState
+from costopt.jobs.records import ConcurrentUpdate
 from providers.local import LocalProvider
 from tests.jobs.engine_support import Harness, train_command
 
@@ -41,3 +42,42 @@ def test_a_running_job_whose_start_the_snapshot_still_shows_in_flight_is_left_fo
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
     done = h.run_until(job.id, lambda j: j.state.terminal)  # the next ticks read afresh and finish it
     assert done.state is JobState.SUCCEEDED, done.reason
+
+
+def test_a_transition_lost_twice_is_a_race_logged_in_one_line_and_nothing_is_written(
+    h: Harness, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The soak at load 15 (session 9): the engine's compare-and-set from ``queued`` lost, the re-read
+    state's retry lost again (the watcher moved the job meanwhile); that was logged with a traceback."""
+    job = h.submit(train_command(400, step_seconds=0.01), 400)
+    before = h.repo.get(job.id)
+
+    def lost(job_id: str, to: JobState, reason: str, **kwargs: object) -> object:
+        raise ConcurrentUpdate(f"job {job_id} is running, expected ['queued']")
+
+    class Losing:
+        """The engine's repository whose every compare-and-set loses."""
+
+        transition = staticmethod(lost)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(h.repo, name)
+
+    monkeypatch.setattr(h.engine, "repo", Losing())
+    with pytest.raises(ConcurrentUpdate):
+        h.engine._to(before, JobState.LAUNCHING, "launch")
+    monkeypatch.undo()
+    after = h.repo.get(job.id)
+    assert (after.state, after.version) == (before.state, before.version)  # nothing written
+    with caplog.at_level(logging.WARNING, logger="costopt.jobs.engine"):
+        try:
+            lost(job.id, JobState.LAUNCHING, "launch")
+        except ConcurrentUpdate as exc:
+            _log_failure(f"job {job.id}", exc)
+        try:
+            raise RuntimeError("a real failure")
+        except RuntimeError as exc:
+            _log_failure(f"job {job.id}", exc)
+    race, real = caplog.records[-2:]
+    assert race.levelno == logging.WARNING and race.exc_info is None and "ConcurrentUpdate" in race.getMessage()
+    assert real.levelno == logging.ERROR and real.exc_info is not None
