@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -79,6 +79,28 @@ class PriceView(PriceSteps, Protocol):
     def shape(self, key: OfferKey) -> tuple[str, float] | None:
         """(accelerator, GPUs per instance) of the offer's instance type, None when unknown."""
         ...
+
+
+class WrappedView:
+    """A :class:`PriceView` over another, ``view``: its offers, shapes and other attributes (e.g. a store)
+    are the wrapped view's; a subclass changes what it needs (``steps``)."""
+
+    def __init__(self, view: PriceView) -> None:
+        self.view = view
+
+    def steps(self, key: OfferKey, start: datetime, end: datetime) -> Sequence[PriceStep]:
+        return self.view.steps(key, start, end)
+
+    def offers_at(self, at: datetime) -> pd.DataFrame:
+        return self.view.offers_at(at)
+
+    def shape(self, key: OfferKey) -> tuple[str, float] | None:
+        return self.view.shape(key)
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped view's other attributes
+        if name == "view":  # not set yet (copying, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.view, name)
 
 
 class PriceHistorySource(Protocol):

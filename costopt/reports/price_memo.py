@@ -16,23 +16,20 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from datetime import datetime
 from itertools import pairwise
-from typing import Any
-
-import pandas as pd
 
 from costopt.domain import OfferKey
-from costopt.ledger.prices import PriceStep, PriceView
+from costopt.ledger.prices import PriceStep, PriceView, WrappedView
 
 __all__ = ["MemoSteps"]
 
 
-class MemoSteps:
+class MemoSteps(WrappedView):
     """``view`` with each offer's steps over ``[start, end)`` (tz-aware UTC) read once (module doc)."""
 
     def __init__(self, view: PriceView, start: datetime, end: datetime) -> None:
         if end < start:
             raise ValueError(f"the window ends {end} before it starts {start}")
-        self.view = view
+        super().__init__(view)
         self.start, self.end = start, end
         self._steps: dict[OfferKey, tuple[list[PriceStep], list[datetime]] | None] = {}
         self.reads = 0
@@ -57,12 +54,3 @@ class MemoSteps:
     def _read(self, key: OfferKey, start: datetime, end: datetime) -> Sequence[PriceStep]:
         self.reads += 1
         return self.view.steps(key, start, end)
-
-    def offers_at(self, at: datetime) -> pd.DataFrame:
-        return self.view.offers_at(at)
-
-    def shape(self, key: OfferKey) -> tuple[str, float] | None:
-        return self.view.shape(key)
-
-    def __getattr__(self, name: str) -> Any:  # the wrapped view's other attributes (e.g. a store)
-        return getattr(self.view, name)

@@ -19,12 +19,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import Any
 
 import pandas as pd
 
 from costopt.domain import Cloud, Market, OfferKey
-from costopt.ledger.prices import PriceHistorySource, PriceStep, PriceView
+from costopt.ledger.prices import PriceHistorySource, PriceStep, PriceView, WrappedView
 
 __all__ = ["LOOKAHEAD", "StandingOnDemand", "earliest_on_demand"]
 
@@ -32,12 +31,12 @@ LOOKAHEAD = timedelta(days=366 * 100)
 """How far after a time the earliest on-demand point is looked for (a century: any price in the store)."""
 
 
-class StandingOnDemand:
+class StandingOnDemand(WrappedView):
     """``view`` with each on-demand offer's earliest price also in effect before it (module docstring).
     Spot and other markets pass through unchanged."""
 
     def __init__(self, view: PriceView) -> None:
-        self.view = view
+        super().__init__(view)
         self._first: dict[OfferKey, PriceStep | None] = {}
         self._lock = threading.Lock()
 
@@ -60,15 +59,6 @@ class StandingOnDemand:
         with self._lock:
             self._first[key] = first
         return first
-
-    def offers_at(self, at: datetime) -> pd.DataFrame:
-        return self.view.offers_at(at)
-
-    def shape(self, key: OfferKey) -> tuple[str, float] | None:
-        return self.view.shape(key)
-
-    def __getattr__(self, name: str) -> Any:  # the wrapped view's other attributes (e.g. a store)
-        return getattr(self.view, name)
 
 
 def earliest_on_demand(
