@@ -318,33 +318,51 @@ class RoundMechanism:
         types: list[int] = []
         if self.memory_s is not None:
             self._decay_to(now_s)
-        if self._c_unit.shape[0]:
-            cu, cj, cx = self._c_unit, self._c_type, self._c_x
-            recv = self._u_recv[cu, cj]
-            if self.allocation_integral:  # what the allocations in force gave it, the coming round included
-                prio = (self._u_owed[cu, cj] + cx * self.round_s) / np.maximum(recv, _MIN_RECEIVED_S)
-            else:
-                age = np.maximum(now_s - self._u_since[cu], 0.0)
-                if self.memory_s is not None:
-                    age = -self.memory_s * np.expm1(-age / self.memory_s)  # the same weights over its lifetime
-                if self.prior_s > 0:  # as if each unit had received its allocation for prior_s before arriving
-                    recv, age = recv + cx * self.prior_s, age + self.prior_s
-                share = np.divide(recv, age, out=np.zeros_like(age), where=age > 0)
-                prio = cx / np.maximum(share, _MIN_SHARE)
-            if self.hysteresis > 0:  # a unit that ran on the type last round holds it unless clearly outranked
-                a, b = self._u_members[cu, 0], self._u_members[cu, 1]
-                held = (self._last_type[a] == cj) & (self._last_partner[a] == b)
-                prio = np.where(held, prio * (1.0 + self.hysteresis), prio)
-            if self._type_pos is None:
-                order = np.lexsort((self._c_rank, -prio))
-            else:  # one queue per type, served in type order
-                order = np.lexsort((self._c_rank, -prio, self._type_pos[cj]))
-            self._greedy(cu[order].tolist(), cj[order].tolist(), free, busy, units, types)
+        cand_u, cand_j = self._queue(now_s)
+        if cand_u:
+            self._greedy(cand_u, cand_j, free, busy, units, types)
         if self.fill_idle and sum(free) > 0 and len(units) < self._n_units_jobs:
             fu, fj = self._fill_candidates()
             if fu:
                 self._greedy(fu, fj, free, busy, units, types)
         return self._place(np.array(units, dtype=np.int64), np.array(types, dtype=np.int64))
+
+    def _queue(self, now_s: float) -> tuple[list[int], list[int]]:
+        """The allocation's (unit, type) candidates in the order :meth:`plan` serves them (shares decayed to
+        ``now_s`` already): by :meth:`_priority`, one queue per type in type order if there are several."""
+        if not self._c_unit.shape[0]:
+            return [], []
+        cu, cj = self._c_unit, self._c_type
+        prio = self._priority(now_s)
+        if self._type_pos is None:
+            order = np.lexsort((self._c_rank, -prio))
+        else:  # one queue per type, served in type order
+            order = np.lexsort((self._c_rank, -prio, self._type_pos[cj]))
+        return cu[order].tolist(), cj[order].tolist()
+
+    def _priority(self, now_s: float) -> FloatArray:
+        """Each candidate's priority (module docstring): the share rule or the allocation integral, with
+        the hysteresis bonus of a unit that ran on the type last round."""
+        cu, cj, cx = self._c_unit, self._c_type, self._c_x
+        recv = self._u_recv[cu, cj]
+        if self.allocation_integral:  # what the allocations in force gave it, the coming round included
+            prio = (self._u_owed[cu, cj] + cx * self.round_s) / np.maximum(recv, _MIN_RECEIVED_S)
+        else:
+            age = np.maximum(now_s - self._u_since[cu], 0.0)
+            if self.memory_s is not None:
+                age = -self.memory_s * np.expm1(-age / self.memory_s)  # the same weights over its lifetime
+            if self.prior_s > 0:  # as if each unit had received its allocation for prior_s before arriving
+                recv, age = recv + cx * self.prior_s, age + self.prior_s
+            share = np.divide(recv, age, out=np.zeros_like(age), where=age > 0)
+            prio = cx / np.maximum(share, _MIN_SHARE)
+        if self.hysteresis > 0:  # a unit that ran on the type last round holds it unless clearly outranked
+            prio = np.where(self._held(), prio * (1.0 + self.hysteresis), prio)
+        return prio
+
+    def _held(self) -> BoolArray:
+        """Per candidate: its unit ran on the candidate's type last round (same jobs together)."""
+        a, b = self._u_members[self._c_unit, 0], self._u_members[self._c_unit, 1]
+        return (self._last_type[a] == self._c_type) & (self._last_partner[a] == b)  # type: ignore[no-any-return]
 
     def _decay_to(self, now_s: float) -> None:
         """Age the decayed shares from the last decay to ``now_s`` (never backwards)."""

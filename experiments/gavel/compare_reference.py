@@ -24,10 +24,10 @@ writer) and read back with ``--trace``'s reader, so every variant runs the same 
   ``gain``: largest throughput there over the job's slowest type first), ``+drr`` (each type's queue
   ranked by the deficit: the integral of the allocation in force minus the seconds received, decayed
   alike; ``+drr-norm``: times the job's throughput there over its mean; ``+diff``: the current allocation
-  times the age in place of the integral; with ``+fpt-<order>``: per-type fill too), ``+ratio-int``
-  (the share rule's priority with the integral of the allocation in force, coming round included, over
-  the seconds received: an experiment subclass, fast-forward off) and ``+integral`` (the same rule as
-  the core's ``allocation_integral``, fast-forward on: the same JCTs as ``+ratio-int``).
+  times the age in place of the integral; with ``+fpt-<order>``: per-type fill too), ``+integral``
+  (the core's ``allocation_integral``: the share rule's priority with the integral of the allocation in
+  force, coming round included, over the seconds received) and ``+ratio-int`` (the same with the
+  fast-forward off: first an experiment subclass, whose JCTs ``+integral`` reproduced, now the core's).
   ``reference-emulation+reset<S>``: the emulation with a reset (and a new allocation) every S seconds.
   ``--jobs-table A B --seeds S``: variant A against B job by job on seed S (JCT differences summed by
   the job's V100 duration and V100/K80 speedup; uses ``SimResult.jobs``).
@@ -146,40 +146,39 @@ def _reference_mechanism(per_type: bool, reset_s: float = RESET_S) -> type:
 def _fill_per_type_mechanism() -> type:
     import numpy as np
 
-    from costopt.gavel.mechanism import _MIN_SHARE, RoundMechanism
+    from costopt.gavel.mechanism import RoundMechanism
 
     class FillPerType(RoundMechanism):  # type: ignore[misc]
         """costopt's mechanism, but each type's queue is followed by the jobs the allocation gives nothing
         there (earliest arrival first) before the next type is served, as the reference's queues are."""
 
-        def plan(self, now_s: float):  # type: ignore[no-untyped-def]
-            assert self._type_pos is not None
-            if self.memory_s is not None:
-                self._decay_to(now_s)
-            cu, cj, cx = self._c_unit, self._c_type, self._c_x
-            age = np.maximum(now_s - self._u_since[cu], 0.0)
-            if self.memory_s is not None:
-                age = -self.memory_s * np.expm1(-age / self.memory_s)
-            share = np.divide(self._u_recv[cu, cj], age, out=np.zeros_like(age), where=age > 0)
-            prio = cx / np.maximum(share, _MIN_SHARE)
-            if self.hysteresis > 0:
-                a, b = self._u_members[cu, 0], self._u_members[cu, 1]
-                held = (self._last_type[a] == cj) & (self._last_partner[a] == b)
-                prio = np.where(held, prio * (1.0 + self.hysteresis), prio)
-            order = np.lexsort((self._c_rank, -prio))
-            fu, fj = self._fill_candidates()
-            units_c = np.concatenate([cu[order], np.array(fu, dtype=np.int64)])
-            types_c = np.concatenate([cj[order], np.array(fj, dtype=np.int64)])
-            group = np.concatenate([np.zeros(order.shape[0]), np.ones(len(fu))])
-            seq = np.arange(units_c.shape[0])
-            final = np.lexsort((seq, group, self._type_pos[types_c]))
-            free, busy = list(self.capacity), bytearray(self._gone)
-            units: list[int] = []
-            types: list[int] = []
-            self._greedy(units_c[final].tolist(), types_c[final].tolist(), free, busy, units, types)
-            return self._place(np.array(units, dtype=np.int64), np.array(types, dtype=np.int64))
+        def _queue(self, now_s: float) -> tuple[list[int], list[int]]:
+            return _per_type_fill(self, np.lexsort((self._c_rank, -self._priority(now_s))))
 
     return FillPerType
+
+
+def _per_type_fill(mech: Any, order: Any) -> tuple[list[int], list[int]]:
+    """The candidates in ``order``, each type's followed by the jobs the allocation gives nothing there
+    (:meth:`_fill_candidates`' order), served in type order."""
+    import numpy as np
+
+    fu, fj = mech._fill_candidates()
+    uc = np.concatenate([mech._c_unit[order], np.array(fu, dtype=np.int64)])
+    tc = np.concatenate([mech._c_type[order], np.array(fj, dtype=np.int64)])
+    group = np.concatenate([np.zeros(order.shape[0]), np.ones(len(fu))])
+    final = np.lexsort((np.arange(uc.shape[0]), group, mech._type_pos[tc]))
+    return uc[final].tolist(), tc[final].tolist()
+
+
+def _age(mech: Any, now_s: float) -> Any:
+    """Each candidate's (decayed) seconds since it arrived, as the share rule weighs them."""
+    import numpy as np
+
+    age = np.maximum(now_s - mech._u_since[mech._c_unit], 0.0)
+    if mech.memory_s is not None:
+        age = -mech.memory_s * np.expm1(-age / mech.memory_s)
+    return age
 
 
 _THROUGHPUT: Any = None  # the trace's jobs x types steps/s, set by _run for the +fpt-gain variant
@@ -210,9 +209,7 @@ def _fill_order_mechanism(order: str) -> type:
     return FillOrder
 
 
-def _deficit_mechanism(
-    fill_order: str | None = None, current_x: bool = False, normalized: bool = False, ratio: bool = False
-) -> type:
+def _deficit_mechanism(fill_order: str | None = None, current_x: bool = False, normalized: bool = False) -> type:
     import numpy as np
 
     from costopt.gavel.mechanism import RoundMechanism
@@ -221,70 +218,33 @@ def _deficit_mechanism(
 
     class Deficit(base):  # type: ignore[misc,valid-type]
         """Each type's queue ranked by the unit's deficit there: the (decayed) seconds the allocations in
-        force since it arrived gave it on the type (the integral of its allocation over the rounds) minus
-        the (decayed) seconds it ran there; larger first, ties by the usual rank (larger allocation,
-        earlier arrival). Single-GPU units without space sharing only (an experiment)."""
+        force since it arrived gave it on the type (the integral of its allocation over the rounds: the
+        core's ``allocation_integral`` bookkeeping) minus the (decayed) seconds it ran there; larger first,
+        ties by the usual rank (larger allocation, earlier arrival). Single-GPU units without space sharing
+        only (an experiment)."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._owed = np.zeros((self._n, self.n_types))
+            super().__init__(*args, **{**kwargs, "allocation_integral": True})
 
-        def _decay_to(self, now_s: float) -> None:
-            dt = now_s - self._decayed_at
-            if self.memory_s is not None and dt > 0:
-                self._owed *= float(np.exp(-dt / self.memory_s))
-            super()._decay_to(now_s)
-
-        def plan(self, now_s: float):  # type: ignore[no-untyped-def]
-            if self.memory_s is not None:
-                self._decay_to(now_s)
-            free, busy = list(self.capacity), bytearray(self._gone)
-            units: list[int] = []
-            types: list[int] = []
+        def _queue(self, now_s: float) -> tuple[list[int], list[int]]:
             cu, cj = self._c_unit, self._c_type
-            if cu.shape[0]:
-                a = self._u_members[cu, 0]
-                if current_x:  # owed approximated by the current allocation over the (decayed) age, as the share rule
-                    age = np.maximum(now_s - self._u_since[cu], 0.0)
-                    if self.memory_s is not None:
-                        age = -self.memory_s * np.expm1(-age / self.memory_s)
-                    deficit = self._c_x * age - self._recent[a, cj]
-                else:
-                    deficit = self._owed[a, cj] - self._recent[a, cj]
-                if normalized:  # seconds owed x the job's throughput there over its mean one: progress owed
-                    tp = _THROUGHPUT[a]
-                    deficit = deficit * tp[np.arange(a.shape[0]), cj] / tp.mean(axis=1)
-                if ratio:  # owed (this round's allocation included) over received, as the share rule's x / share
-                    owed = self._owed[a, cj] + self._c_x * 360.0
-                    deficit = owed / np.maximum(self._recent[a, cj], 1e-9)
-                    if self.hysteresis > 0:
-                        held = (self._last_type[a] == cj) & (self._last_partner[a] == self._u_members[cu, 1])
-                        deficit = np.where(held, deficit * (1.0 + self.hysteresis), deficit)
-                elif self.hysteresis > 0:  # a unit that ran on the type last round: owed h rounds more there
-                    held = (self._last_type[a] == cj) & (self._last_partner[a] == self._u_members[cu, 1])
-                    deficit = np.where(held, deficit + self.hysteresis * 360.0, deficit)
-                assert self._type_pos is not None
-                order = np.lexsort((self._c_rank, -deficit, self._type_pos[cj]))
-                if fill_order:  # each type's queue followed by its unallocated jobs
-                    fu, fj = self._fill_candidates()
-                    uc = np.concatenate([cu[order], np.array(fu, dtype=np.int64)])
-                    tc = np.concatenate([cj[order], np.array(fj, dtype=np.int64)])
-                    group = np.concatenate([np.zeros(order.shape[0]), np.ones(len(fu))])
-                    final = np.lexsort((np.arange(uc.shape[0]), group, self._type_pos[tc]))
-                    self._greedy(uc[final].tolist(), tc[final].tolist(), free, busy, units, types)
-                else:
-                    self._greedy(cu[order].tolist(), cj[order].tolist(), free, busy, units, types)
-            if self.fill_idle and sum(free) > 0 and len(units) < self._n_units_jobs:
-                fu, fj = self._fill_candidates()
-                if fu:
-                    self._greedy(fu, fj, free, busy, units, types)
-            return self._place(np.array(units, dtype=np.int64), np.array(types, dtype=np.int64))
-
-        def record(self, plan, seconds):  # type: ignore[no-untyped-def]
-            super().record(plan, seconds)
-            a = self._u_members[self._c_unit, 0]
-            live = np.frombuffer(bytes(self._gone), dtype=np.uint8)[a] == 0
-            np.add.at(self._owed, (a[live], self._c_type[live]), self._c_x[live] * seconds)
+            if not cu.shape[0]:
+                return [], []
+            a = self._u_members[cu, 0]
+            if current_x:  # owed approximated by the current allocation over the (decayed) age, as the share rule
+                deficit = self._c_x * _age(self, now_s) - self._recent[a, cj]
+            else:
+                deficit = self._owed[a, cj] - self._recent[a, cj]
+            if normalized:  # seconds owed x the job's throughput there over its mean one: progress owed
+                tp = _THROUGHPUT[a]
+                deficit = deficit * tp[np.arange(a.shape[0]), cj] / tp.mean(axis=1)
+            if self.hysteresis > 0:  # a unit that ran on the type last round: owed h rounds more there
+                deficit = np.where(self._held(), deficit + self.hysteresis * 360.0, deficit)
+            assert self._type_pos is not None
+            order = np.lexsort((self._c_rank, -deficit, self._type_pos[cj]))
+            if fill_order:  # each type's queue followed by its unallocated jobs
+                return _per_type_fill(self, order)
+            return cu[order].tolist(), cj[order].tolist()
 
     return Deficit
 
@@ -292,44 +252,26 @@ def _deficit_mechanism(
 def _deficit_tie_mechanism(total: bool) -> type:
     import numpy as np
 
-    from costopt.gavel.mechanism import _MIN_SHARE, RoundMechanism
+    from costopt.gavel.mechanism import RoundMechanism
 
     class DeficitTie(RoundMechanism):  # type: ignore[misc]
         """costopt's mechanism, its ties of priority broken first by deficit, as the reference's are: the
         (decayed) seconds the unit is owed on the type, ``x * age - received there`` (``total``: over all
         its types, ``sum(x) * age - everything received``), larger first; then the usual rank."""
 
-        def plan(self, now_s: float):  # type: ignore[no-untyped-def]
-            if self.memory_s is not None:
-                self._decay_to(now_s)
-            free, busy = list(self.capacity), bytearray(self._gone)
-            units: list[int] = []
-            types: list[int] = []
+        def _queue(self, now_s: float) -> tuple[list[int], list[int]]:
             cu, cj, cx = self._c_unit, self._c_type, self._c_x
-            if cu.shape[0]:
-                age = np.maximum(now_s - self._u_since[cu], 0.0)
-                if self.memory_s is not None:
-                    age = -self.memory_s * np.expm1(-age / self.memory_s)
-                recv = self._u_recv[cu, cj]
-                share = np.divide(recv, age, out=np.zeros_like(age), where=age > 0)
-                prio = cx / np.maximum(share, _MIN_SHARE)
-                if self.hysteresis > 0:
-                    a, b = self._u_members[cu, 0], self._u_members[cu, 1]
-                    held = (self._last_type[a] == cj) & (self._last_partner[a] == b)
-                    prio = np.where(held, prio * (1.0 + self.hysteresis), prio)
-                if total:
-                    x_all = np.bincount(cu, weights=cx, minlength=self._u_recv.shape[0])[cu]
-                    deficit = x_all * age - self._u_recv[cu].sum(axis=1)
-                else:
-                    deficit = cx * age - recv
-                assert self._type_pos is not None
-                order = np.lexsort((self._c_rank, -deficit, -prio, self._type_pos[cj]))
-                self._greedy(cu[order].tolist(), cj[order].tolist(), free, busy, units, types)
-            if self.fill_idle and sum(free) > 0 and len(units) < self._n_units_jobs:
-                fu, fj = self._fill_candidates()
-                if fu:
-                    self._greedy(fu, fj, free, busy, units, types)
-            return self._place(np.array(units, dtype=np.int64), np.array(types, dtype=np.int64))
+            if not cu.shape[0]:
+                return [], []
+            age = _age(self, now_s)
+            if total:
+                x_all = np.bincount(cu, weights=cx, minlength=self._u_recv.shape[0])[cu]
+                deficit = x_all * age - self._u_recv[cu].sum(axis=1)
+            else:
+                deficit = cx * age - self._u_recv[cu, cj]
+            assert self._type_pos is not None
+            order = np.lexsort((self._c_rank, -deficit, -self._priority(now_s), self._type_pos[cj]))
+            return cu[order].tolist(), cj[order].tolist()
 
     return DeficitTie
 
@@ -346,31 +288,16 @@ def _type_fraction_mechanism() -> type:
         unit counts that many seconds at its allocated share as received (the reference seeds every job with
         half a round on each type at each reset)."""
 
-        def plan(self, now_s: float):  # type: ignore[no-untyped-def]
-            if self.memory_s is not None:
-                self._decay_to(now_s)
-            free, busy = list(self.capacity), bytearray(self._gone)
-            units: list[int] = []
-            types: list[int] = []
+        def _priority(self, now_s: float) -> Any:
             cu, cj, cx = self._c_unit, self._c_type, self._c_x
-            if cu.shape[0]:
-                recv = self._u_recv[cu, cj] + cx * self.prior_s
-                live = np.frombuffer(bytes(self._gone), dtype=np.uint8)[self._u_members[cu, 0]] == 0
-                total = np.bincount(cj[live], weights=recv[live], minlength=self.n_types)[cj]
-                share = np.divide(recv, total, out=np.zeros_like(recv), where=total > 0)
-                prio = cx / np.maximum(share, _MIN_SHARE)
-                if self.hysteresis > 0:
-                    a, b = self._u_members[cu, 0], self._u_members[cu, 1]
-                    held = (self._last_type[a] == cj) & (self._last_partner[a] == b)
-                    prio = np.where(held, prio * (1.0 + self.hysteresis), prio)
-                assert self._type_pos is not None
-                order = np.lexsort((self._c_rank, -prio, self._type_pos[cj]))
-                self._greedy(cu[order].tolist(), cj[order].tolist(), free, busy, units, types)
-            if self.fill_idle and sum(free) > 0 and len(units) < self._n_units_jobs:
-                fu, fj = self._fill_candidates()
-                if fu:
-                    self._greedy(fu, fj, free, busy, units, types)
-            return self._place(np.array(units, dtype=np.int64), np.array(types, dtype=np.int64))
+            recv = self._u_recv[cu, cj] + cx * self.prior_s
+            live = np.frombuffer(bytes(self._gone), dtype=np.uint8)[self._u_members[cu, 0]] == 0
+            total = np.bincount(cj[live], weights=recv[live], minlength=self.n_types)[cj]
+            share = np.divide(recv, total, out=np.zeros_like(recv), where=total > 0)
+            prio = cx / np.maximum(share, _MIN_SHARE)
+            if self.hysteresis > 0:
+                prio = np.where(self._held(), prio * (1.0 + self.hysteresis), prio)
+            return prio
 
     return TypeFraction
 
@@ -424,8 +351,10 @@ def _run(spec: dict[str, Any], trace_path: str, per_job: bool = False) -> dict[s
             kwargs["hysteresis"] = float(opt[4:]) * kwargs.get("restart_overhead_s", 0.0) / 360.0
     if variant.startswith("one-queue") or variant == "costopt-one-queue":
         kwargs["per_type_queues"] = False
-    if "+integral" in variant:  # the core's allocation_integral (the +ratio-int experiment, fast-forward on)
+    if "+integral" in variant or "+ratio-int" in variant:  # the core's allocation_integral
         kwargs["allocation_integral"] = True
+    if "+ratio-int" in variant:  # as the experiment that preceded the core's option: fast-forward off
+        kwargs["fast_forward"] = False
     if "no-ff" in variant:  # every round simulated (the fast-forward off)
         kwargs["fast_forward"] = False
     if "deficit-tie" in variant or "deficit-total-tie" in variant:  # patched in this worker process only
@@ -435,11 +364,11 @@ def _run(spec: dict[str, Any], trace_path: str, per_job: bool = False) -> dict[s
     if "fpt-" in variant or "+drr" in variant:
         global _THROUGHPUT
         _THROUGHPUT = workload.consolidated[trace.entry]
-    if "+drr" in variant or "+diff" in variant or "+ratio-int" in variant:  # patched in this worker process only
+    if "+drr" in variant or "+diff" in variant:  # patched in this worker process only
         fill = variant.split("fpt-")[1].split("+")[0] if "fpt-" in variant else None
-        simulator.RoundMechanism = _deficit_mechanism(
-            fill, current_x="+diff" in variant, normalized="+drr-norm" in variant, ratio="+ratio-int" in variant
-        )  # type: ignore[misc]
+        simulator.RoundMechanism = _deficit_mechanism(  # type: ignore[misc]
+            fill, current_x="+diff" in variant, normalized="+drr-norm" in variant
+        )
         kwargs["fast_forward"] = False
     elif "fpt-" in variant:  # patched in this worker process only
         simulator.RoundMechanism = _fill_order_mechanism(variant.split("fpt-")[1].split("+")[0])  # type: ignore[misc]

@@ -175,8 +175,13 @@ def _rounds_of_job_0_after_a_long_solo(memory_s: float | None) -> int:
         np.zeros((0, 1)),
         np.array([0.0, 36000.0]),
     )
+    return _rounds_of_job_0(mech, range(100, 120))
+
+
+def _rounds_of_job_0(mech: RoundMechanism, rounds: range) -> int:
+    """How many of ``rounds`` (360 s each, planned and recorded) job 0 runs in (alone on GPU 0)."""
     runs = 0
-    for r in range(100, 120):
+    for r in rounds:
         plan = mech.plan(r * 360.0)
         mech.record(plan, 360.0)
         runs += int(plan.members[0, 0] == 0)
@@ -222,12 +227,7 @@ def _rounds_of_job_0_after_its_allocation_drops(allocation_integral: bool) -> in
     _run(mech, 20)
     assert mech.received[0, 0] == 16 * 360.0  # both rules realize the first allocation
     _alloc(mech, [[0.2], [0.8]])
-    runs = 0
-    for r in range(20, 40):
-        plan = mech.plan(r * 360.0)
-        mech.record(plan, 360.0)
-        runs += int(plan.members[0, 0] == 0)
-    return runs
+    return _rounds_of_job_0(mech, range(20, 40))
 
 
 def test_with_the_allocation_integral_a_job_is_charged_only_what_it_was_owed_when_it_ran() -> None:
