@@ -673,6 +673,16 @@ class SimCloud:
     def _rng(self, key: OfferKey, stream: int) -> np.random.Generator:
         return np.random.default_rng(np.random.SeedSequence([*self._seed, _stable_hash(key), stream]))
 
+    def _reclaims(self, key: OfferKey, rate: float) -> _Process:
+        """The spot offer's reclaim stream (created on first use; its times are the same whenever drawn)."""
+        proc = self._processes.get(key)
+        if proc is None:
+            proc = self._processes[key] = _Process(self._rng(key, 0), rate)
+        return proc
+
+    def _notice_lead(self, cloud: Cloud) -> timedelta:
+        return self.config.notice_lead.get(cloud, DEFAULT_NOTICE_LEAD[Cloud.SIM])
+
     @_locked
     def launch(self, spec: LaunchSpec, idempotency_token: str) -> Instance:
         """Launch ``spec.offer`` now, once per token (module docstring). Raises CapacityError (no price
@@ -713,11 +723,8 @@ class SimCloud:
         preempt = None
         notice = None
         if key.market is Market.SPOT and rate > 0:
-            proc = self._processes.get(key)
-            if proc is None:
-                proc = self._processes[key] = _Process(self._rng(key, 0), rate)
-            preempt = proc.first_after(now)
-            lead = self.config.notice_lead.get(key.cloud, DEFAULT_NOTICE_LEAD[Cloud.SIM]) // _US
+            preempt = self._reclaims(key, rate).first_after(now)
+            lead = self._notice_lead(key.cloud) // _US
             notice = max(now, preempt - lead)
         iid = self._instance_id(idempotency_token)
         inst = _Inst(iid, spec, idempotency_token, now, now + self.timing.boot // _US, preempt, notice)
@@ -884,8 +891,7 @@ class SimCloud:
         now = self.clock.micros()
         if not self._alive(inst, now):
             raise SimError(f"{instance_id} has ended: it cannot be preempted")
-        lead = self.config.notice_lead.get(inst.spec.offer.cloud, DEFAULT_NOTICE_LEAD[Cloud.SIM])
-        lead = lead if notice is None else notice
+        lead = self._notice_lead(inst.spec.offer.cloud) if notice is None else notice
         if lead < timedelta(0):
             raise ValueError(f"the notice must be >= 0, got {lead}")
         deadline = now + lead // _US
@@ -1179,11 +1185,8 @@ class SimCloud:
             rate = self._offer_info(key)[0]
             if key.market is not Market.SPOT or rate <= 0:
                 continue
-            proc = self._processes.get(key)
-            if proc is None:
-                proc = self._processes[key] = _Process(self._rng(key, 0), rate)
-            lead = self.config.notice_lead.get(key.cloud, DEFAULT_NOTICE_LEAD[Cloud.SIM]) // _US
-            if proc.first_after(self._us(launched) - pad) <= self._us(ended) + lead + pad:
+            lead = self._notice_lead(key.cloud) // _US
+            if self._reclaims(key, rate).first_after(self._us(launched) - pad) <= self._us(ended) + lead + pad:
                 return False
         return True
 
