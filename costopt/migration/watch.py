@@ -360,7 +360,9 @@ class InterruptionWatcher:
         events = self.provider.interruptions(since)
         jobs = self._jobs()
         current = {j.instance_id: j for j in jobs.values() if j.instance_id is not None}
-        active = {m.job_id for m in self.migrator.active_migrations()}
+        running = self.migrator.active_migrations()  # one read: the jobs in migration and the recovery cap's count
+        active = {m.job_id for m in running}
+        busy = sum(1 for m in running if m.kind is Kind.RECOVER and m.job_id in jobs)
 
         fresh: list[Interruption] = []
         acting: dict[tuple[str, str, datetime], datetime] = {}  # seen once acted on (below), not before
@@ -438,7 +440,7 @@ class InterruptionWatcher:
         acted = [ev for ev in events if _key(ev) in self._seen]
         self._acknowledge([ev for ev in acted if ev.kind != PREEMPTED])
         due = self._due(jobs, active, now)
-        recoveries, waiting, deferred = self._recover(jobs, due, now)
+        recoveries, waiting, deferred = self._recover(jobs, due, now, busy)
         # A preemption whose recovery waits for the cap is neither acknowledged nor left behind the
         # watermark: a watcher killed before it starts reads it again.
         self._acknowledge([ev for ev in acted if ev.kind == PREEMPTED and ev.instance_id not in deferred])
@@ -484,23 +486,21 @@ class InterruptionWatcher:
                     due.setdefault(job.job_id, (job.instance_id, "marked for recovery", _MARKED_AT))
         return due
 
-    def _slots(self, jobs: dict[str, JobRecord]) -> tuple[int | None, int]:
-        """How many recoveries this pass may start (None: no cap), and how many are active already."""
-        if self.cap is None:
-            return None, 0
-        busy = sum(1 for m in self.migrator.active_migrations() if m.kind is Kind.RECOVER and m.job_id in jobs)
-        return max(0, self.cap - busy), busy
-
     def _recover(
-        self, jobs: dict[str, JobRecord], due: dict[str, tuple[str | None, str, datetime]], now: datetime
+        self,
+        jobs: dict[str, JobRecord],
+        due: dict[str, tuple[str | None, str, datetime]],
+        now: datetime,
+        busy: int,
     ) -> tuple[list[RecoveryStarted], list[Waiting], dict[str, datetime]]:
-        """Start the due recoveries the cap allows, in order (time lost, job id), and wait for them. Returns
-        what ran, what waits, and the lost copies whose recoveries wait for the cap (instance -> time)."""
+        """Start the due recoveries the cap allows (``busy``: the RECOVER migrations of these jobs already
+        active, as the pass read them), in order (time lost, job id), and wait for them. Returns what ran,
+        what waits, and the lost copies whose recoveries wait for the cap (instance -> time)."""
         recoveries: list[RecoveryStarted] = []
         waiting: list[Waiting] = []
         deferred: dict[str, datetime] = {}
         ready: list[tuple[str, str | None, str, list[OfferKey]]] = []  # (job, its lost copy, cause, offers)
-        slots, busy = self._slots(jobs) if due else (None, 0)
+        slots = None if self.cap is None else max(0, self.cap - busy)
         # With a cap, in a stable order (a restart picks the same next ones); without one, every due job
         # starts in this pass, in the order found (the offline runs' order, unchanged).
         order = list(due.items()) if slots is None else sorted(due.items(), key=lambda d: (d[1][2], d[0]))
