@@ -17,11 +17,6 @@ when a look passes it (once per window per copy, and once per copy after a resta
 nothing and announces nothing). A new epoch (a move, a recovery) or a new run starts from its own first
 step record.
 
-A look without ``reports`` (no log to read) keeps the earlier in-memory windows: the first look at an epoch is
-a baseline; the steps and seconds between successive looks of the same epoch are summed; once ``window_s``
-seconds are summed, their ratio is one measurement. A look from a new epoch, or a step count going back,
-starts a new baseline. These windows are lost with the process.
-
 A measurement is written to the :class:`~costopt.throughput.registry.MeasurementRegistry` (``source``
 ``job:<job id>:<precision>``: a catalog built at another precision leaves it out) and passed to
 ``on_measurement`` (the service drops its cached catalogs there, so the next plan, placement or
@@ -46,6 +41,7 @@ from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from costopt.agent.progress import runs_of
 from costopt.domain import OfferKey, normalize_accelerator
 from costopt.errors import CostoptError
 from costopt.throughput.catalog import ThroughputCatalog
@@ -58,9 +54,9 @@ log = logging.getLogger(__name__)
 DEFAULT_WINDOW_S = 900.0
 MAX_WINDOWS = 4096
 """Open windows one learner keeps at most (one per job it looked at; far above the jobs one service runs at
-once): past it the window with the oldest report is dropped (that job's next look starts a new baseline),
-so a long-running service does not keep a window for every job it ever ran (the engine does not tell the
-learner when a job ends)."""
+once): past it the window that opened first is dropped (that job's next look reads its log and its recorded
+windows again), so a long-running service does not keep a window for every job it ever ran (the engine does
+not tell the learner when a job ends)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,29 +72,25 @@ class CopyLook:
     step: int
     reported_at: float
     """Unix seconds of the copy's last progress report."""
-    reports: Callable[[], Sequence[Mapping[str, Any]]] | None = field(default=None, compare=False)
+    reports: Callable[[], Sequence[Mapping[str, Any]]] = field(compare=False)
     """The epoch's progress records (:func:`costopt.agent.progress.read_records` of the epoch), read only
-    when a window may have ended; None: windows between looks, in memory only (module doc)."""
+    when a window may have ended (module doc)."""
 
 
 def run_steps(records: Sequence[Mapping[str, Any]], epoch: int) -> tuple[str, list[tuple[int, float]]] | None:
-    """The epoch's latest run (the one started last, as :class:`~costopt.agent.progress.EpochProgress` takes
-    it) and its step reports ``(step, t)`` in logging order; None: no run."""
-    started: dict[str, float] = {}
-    steps: dict[str, list[tuple[int, float]]] = {}
-    for rec in records:
-        if int(rec.get("epoch", -1)) != epoch:
-            continue
-        rid = str(rec.get("run", ""))
-        t = float(rec.get("t", 0.0))
-        if rec.get("event") == "start" or rid not in started:
-            started[rid] = t
-        if rec.get("event") == "step":
-            steps.setdefault(rid, []).append((int(rec["step"]), t))
-    if not started:
+    """The epoch's latest run (the one started last, chosen as :class:`~costopt.agent.progress.EpochProgress`
+    chooses it) and its step reports ``(step, t)`` in logging order; None: no run."""
+    mine = [rec for rec in records if int(rec.get("epoch", -1)) == epoch]
+    runs = runs_of(mine)  # type: ignore[arg-type]  # read only
+    if not runs:
         return None
-    latest = max(started, key=lambda r: started[r])  # the first of equal starts, as max() in EpochProgress
-    return latest, steps.get(latest, [])
+    latest = max(runs.values(), key=lambda r: r.started_at or 0.0).run_id  # the first of equal starts
+    steps = [
+        (int(rec["step"]), float(rec.get("t", 0.0)))
+        for rec in mine
+        if rec.get("event") == "step" and str(rec.get("run", "")) == latest
+    ]
+    return latest, steps
 
 
 def log_windows(reports: Sequence[tuple[int, float]], window_s: float) -> list[tuple[int, float, int, float]]:
@@ -132,15 +124,6 @@ class _Logged:
     """This copy's windows known to be recorded (read from the registry once, then kept)."""
 
 
-@dataclass(slots=True)
-class _Window:
-    epoch: int
-    step: int
-    reported_at: float
-    steps: int = 0
-    seconds: float = 0.0
-
-
 class ThroughputLearner:
     """Turns successive looks at running copies into throughput measurements (see the module doc).
     Thread-safe; one per service."""
@@ -161,46 +144,17 @@ class ThroughputLearner:
         self.window_s = window_s
         self.max_windows = max_windows
         self.on_measurement = on_measurement
-        self._windows: dict[str, _Window] = {}
         self._logged: dict[str, _Logged] = {}
         self._lock = threading.Lock()
 
     def observe(self, look: CopyLook) -> Measurement | None:
-        """Fold one look in; the measurement it completes, if any (already recorded and announced; with
-        ``reports``, the last of the windows it completes, each recorded once)."""
-        if look.reports is not None:
-            done = self._observe_log(look)
-            return done[-1] if done else None
-        with self._lock:
-            w = self._windows.get(look.job_id)
-            if (
-                w is None
-                or w.epoch != look.epoch
-                or look.step < w.step
-                or (look.step > w.step and look.reported_at <= w.reported_at)
-            ):
-                if w is None and len(self._windows) >= self.max_windows:  # the stalest goes (MAX_WINDOWS)
-                    del self._windows[min(self._windows, key=lambda j: self._windows[j].reported_at)]
-                self._windows[look.job_id] = _Window(look.epoch, look.step, look.reported_at)
-                return None
-            if look.step == w.step:
-                return None  # nothing new since the last look (the window keeps going from the last report)
-            w.steps += look.step - w.step
-            w.seconds += look.reported_at - w.reported_at
-            w.step, w.reported_at = look.step, look.reported_at
-            if w.seconds < self.window_s:
-                return None
-            rate = w.steps / w.seconds
-            w.steps, w.seconds = 0, 0.0
-        m = self._measurement(look, rate, look.reported_at, None)
-        if self.registry is not None:
-            self.registry.add(m)
-        self._announce(look, m)
-        return m
+        """Fold one look in; the last of the windows it completes, if any (each recorded once, and announced
+        by whoever recorded it)."""
+        done = self._observe_log(look)
+        return done[-1] if done else None
 
     def _observe_log(self, look: CopyLook) -> list[Measurement]:
-        """A look with its log: the windows completed since the last reading, each recorded once."""
-        assert look.reports is not None
+        """The windows completed since the last reading of the copy's log, each recorded once."""
         with self._lock:
             st = self._logged.get(look.job_id)
             if (
@@ -272,7 +226,6 @@ class ThroughputLearner:
     def forget(self, job_id: str) -> None:
         """Drop a job's open window (it ended)."""
         with self._lock:
-            self._windows.pop(job_id, None)
             self._logged.pop(job_id, None)
 
 
@@ -296,7 +249,6 @@ def engine_observer(
             shape = shape_of(offer)
             if shape is None:
                 return
-            uri = getattr(mj, "checkpoint_uri", None)
             look = CopyLook(
                 job_id=str(job.id),
                 job_type=JobType.parse(str(name)) if name else own_job_type(str(job.id)),
@@ -306,7 +258,7 @@ def engine_observer(
                 epoch=int(prog.epoch),
                 step=int(prog.last_step),
                 reported_at=float(prog.last_report_at),
-                reports=None if uri is None else _epoch_records(uri, int(prog.epoch)),
+                reports=_epoch_records(str(mj.checkpoint_uri), int(prog.epoch)),
             )
             learner.observe(look)
         except (CostoptError, SQLAlchemyError, ValueError, LookupError, TypeError) as exc:

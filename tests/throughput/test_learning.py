@@ -1,4 +1,4 @@
-"""Learning throughput from jobs' own progress: windows between reports (boots and restores left out),
+"""Learning throughput from jobs' own progress: windows of a copy's log (boots and restores left out),
 measurements per precision, and a job on the simulated cloud whose true speed is half the estimate."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
@@ -19,7 +20,7 @@ from costopt.migration.decision import MigrationRule
 from costopt.throughput import ThroughputCatalog, estimate_catalog
 from costopt.throughput.estimate import AcceleratorSpec
 from costopt.throughput.learning import CopyLook, ThroughputLearner, engine_observer
-from costopt.throughput.model import JobType
+from costopt.throughput.model import JobType, Precision
 from costopt.throughput.registry import Measurement, MeasurementRegistry, own_job_type, source_precision
 from pricing.store import PriceStore
 from tests.throughput.sim_support import A100, SHAPES, V100, planner_settings, priced, sim_rig
@@ -27,38 +28,74 @@ from tests.throughput.sim_support import A100, SHAPES, V100, planner_settings, p
 JT = JobType("Transformer", 64)
 
 
-def _look(step: int, t: float, epoch: int = 1, precision: str = "fp32") -> CopyLook:
-    return CopyLook("job-1", JT, "a100", 1, precision, epoch, step, t)  # type: ignore[arg-type]
+class _Copy:
+    """A copy's progress log as it grows, and the engine's looks at it (its last step and report)."""
+
+    def __init__(self, job_id: str = "job-1", precision: Precision = "fp32") -> None:
+        self.job_id, self.precision = job_id, precision
+        self.records: list[dict[str, Any]] = []
+
+    def start(self, t: float, epoch: int = 1, run: str = "r1") -> None:
+        self.records.append({"event": "start", "epoch": epoch, "run": run, "t": t})
+
+    def step(self, step: int, t: float, epoch: int = 1, run: str = "r1") -> CopyLook:
+        self.records.append({"event": "step", "epoch": epoch, "run": run, "step": step, "t": t})
+        return self.look(epoch)
+
+    def look(self, epoch: int = 1) -> CopyLook:
+        seen = [r for r in self.records if r["epoch"] == epoch]
+        steps = [r["step"] for r in seen if r["event"] == "step"]
+
+        def reports() -> list[dict[str, Any]]:
+            return list(seen)
+
+        return CopyLook(
+            self.job_id,
+            JT,
+            "a100",
+            1,
+            self.precision,
+            epoch,
+            steps[-1] if steps else 0,
+            seen[-1]["t"],
+            reports,
+        )
 
 
 def test_a_window_is_measured_between_reports_of_one_epoch_never_across_a_restart() -> None:
     seen: list[Measurement] = []
     learner = ThroughputLearner(None, window_s=100, on_measurement=seen.append)
-    assert learner.observe(_look(500, 1000.0)) is None  # baseline: boot and restore came before it
-    assert learner.observe(_look(800, 1060.0)) is None  # 60 s so far
-    assert learner.observe(_look(800, 1060.0)) is None  # nothing new
-    m = learner.observe(_look(1100, 1120.0))  # 120 s, 600 steps
+    copy = _Copy()
+    copy.start(900.0)
+    assert learner.observe(copy.step(500, 1000.0)) is None  # baseline: boot and restore came before it
+    assert learner.observe(copy.step(800, 1060.0)) is None  # 60 s so far
+    assert learner.observe(copy.look()) is None  # nothing new
+    m = learner.observe(copy.step(1100, 1120.0))  # 120 s, 600 steps
     assert m is not None and m.steps_per_s == pytest.approx(5.0) and seen == [m]
     assert (m.accelerator, m.gpu_count, m.provenance, m.source) == ("a100", 1, "user", "job:job-1:fp32")
-    # a new epoch (a move or a recovery): its first look is a baseline again, whatever its step
-    assert learner.observe(_look(900, 5000.0, epoch=2)) is None
-    m2 = learner.observe(_look(1900, 5100.0, epoch=2))
+    # a new epoch (a move or a recovery): its first report is a baseline again, whatever its step
+    copy.start(4900.0, epoch=2, run="r2")
+    assert learner.observe(copy.step(900, 5000.0, epoch=2, run="r2")) is None
+    m2 = learner.observe(copy.step(1900, 5100.0, epoch=2, run="r2"))
     assert m2 is not None and m2.steps_per_s == pytest.approx(10.0)
-    assert learner.observe(_look(100, 5200.0, epoch=2)) is None  # steps going back: a new baseline
+    assert learner.observe(copy.step(100, 5200.0, epoch=2, run="r2")) is None  # steps going back: a new baseline
+    m3 = learner.observe(copy.step(400, 5300.0, epoch=2, run="r2"))
+    assert m3 is not None and m3.steps_per_s == pytest.approx(3.0) and seen == [m, m2, m3]
     with pytest.raises(ValueError):
         ThroughputLearner(None, window_s=0)
 
 
 def test_the_learner_keeps_a_bounded_number_of_windows_dropping_the_stalest() -> None:
     learner = ThroughputLearner(None, window_s=100, max_windows=3)
+    copies = {f"job-{i}": _Copy(f"job-{i}") for i in range(5)}
     for i, t in enumerate((10.0, 30.0, 20.0)):
-        learner.observe(CopyLook(f"job-{i}", JT, "a100", 1, "fp32", 1, 0, t))
-    learner.observe(CopyLook("job-3", JT, "a100", 1, "fp32", 1, 0, 40.0))  # job-0 reported last at 10 s
-    assert sorted(learner._windows) == ["job-1", "job-2", "job-3"]
-    # job-2's window goes on (its next look measures), then a fifth job drops the stalest: job-1 (30 s)
-    assert learner.observe(CopyLook("job-2", JT, "a100", 1, "fp32", 1, 1000, 120.0)) is not None
-    learner.observe(CopyLook("job-4", JT, "a100", 1, "fp32", 1, 0, 50.0))
-    assert sorted(learner._windows) == ["job-2", "job-3", "job-4"]
+        learner.observe(copies[f"job-{i}"].step(0, t))
+    learner.observe(copies["job-3"].step(0, 40.0))  # job-0's window opened first, at 10 s
+    assert sorted(learner._logged) == ["job-1", "job-2", "job-3"]
+    # job-2's window ends (its next one opens at 120 s), then a fifth job drops the stalest: job-1 (30 s)
+    assert learner.observe(copies["job-2"].step(1000, 120.0)) is not None
+    learner.observe(copies["job-4"].step(0, 50.0))
+    assert sorted(learner._logged) == ["job-2", "job-3", "job-4"]
     with pytest.raises(ValueError, match="max_windows"):
         ThroughputLearner(None, max_windows=0)
 
@@ -66,8 +103,9 @@ def test_the_learner_keeps_a_bounded_number_of_windows_dropping_the_stalest() ->
 def test_a_jobs_measurement_is_folded_only_into_a_catalog_of_its_precision(engine: Engine) -> None:
     registry = MeasurementRegistry(engine)
     learner = ThroughputLearner(registry, window_s=10)
-    learner.observe(_look(0, 0.0, precision="amp"))
-    learner.observe(_look(400, 20.0, precision="amp"))
+    copy = _Copy(precision="amp")
+    learner.observe(copy.step(0, 0.0))
+    learner.observe(copy.step(400, 20.0))
     (m,) = registry.all()
     assert source_precision(m.source) == "amp" and source_precision("user") == "fp32"
     base = ThroughputCatalog()
@@ -82,7 +120,7 @@ def test_the_engine_observer_skips_what_it_cannot_attribute() -> None:
     offer = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "x.a100", Market.SPOT)
     observe = engine_observer(learner, {offer: ("A100", 1.0)}.get)  # type: ignore[arg-type]
     prog = SimpleNamespace(epoch=1, last_step=10, last_report_at=5.0)
-    mj = SimpleNamespace(offer=offer)
+    mj = SimpleNamespace(offer=offer, checkpoint_uri="memory://ckpt/j")
     observe(SimpleNamespace(id="j", spec={"steps": 10}), mj, prog)  # neither a job type nor its own throughput
     observe(SimpleNamespace(id="j", spec={"job_type": JT.name}), SimpleNamespace(offer=None), prog)
     observe(
@@ -93,10 +131,10 @@ def test_the_engine_observer_skips_what_it_cannot_attribute() -> None:
     observe(SimpleNamespace(id="j", spec={"job_type": JT.name, "precision": "bogus"}), mj, prog)  # logged, not raised
     assert looks == []
     observe(SimpleNamespace(id="j", spec={"job_type": JT.name, "gpus": 1, "precision": "tf32"}), mj, prog)
-    assert looks == [CopyLook("j", JT, "a100", 1, "tf32", 1, 10, 5.0)]
+    assert looks == [CopyLook("j", JT, "a100", 1, "tf32", 1, 10, 5.0, list)]  # its log: not compared
     # a job given by its own throughput is learnt as its own job type
     observe(SimpleNamespace(id="k", spec={"throughput": {"a100": 3.0}, "gpus": 2, "precision": "amp"}), mj, prog)
-    assert looks[1:] == [CopyLook("k", own_job_type("k"), "a100", 2, "amp", 1, 10, 5.0)]
+    assert looks[1:] == [CopyLook("k", own_job_type("k"), "a100", 2, "amp", 1, 10, 5.0, list)]
 
 
 # --- a job whose true speed on the A100 is half the estimate, on the simulated cloud -------------------------
