@@ -97,9 +97,16 @@ def log_windows(reports: Sequence[tuple[int, float]], window_s: float) -> list[t
     """The complete windows of one run's step reports: ``(first step, its time, last step, its time)``, from
     the first report on, each ending at the first report at least ``window_s`` seconds after its start (a
     report whose step does not advance is passed over: a window needs steps). Deterministic in ``reports``."""
+    return _cut(reports, window_s)[0]
+
+
+def _cut(
+    reports: Sequence[tuple[int, float]], window_s: float
+) -> tuple[list[tuple[int, float, int, float]], tuple[int, float] | None]:
+    """:func:`log_windows`, and where the open window after them starts (None: no report)."""
     out: list[tuple[int, float, int, float]] = []
     if not reports:
-        return out
+        return out, None
     s0, t0 = reports[0]
     for step, t in reports[1:]:
         if step <= s0:
@@ -109,12 +116,12 @@ def log_windows(reports: Sequence[tuple[int, float]], window_s: float) -> list[t
         if t - t0 >= window_s:
             out.append((s0, t0, step, t))
             s0, t0 = step, t
-    return out
+    return out, (s0, t0)
 
 
 @dataclass(slots=True)
 class _Logged:
-    """Where a copy's next log window ends (the learner's only memory of a copy with a log)."""
+    """Where a copy's open log window starts (the learner's only memory of a copy)."""
 
     epoch: int
     run: str
@@ -148,13 +155,8 @@ class ThroughputLearner:
         self._lock = threading.Lock()
 
     def observe(self, look: CopyLook) -> Measurement | None:
-        """Fold one look in; the last of the windows it completes, if any (each recorded once, and announced
-        by whoever recorded it)."""
-        done = self._observe_log(look)
-        return done[-1] if done else None
-
-    def _observe_log(self, look: CopyLook) -> list[Measurement]:
-        """The windows completed since the last reading of the copy's log, each recorded once."""
+        """Fold one look in: the windows of the copy's log completed since its last reading, each recorded
+        once and announced by whoever recorded it; returns the last of those recorded here, if any."""
         with self._lock:
             st = self._logged.get(look.job_id)
             if (
@@ -163,13 +165,13 @@ class ThroughputLearner:
                 and look.step >= st.start_step
                 and look.reported_at < st.start_at + self.window_s
             ):
-                return []  # the open window cannot have ended yet: nothing to read
+                return None  # the open window cannot have ended yet: nothing to read
         ran = run_steps(look.reports(), look.epoch)
         if ran is None:
-            return []
+            return None
         run, reports = ran
         source = job_source(look.job_id, look.precision)
-        windows = log_windows(reports, self.window_s)
+        windows, open_at = _cut(reports, self.window_s)
         with self._lock:
             st = self._logged.get(look.job_id)
             known = st.recorded if st is not None and st.epoch == look.epoch and st.run == run else None
@@ -186,21 +188,18 @@ class ThroughputLearner:
             if fresh:  # recorded here: announced here (another replica, or this one before a restart, did the rest)
                 self._announce(look, m)
                 out.append(m)
-        # the next window starts where the last one ended (or at the baseline; before it, at this look)
-        start = (look.step, look.reported_at)
-        if windows:
-            start = (windows[-1][2], windows[-1][3])
-        elif reports:
-            start = reports[0]
+        # the open window's start (where the last one ended, the baseline, or after steps went back); before
+        # the first step report, this look
+        start = open_at or (look.step, look.reported_at)
         mine = f"{source}|e{look.epoch}|"
         known = {k for k in known if k.startswith(mine)}  # this copy's only (bounded by its windows)
         with self._lock:
             if look.job_id not in self._logged and len(self._logged) >= self.max_windows:  # the stalest goes
                 del self._logged[min(self._logged, key=lambda j: self._logged[j].start_at)]
             self._logged[look.job_id] = _Logged(look.epoch, run, start[0], start[1], known)
-        return out
+        return out[-1] if out else None
 
-    def _measurement(self, look: CopyLook, rate: float, at: float, window: str | None) -> Measurement:
+    def _measurement(self, look: CopyLook, rate: float, at: float, window: str) -> Measurement:
         return Measurement(
             job_type=look.job_type,
             accelerator=look.accelerator,

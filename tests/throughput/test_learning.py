@@ -34,6 +34,7 @@ class _Copy:
     def __init__(self, job_id: str = "job-1", precision: Precision = "fp32") -> None:
         self.job_id, self.precision = job_id, precision
         self.records: list[dict[str, Any]] = []
+        self.reads = 0
 
     def start(self, t: float, epoch: int = 1, run: str = "r1") -> None:
         self.records.append({"event": "start", "epoch": epoch, "run": run, "t": t})
@@ -47,6 +48,7 @@ class _Copy:
         steps = [r["step"] for r in seen if r["event"] == "step"]
 
         def reports() -> list[dict[str, Any]]:
+            self.reads += 1
             return list(seen)
 
         return CopyLook(
@@ -79,6 +81,8 @@ def test_a_window_is_measured_between_reports_of_one_epoch_never_across_a_restar
     m2 = learner.observe(copy.step(1900, 5100.0, epoch=2, run="r2"))
     assert m2 is not None and m2.steps_per_s == pytest.approx(10.0)
     assert learner.observe(copy.step(100, 5200.0, epoch=2, run="r2")) is None  # steps going back: a new baseline
+    reads = copy.reads
+    assert learner.observe(copy.look(epoch=2)) is None and copy.reads == reads  # its window cannot have ended
     m3 = learner.observe(copy.step(400, 5300.0, epoch=2, run="r2"))
     assert m3 is not None and m3.steps_per_s == pytest.approx(3.0) and seen == [m, m2, m3]
     with pytest.raises(ValueError):
