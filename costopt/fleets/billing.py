@@ -83,8 +83,7 @@ class FleetBilling:
         ends = [i for i in every if i.ended_at is not None and not i.billed_to_end]
         if first is None and not ends:
             return 0
-        # the rounds to bill and the one before them (its end starts the gap); every round for the ends
-        rounds = self.repo.rounds(fleet.id, since=0 if ends or first is None else max(first - 1, 0))
+        rounds = self._rounds(fleet, first, ends)
         lines = 0
         billed: set[int] = set()
         for k, rnd in enumerate(rounds):
@@ -157,10 +156,19 @@ class FleetBilling:
                 found[rec.instance_id] = rec.started_at
         return sorted(found.items())
 
-    def billed_to_end(self, instance: FleetInstance) -> bool:
-        """True when the ended ``instance`` is in the ledger up to its end (as read from the database:
-        ``billed_to``, written by a call once it was)."""
-        return instance.billed_to_end
+    def _rounds(self, fleet: FleetRecord, first: int | None, ends: Sequence[FleetInstance]) -> list[RoundRecord]:
+        """The rounds a call looks at: those to bill and the one before them (its end starts the gap);
+        for the ``ends``, also the last round that started before each end. Every round before ``first``
+        is billed, so the rounds from ``first - 1`` on suffice when the first of them started before the
+        earliest end (an instance waiting for the round in force to end reads two rounds a pass, not the
+        fleet's whole history); else (every round billed, or the ends all before ``first - 1``) all."""
+        since = 0 if first is None else max(first - 1, 0)
+        rounds = self.repo.rounds(fleet.id, since=since)
+        if ends and since > 0:
+            earliest = min(i.ended_at for i in ends if i.ended_at is not None)
+            if not rounds or rounds[0].started_at >= earliest:
+                rounds = self.repo.rounds(fleet.id)
+        return rounds
 
     def _ends(
         self,

@@ -276,10 +276,10 @@ class FleetExecutor:
                 if rec is not None and rec.cancel_requested_at is None and not rec.state.terminal:
                     records[j.job_id] = self.jobs.request_cancel(j.job_id)
         runnable = self._cancels(jobs, records)
+        self._liveness(fleet, self.repo.instances(fleet.id), now, out)
         instances = self.repo.instances(fleet.id)
-        self._liveness(fleet, instances, now, out)
-        self._cut_short(fleet, self.repo.instances(fleet.id), now, out)
-        instances = self.repo.instances(fleet.id)
+        if self._cut_short(fleet, instances, now, out):
+            instances = self.repo.instances(fleet.id)  # read again only when a launch cut short was cleared
         self._drain(fleet, instances, out)
         # Read again: the fleet may have been released since this pass read it (its instances drained just
         # now). Its last round then ends here, at the release, before anything of it is billed.
@@ -522,7 +522,7 @@ class FleetExecutor:
 
     def _cut_short(
         self, fleet: FleetRecord, instances: Sequence[FleetInstance], now: datetime, out: ExecutorReport
-    ) -> None:
+    ) -> bool:
         """Clear the launches cut short (:attr:`FleetInstance.launch_unresolved`): the cloud instances
         launched for the fleet instance and never recorded on it are found on its provider by their tags,
         terminated and billed as the fleet's idle time (:meth:`_clear_strays`); then, by the fleet
@@ -541,7 +541,9 @@ class FleetExecutor:
         Each record (``launch_token`` cleared) is written after the clean-up and its bill: a pass cut short
         in between leaves the fleet instance unresolved, and the next pass (this process's or a restarted
         one's) does it again, terminating nothing new and recording the same ledger lines (the same keys
-        and times), so the bill counts once. Until cleared, a released fleet stays on the work list."""
+        and times), so the bill counts once. Until cleared, a released fleet stays on the work list.
+        True when a fleet instance was written (``instances`` is stale then)."""
+        wrote = False
         for inst in instances:
             if not inst.launch_unresolved or inst.state is InstanceState.DRAINING:
                 continue
@@ -552,6 +554,7 @@ class FleetExecutor:
                 continue
             if not self._clear_strays(fleet, inst, out):
                 continue
+            wrote = True
             if inst.state is InstanceState.LAUNCHING:
                 self.repo.update_instance(
                     inst.id,
@@ -566,6 +569,7 @@ class FleetExecutor:
                 if not self._lose(fleet, inst, why, out):
                     continue
             self.repo.update_instance(inst.id, launch_token=None)
+        return wrote
 
     def _clear_strays(self, fleet: FleetRecord, inst: FleetInstance, out: ExecutorReport) -> bool:
         """Find on ``inst``'s provider the cloud instances tagged with ``inst`` (its id and its fleet's) other
@@ -583,39 +587,22 @@ class FleetExecutor:
             log.warning("fleet instance %s: launch cut short, its provider %r is not here", inst.id, inst.provider)
             return False
         try:
-            found = [
-                i
+            listed = {
+                i.instance_id: i
                 for i in provider.list({TAG_FLEET_INSTANCE: inst.id})
                 if i.tags.get(TAG_FLEET_INSTANCE) == inst.id
                 and i.tags.get(TAG_FLEET) == fleet.id
                 and i.instance_id != inst.instance_id
-            ]
+            }
             done = True
-            starts = {i.instance_id: i.launched_at or inst.created_at for i in found}
+            starts = {cloud_id: i.launched_at or inst.created_at for cloud_id, i in listed.items()}
             if self.billing is not None:  # opened by a pass that died before closing them, listed or not
                 for cloud_id, opened in self.billing.open_strays(fleet, inst):
                     starts[cloud_id] = opened  # the start its bill was opened with
             for cloud_id, start in starts.items():
-                listed = next((i for i in found if i.instance_id == cloud_id), None)
                 if self.billing is not None and self.billing.stray(fleet, inst, cloud_id, start, None):
                     continue  # terminated and billed to its end by a pass cut short before its record
-                try:
-                    stray: Instance | None = listed or provider.describe(cloud_id)
-                except NotFoundError:
-                    stray = None
-                if stray is not None and stray.state is not CloudState.TERMINATED:
-                    log.warning(
-                        "fleet %s: instance %s's launch cut short left cloud instance %s (%s): terminating",
-                        fleet.id,
-                        inst.id,
-                        cloud_id,
-                        stray.state.value,
-                    )
-                    provider.terminate(cloud_id)
-                try:
-                    gone: Instance | None = provider.describe(cloud_id)
-                except NotFoundError:
-                    gone = None
+                gone = self._terminate_stray(fleet, inst, provider, cloud_id, listed.get(cloud_id))
                 if gone is not None and gone.state in (CloudState.PENDING, CloudState.RUNNING):
                     done = False  # the terminate has not taken yet: asked again at the next pass
                     continue
@@ -627,6 +614,37 @@ class FleetExecutor:
             out.errors.append(f"{inst.id}: could not clear a launch cut short: {exc}")
             return False
         return done
+
+    def _terminate_stray(
+        self,
+        fleet: FleetRecord,
+        inst: FleetInstance,
+        provider: CloudProvider,
+        cloud_id: str,
+        listed: Instance | None,
+    ) -> Instance | None:
+        """Terminate the stray ``cloud_id`` (``listed``: as its provider listed it; None: described) unless
+        its provider reports it terminated; returns it as its provider reports it then (after a terminate:
+        described again), None when its provider does not know it. Raises
+        :class:`~costopt.cloud.CloudError`."""
+        try:
+            stray = listed or provider.describe(cloud_id)
+        except NotFoundError:
+            return None
+        if stray.state is CloudState.TERMINATED:
+            return stray
+        log.warning(
+            "fleet %s: instance %s's launch cut short left cloud instance %s (%s): terminating",
+            fleet.id,
+            inst.id,
+            cloud_id,
+            stray.state.value,
+        )
+        provider.terminate(cloud_id)
+        try:
+            return provider.describe(cloud_id)
+        except NotFoundError:
+            return None
 
     # -- the boundary ----------------------------------------------------------------------------------
 

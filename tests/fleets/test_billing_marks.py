@@ -98,6 +98,15 @@ class Run:
             for w in workers:
                 self.worker_sync(w)
 
+    def exit_held(self, workers: list[str], jobs: list[str], step: int, code: int) -> None:
+        """Each of ``workers`` reports the copies it holds of ``jobs`` exited at ``step`` with exit ``code``,
+        under their holder epochs."""
+        for w in workers:
+            for j in jobs:
+                fj = self.repo.job(j)
+                if fj is not None and fj.holder == w and fj.holder_epoch is not None:
+                    self.worker_sync(w, [exited(j, fj.holder_epoch, step, code)])
+
     def submit(self, name: str, steps: int, rates: Mapping[str, float]) -> str:
         job_id = f"{self.team}-{name}"
         spec = {
@@ -333,13 +342,49 @@ def test_an_instance_drained_mid_round_is_released_once_that_round_is_billed(eng
     run.repo.release(run.fleet_id)
     for _ in range(3):
         run.clock.advance(5)
-        for j in jobs:
-            fj = run.repo.job(j)
-            if fj is not None and fj.holder == v100 and fj.holder_epoch is not None:
-                run.worker_sync(v100, [exited(j, fj.holder_epoch, 20, 75)])
+        run.exit_held([v100], jobs, 20, 75)
         run.tick()
     assert {i.state for i in run.repo.instances(run.fleet_id)} == {InstanceState.RELEASED}
     assert run.tick().fleets == 0
+
+
+def test_an_instance_waiting_for_its_round_to_be_billed_reads_the_recent_rounds_only(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After several rounds, an instance drained mid-round waits for that round's bill: every pass until
+    then reads the rounds from the first unbilled one's predecessor on (two), not the fleet's history; once
+    the round is billed, the instance is billed to its end and released."""
+    run = make_run(engine, tmp_path, "team-a")
+    run.tick()
+    v100, k80 = run.workers()
+    jobs = [run.submit(n, 10_000, {"v100": 10.0, "k80": 2.0}) for n in "ab"]
+    for _ in range(4):
+        run.tick()
+        run.live_for(60, [v100, k80])
+    assert run.fleet().round >= 3
+    assert run.repo.drain(run.fleet_id, [k80]) == [k80]
+    run.tick()  # the next round: the V100 only
+    (on_k80,) = [j for j in jobs if (fj := run.repo.job(j)) is not None and fj.holder == k80]
+    run.clock.advance(5)
+    run.exit_held([k80], [on_k80], 10, 75)
+    read: list[int] = []
+    real = FleetRepository.rounds
+
+    def counted(self: FleetRepository, fleet_id: str, **kw: Any) -> list[Any]:
+        found = real(self, fleet_id, **kw)
+        read.append(len(found))
+        return found
+
+    monkeypatch.setattr(FleetRepository, "rounds", counted)
+    run.tick()  # nobody holds it: terminated inside the round
+    for _ in range(3):
+        run.live_for(10, [v100])
+        run.tick()
+    drained = run.repo.instance(k80)
+    assert drained is not None and drained.state is InstanceState.DRAINING and drained.billed_to is None
+    assert read and max(read) <= 2, read
+    run.live_for(30, [v100])
+    assert run.tick().released == [k80]
 
 
 def test_the_executor_forgets_a_fleet_once_released_and_billed_and_nothing_billed_changes(
@@ -356,22 +401,14 @@ def test_the_executor_forgets_a_fleet_once_released_and_billed_and_nothing_bille
         for w in (v100, k80):
             run.worker_sync(w)
         run.live_for(60, [v100, k80])
-        for w in (v100, k80):
-            for j in jobs:
-                fj = run.repo.job(j)
-                if fj is not None and fj.holder == w and fj.holder_epoch is not None:
-                    run.worker_sync(w, [exited(j, fj.holder_epoch, 1, 75)])
+        run.exit_held([v100, k80], jobs, 1, 75)
     run.tick()
     kept = run.executor.kept()
     assert run.fleet_id in kept["policies"] and run.fleet_id in kept["folded"]  # an aware policy's decayed shares
     run.repo.release(run.fleet_id)
     for _ in range(4):
         run.clock.advance(5)
-        for w in (v100, k80):
-            for j in jobs:
-                fj = run.repo.job(j)
-                if fj is not None and fj.holder == w and fj.holder_epoch is not None:
-                    run.worker_sync(w, [exited(j, fj.holder_epoch, 1, 75)])
+        run.exit_held([v100, k80], jobs, 1, 75)
         run.tick()
     assert {i.state for i in run.repo.instances(run.fleet_id)} == {InstanceState.RELEASED}
     assert all(run.repo.job(j).status is FleetJobStatus.CANCELLED for j in jobs)  # type: ignore[union-attr]

@@ -259,6 +259,17 @@ def test_a_launch_that_failed_part_way_is_cleared_before_it_is_tried_again(setup
     s.assert_nothing_leaked_and_all_billed()
 
 
+def _dies_after_terminate(s: Setup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on (until ``monkeypatch.undo()``) the service dies right after each terminate it sends."""
+    real_terminate = s.cloud.terminate
+
+    def dies_after_terminate(instance_id: str) -> None:
+        real_terminate(instance_id)
+        raise Died("the service died right after the terminate")
+
+    monkeypatch.setattr(s.cloud, "terminate", dies_after_terminate)
+
+
 @pytest.mark.parametrize("where", ["after the bill", "after the terminate"])
 def test_a_crash_while_clearing_a_launch_cut_short_bills_it_exactly_once(
     setup: Setup, monkeypatch: pytest.MonkeyPatch, where: str
@@ -279,13 +290,7 @@ def test_a_crash_while_clearing_a_launch_cut_short_bills_it_exactly_once(
 
         monkeypatch.setattr(FleetRepository, "update_instance", dies_on_record)
     else:
-        real_terminate = s.cloud.terminate
-
-        def dies_after_terminate(instance_id: str) -> None:
-            real_terminate(instance_id)
-            raise Died("the service died right after the terminate")
-
-        monkeypatch.setattr(s.cloud, "terminate", dies_after_terminate)
+        _dies_after_terminate(s, monkeypatch)
     with pytest.raises(Died):
         s.executor.tick()
     monkeypatch.undo()
@@ -313,13 +318,7 @@ def test_a_stray_terminated_by_a_pass_that_died_is_billed_to_when_seen_gone_if_t
     inst = _die_mid_launch(s)
     s.repo.release(s.fleet_id)
     s.cloud.run_to(s.cloud.now() + timedelta(seconds=10))
-    real_terminate = s.cloud.terminate
-
-    def dies_after_terminate(instance_id: str) -> None:
-        real_terminate(instance_id)
-        raise Died("the service died right after the terminate")
-
-    monkeypatch.setattr(s.cloud, "terminate", dies_after_terminate)
+    _dies_after_terminate(s, monkeypatch)
     with pytest.raises(Died):
         s.executor.tick()
     monkeypatch.undo()
