@@ -55,15 +55,15 @@ def stop_background(
     fleet_executor: _Stoppable | None,
     timeout: float,
     *,
-    clock: Callable[[], object] | None = None,
+    clock: Callable[[float], object] | None = None,
 ) -> bool:
     """Stop the scheduled work and wait for what runs, ``timeout`` seconds at most in all: the fleet
     executor starts no new pass and ends a running one after the fleet it is at
     (:meth:`costopt.fleets.executor.FleetExecutor.stop`); the scheduler runs nothing more; ``clock`` (the
-    simulated clock's ``stop``: the work waiting on it goes on) is called; then the scheduler's running jobs
-    and the executor's pass are waited for. True when nothing runs any more; False (logged) when something
-    still did at the deadline (a pass cut short there is taken up by the next process: its steps are
-    idempotent)."""
+    simulated clock's ``stop``: the work waiting on it goes on) is called with the time left; then the
+    scheduler's running jobs and the executor's pass are waited for. True when nothing runs any more;
+    False (logged) when something still did at the deadline (a pass cut short there is taken up by the
+    next process: its steps are idempotent)."""
     deadline = time.monotonic() + max(0.0, timeout)
     if fleet_executor is not None:
         fleet_executor.stop()
@@ -74,7 +74,7 @@ def stop_background(
         )
         waiter.start()
     if clock is not None:
-        clock()
+        clock(max(0.0, deadline - time.monotonic()))
     done = True
     if waiter is not None:
         waiter.join(max(0.0, deadline - time.monotonic()))

@@ -40,6 +40,7 @@ from costopt.fleets.store import FleetRepository
 from costopt.ledger.book import Ledger
 from costopt.ledger.model import IntervalRecord, LedgerError
 from costopt.ledger.prices import PriceSteps, price_segments
+from costopt.ledger.sql import SqlLedger
 
 log = logging.getLogger("costopt.fleets")
 
@@ -145,9 +146,8 @@ class FleetBilling:
         ledger: only those, by the job's index; the fleet's other lines are all closed), else all of them."""
         prefix = f"fleet:{fleet.id}:{inst.id}:x"
         now = self.repo.now()
-        reader = getattr(self.ledger, "intervals", None)  # SqlLedger.intervals: overlapping [now, ...)
-        if callable(reader):
-            records = [line.record for line in reader(job_id=fleet.id, start=now)]
+        if isinstance(self.ledger, SqlLedger):  # its intervals overlapping [now, ...): the open ones among them
+            records = [line.record for line in self.ledger.intervals(job_id=fleet.id, start=now)]
         else:
             records = [line.record for line in self.ledger.costs(job_id=fleet.id, as_of=now).lines]
         found: dict[str, datetime] = {}

@@ -36,6 +36,7 @@ from costopt.fleets.model import (
 from costopt.fleets.store import FleetRepository, NewFleetJob
 from costopt.fleets.sync import WorkerSync
 from costopt.jobs.records import JobRepository, NewJob
+from costopt.ledger.book import MemoryLedger
 from costopt.ledger.prices import price_segments
 from costopt.ledger.sql import SqlLedger
 from tests.fleets.test_executor import K80, T0, V100, Clock, FakeProvider, StepPricesFor, exited
@@ -423,6 +424,23 @@ def test_the_executor_forgets_a_fleet_once_released_and_billed_and_nothing_bille
     assert fresh.billing is not None and fresh.billing(run.fleet(), run.clock()) == 0
 
 
+@pytest.mark.parametrize("kind", ["sql", "memory"])
+def test_the_open_bills_of_strays_are_found_on_either_ledger(engine: Engine, tmp_path: Path, kind: str) -> None:
+    """A stray's bill opened and not closed is found (:meth:`FleetBilling.open_strays`) on the database
+    ledger and on the in-process one alike; once closed, it is not."""
+    run = make_run(engine, tmp_path, "team-a")
+    run.tick()
+    ledger = SqlLedger(run.repo.engine, run.prices) if kind == "sql" else MemoryLedger(run.prices)
+    billing = FleetBilling(run.repo, ledger, run.prices)
+    fleet, inst = run.fleet(), run.repo.instances(run.fleet_id)[0]
+    start = run.clock()
+    assert billing.stray(fleet, inst, "i-stray", start, None) is False
+    run.clock.advance(30)
+    assert billing.open_strays(fleet, inst) == [("i-stray", start)]
+    assert billing.stray(fleet, inst, "i-stray", start, run.clock()) is True
+    assert billing.open_strays(fleet, inst) == []
+
+
 class FailsOnce(FakeProvider):
     def __init__(self) -> None:
         super().__init__()
@@ -498,3 +516,11 @@ def test_shutdown_waits_for_a_running_pass(engine: Engine, tmp_path: Path) -> No
     waiter.join(60)
     assert result == [True] and ended.is_set()
     assert {i.state for i in run.repo.instances(run.fleet_id)} == {InstanceState.LAUNCHING}  # the pass completed
+
+
+def test_shutdown_gives_the_clock_the_time_left() -> None:
+    """The simulated clock's stop waits within the shutdown's bound, not on a bound of its own."""
+    given: list[float] = []
+    assert stop_background(None, None, 10.0, clock=given.append) is True
+    (left,) = given
+    assert 0.0 <= left <= 10.0
