@@ -519,7 +519,7 @@ class JobEngine:
                     f"launching on {len(offers)} offer(s), best {offers[0]}",
                     detail={"candidates": [o.to_doc() for o in offers], "checkpoint_uri": uri},
                 )
-            except IllegalTransition as exc:  # moved past launching since this tick read it
+            except (ConcurrentUpdate, IllegalTransition) as exc:  # moved on since this tick read it (_to)
                 log.warning("engine: job %s: launched by another engine meanwhile (%s); left to it", job.id, exc)
                 return
             if job.state is not JobState.LAUNCHING:  # finished or cancelled meanwhile: nothing to start
@@ -1011,12 +1011,19 @@ class JobEngine:
 
     def _to(self, job: JobRecord, to: JobState, reason: str, **kwargs: Any) -> JobRecord:
         """Change the job's state (compare-and-set from the state it was read in). Another writer that got
-        there first (already in ``to``, or finished) is not an error: the fresh record is returned."""
+        there first (already in ``to``, or finished) is not an error: the fresh record is returned. The
+        write is tried again on the fresh record when only the row's version moved (same state), or when
+        ``to`` ends the job (cancel, fail: whatever state it reached); a job another writer moved to a third
+        state was decided on a stale read: :class:`ConcurrentUpdate`, a race the next tick looks at afresh."""
         try:
             done = self.repo.transition(job.id, to, reason, expect=job.state, **kwargs)
-        except (ConcurrentUpdate, IllegalTransition):
+        except (ConcurrentUpdate, IllegalTransition) as exc:
             done = self.repo.get(job.id)
             if done.state is not to and not done.state.terminal:
+                if done.state is not job.state and not to.terminal:
+                    raise ConcurrentUpdate(
+                        f"job {job.id} is {done.state.value} now, read as {job.state.value}: not moved to {to.value}"
+                    ) from exc
                 done = self.repo.transition(job.id, to, reason, expect=done.state, **kwargs)
         self._moved[job.id] = done.state
         return done

@@ -81,3 +81,19 @@ def test_a_transition_lost_twice_is_a_race_logged_in_one_line_and_nothing_is_wri
     race, real = caplog.records[-2:]
     assert race.levelno == logging.WARNING and race.exc_info is None and "ConcurrentUpdate" in race.getMessage()
     assert real.levelno == logging.ERROR and real.exc_info is not None
+
+
+def test_a_job_another_writer_moved_to_a_third_state_is_not_moved_on_the_stale_read(h: Harness) -> None:
+    """Read queued, meanwhile launched and running: the tick's launch decision is stale. It used to be
+    retried from the fresh state (running -> launching); now it is a race and the job stays running. A
+    terminal target (cancel, fail) is still written from whatever state the job reached."""
+    job = h.submit(train_command(400, step_seconds=0.01), 400)
+    stale = h.repo.get(job.id)
+    assert stale.state is JobState.QUEUED
+    h.repo.transition(job.id, JobState.LAUNCHING, "another engine", expect=JobState.QUEUED)
+    h.repo.transition(job.id, JobState.RUNNING, "another engine", expect=JobState.LAUNCHING)
+    with pytest.raises(ConcurrentUpdate, match="running now, read as queued"):
+        h.engine._to(stale, JobState.LAUNCHING, "launch")
+    assert h.repo.get(job.id).state is JobState.RUNNING
+    done = h.engine._to(stale, JobState.CANCELLED, "cancelled by the team")
+    assert done.state is JobState.CANCELLED
