@@ -292,8 +292,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (from /proc)."""
+def _children() -> dict[int, list[int]]:
+    """Each live process's children (from /proc)."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -304,6 +304,20 @@ def _tree(pid: int) -> list[int]:
             continue
         ppid = int(stat.rsplit(")", 1)[1].split()[1])
         children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def _resource_tracker(pid: int) -> bool:
+    """Whether ``pid`` is multiprocessing's resource tracker (a child of uvicorn's supervisor, not a worker)."""
+    try:
+        return b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (from /proc)."""
+    children = _children()
     out, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -323,14 +337,6 @@ def cpu_seconds(pid: int) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / tick
     return total
-
-
-def _parent(pid: int) -> int:
-    """The parent's pid of ``pid`` (0 when it is gone)."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return 0
 
 
 def process_cpu(pid: int) -> float:
@@ -385,8 +391,9 @@ class Server:
     def worker_cpu(self) -> dict[int, float]:
         """CPU seconds so far of each of the server's direct children (uvicorn's workers; with one worker
         the server's own process), to see how evenly the connections spread over them."""
-        kids = [p for p in _tree(self.proc.pid) if p != self.proc.pid and _parent(p) == self.proc.pid]
-        return {p: process_cpu(p) for p in kids} if self.workers > 1 else {self.proc.pid: self.cpu()}
+        if self.workers == 1:
+            return {self.proc.pid: self.cpu()}
+        return {p: process_cpu(p) for p in _children().get(self.proc.pid, []) if not _resource_tracker(p)}
 
 
 @contextmanager

@@ -16,7 +16,6 @@ reason for each type.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import secrets
@@ -29,6 +28,7 @@ from typing import Any
 
 from costopt.domain import OfferKey, normalize_accelerator
 from costopt.errors import CostoptError
+from costopt.seeded_ids import seeded_id
 
 __all__ = [
     "DEFAULT_RESOLVE_ROUNDS",
@@ -134,16 +134,6 @@ def new_fleet_id() -> str:
 def new_instance_id() -> str:
     """A fleet instance's id, also its worker's id."""
     return f"fi-{secrets.token_hex(8)}"
-
-
-def seeded_id(prefix: str, seed: str, *parts: str) -> str:
-    """Drills only (``Settings.job_id_seed``): ``prefix`` and the first 16 hex digits of a SHA-256 of
-    ``seed`` and ``parts``, so every run of a seed gives the same thing the same id (the service orders a
-    fleet's instances, and the simulated cloud its instances, by id). The parts must name one thing: e.g. a
-    fleet instance by its fleet and its index among the fleet's first ones, a replacement by the instance it
-    replaces."""
-    digest = hashlib.sha256("\0".join((seed, *parts)).encode()).hexdigest()
-    return f"{prefix}{digest[:16]}"
 
 
 def seeded_fleet_id(seed: str, team_name: str, idempotency_key: str) -> str:

@@ -27,7 +27,6 @@ simulated cloud). Money is Decimal USD.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import secrets
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -47,6 +46,7 @@ from costopt.db.jobs_schema import job_events, jobs
 from costopt.domain import OfferKey
 from costopt.errors import CostoptError
 from costopt.jobs.model import JobState, can_transition
+from costopt.seeded_ids import seeded_id
 
 __all__ = [
     "ConcurrentUpdate",
@@ -90,8 +90,7 @@ def seeded_job_id(seed: str, team_name: str, idempotency_key: str) -> str:
     (``Settings.job_id_seed``): ``job-`` and the first 16 hex digits of a SHA-256 of the three, so two runs
     with one seed give each submission the same id (the service orders work by job id) and a retry with
     the key gets the id of the first job."""
-    digest = hashlib.sha256("\0".join((seed, team_name, idempotency_key)).encode()).hexdigest()
-    return f"job-{digest[:16]}"
+    return seeded_id("job-", seed, team_name, idempotency_key)
 
 
 def _dumps(doc: Any) -> str:

@@ -32,25 +32,19 @@ class MemoSteps(WrappedView):
         super().__init__(view)
         self.start, self.end = start, end
         self._steps: dict[OfferKey, tuple[list[PriceStep], list[datetime]] | None] = {}
-        self.reads = 0
-        """How many times the wrapped view's ``steps`` was called (the memo's tests and benches)."""
 
     def steps(self, key: OfferKey, start: datetime, end: datetime) -> Sequence[PriceStep]:
         if start < self.start or end > self.end:
-            return self._read(key, start, end)
+            return self.view.steps(key, start, end)
         if key not in self._steps:
-            got = list(self._read(key, self.start, self.end))
+            got = list(self.view.steps(key, self.start, self.end))
             times = [s.valid_from for s in got]
             ordered = all(a < b for a, b in pairwise(times))
             self._steps[key] = (got, times) if ordered else None  # not one series: never sliced
         memo = self._steps[key]
         if memo is None:
-            return self._read(key, start, end)
+            return self.view.steps(key, start, end)
         got, times = memo
         first = bisect_right(times, start) - 1  # the step in effect at start, if any
         last = bisect_left(times, end)  # steps before end
         return got[max(first, 0) : last]
-
-    def _read(self, key: OfferKey, start: datetime, end: datetime) -> Sequence[PriceStep]:
-        self.reads += 1
-        return self.view.steps(key, start, end)

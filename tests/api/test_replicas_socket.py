@@ -15,14 +15,9 @@ from pathlib import Path
 import pytest
 
 from costopt.settings import PROJECT_ROOT
+from tests.net_support import free_port
 
 LISTEN = "0A"  # the TCP state's code in /proc/net/tcp
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def listening_sockets(port: int) -> int:
@@ -62,7 +57,7 @@ def replicas(port: int, workers: int, log: Path) -> Iterator[subprocess.Popen[by
 
 
 def test_each_worker_listens_on_its_own_socket_and_connections_opened_together_spread(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     with replicas(port, 2, tmp_path / "replicas.log") as proc:
         deadline = time.monotonic() + 120  # a hang's bound (two interpreters starting on a loaded machine)
         while listening_sockets(port) < 2:

@@ -4,7 +4,6 @@ service runs in one process (SQLite: one writer; the simulated cloud: it lives i
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from api.cli.main import app
 from costopt.settings import PROJECT_ROOT, get_settings
 from tests.api.test_replicas_socket import listening_sockets
 from tests.conftest import PG_ADMIN_URL, pg_schema
+from tests.net_support import free_port
 
 runner = CliRunner()
 
@@ -46,12 +46,6 @@ def test_the_simulated_cloud_serves_from_one_process(clean_settings: None, monke
     assert "simulated cloud" in result.stderr and "--workers 1" in result.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _children(pid: int) -> list[int]:
     out = []
     for entry in os.listdir("/proc"):
@@ -70,7 +64,7 @@ def test_two_workers_on_postgresql_share_one_admin_key(tmp_path: Path) -> None:
     """The parent migrates, seeds and makes the first admin key (printed once), then two worker
     processes serve the same port; the key works against both."""
     with pg_schema() as schema:
-        port = _free_port()
+        port = free_port()
         env = {
             **os.environ,
             "COSTOPT_DATABASE_URL": f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema}",
