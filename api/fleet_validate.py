@@ -510,7 +510,7 @@ def _simulate(
         gpus_per_server=1,
         prices=tuple(DEFAULT_PRICES_USD_PER_H[t] for t in LABELS),
         restart_overhead_s=min(max(restart_overhead_s, 0.0), setup.round_s / 2),
-        # the fleets' rule: the mechanism's memory for aware policies (the default) and the hysteresis of the
+        # the fleets' rule: the allocation integral for aware policies (the default) and the hysteresis of the
         # live fleet's configured restart overhead (COSTOPT_FLEET_RESTART_OVERHEAD), whatever the charge above
         hysteresis=mechanism_rule(policy_obj.heterogeneity_aware, fleet_overhead_s, setup.round_s).hysteresis,
     )

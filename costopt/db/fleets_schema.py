@@ -16,8 +16,10 @@
 - ``fleet_jobs``: one row per job submitted into a fleet (``job_id`` is the ``jobs`` row's): weight, SLO,
   GPUs, throughput on each of the fleet's worker types (steps/s; resolved at submission), progress
   reported by its copies, the seconds of leases it received on each type (the round mechanism's
-  history), the fencing epoch of its latest copy, where it runs (``holder``: the instance a copy may run
-  on now) and where the current round puts it (``target``).
+  history), the seconds of allocation it had in force on each type over the same rounds (``owed``,
+  migration ``0015``; decayed to ``owed_at`` when the policy's mechanism rule forgets: the allocation
+  integral the mechanism resumes from), the fencing epoch of its latest copy, where it runs
+  (``holder``: the instance a copy may run on now) and where the current round puts it (``target``).
 - ``fleet_rounds``: one row per round of a fleet: when it started and ended, the worker types' GPUs,
   and its assignment (JSON: job, instance, GPU indices, worker type, epoch): what the ledger bills from.
 """
@@ -115,6 +117,8 @@ fleet_jobs = Table(
     Column("target_gpus", Text, nullable=True),  # JSON [gpu index, ...]
     Column("target_round", Integer, nullable=True),
     Column("received", Text, nullable=False, server_default="{}"),  # JSON {worker type: seconds}
+    Column("owed", Text, nullable=False, server_default="{}"),  # JSON {worker type: seconds} (migration 0015)
+    Column("owed_at", UtcDateTime(), nullable=True),  # the time ``owed`` is decayed to
     Column("ever_ran", Boolean, nullable=False, server_default="0"),
     Column("failures", Integer, nullable=False, server_default="0"),
     Column("reason", Text, nullable=False, server_default=""),

@@ -20,13 +20,15 @@ Per fleet, each pass:
 5. **launches** pending instances: each runs a worker (``worker_command``) with its fleet, its id and a
    token whose SHA-256 only is stored;
 6. **round boundary**: when the round in force ends (rounds are ``round_s`` apart on one grid, as the
-   simulator's), credits each lease of the ended round with its seconds, re-solves the policy when jobs
-   arrived or left, the GPUs changed or ``resolve_rounds`` rounds passed, runs the mechanism under the
-   simulator's rule (:func:`costopt.fleets.rounds.plan_round`; for aware policies the shares decay, from
-   the stored leases, and a hysteresis from ``restart_overhead_s`` holds running jobs) and writes the
-   new round and each job's target (the workers read them at their next sync). A job that arrived after
-   the boundary's time waits for the next one (as in the simulator). Starting a round is a
-   compare-and-set on the fleet's round number;
+   simulator's), credits each lease of the ended round with its seconds, and (aware policies) each job
+   the allocation in force named with that allocation's seconds (its allocation integral,
+   :func:`costopt.fleets.rounds.owed_through`), re-solves the policy when jobs arrived or left, the GPUs
+   changed or ``resolve_rounds`` rounds passed, runs the mechanism under the simulator's rule
+   (:func:`costopt.fleets.rounds.plan_round`; for aware policies the allocation integral, decayed when
+   the rule forgets, and a hysteresis from ``restart_overhead_s`` that holds running jobs) and writes the
+   new round, each job's target and both credits in one transaction (the workers read the targets at
+   their next sync). A job that arrived after the boundary's time waits for the next one (as in the
+   simulator). Starting a round is a compare-and-set on the fleet's round number;
 7. **billing** (``billing``, when given): the ledger lines of the rounds that ended (a released fleet's
    last round ends at its release first, whatever the fleet's state when the pass began);
 8. **settles**: a terminated instance whose life is billed to its end (``billed_to``, in the database) is
@@ -61,7 +63,7 @@ from costopt.fleets.model import (
     capacity_of,
     seeded_id,
 )
-from costopt.fleets.rounds import decayed_received, history_since, plan_round
+from costopt.fleets.rounds import decayed_received, history_since, owed_through, plan_round
 from costopt.fleets.store import FleetRepository, NewFleetJob
 from costopt.fleets.sync import hash_token, new_token
 from costopt.gavel.mechanism import mechanism_rule
@@ -677,6 +679,7 @@ class FleetExecutor:
                 self.repo.end_round(fleet, max(current.started_at, min(start, current.ends_at)))
             return
         received: dict[str, dict[str, float]] = {j.job_id: dict(j.received) for j in jobs}
+        held = 0.0
         if open_round and current is not None:
             held = (start - current.started_at).total_seconds()
             for lease in current.assignment:
@@ -690,6 +693,16 @@ class FleetExecutor:
         decayed = None
         if rule.memory_s is not None:  # shares that forget: decayed from the stored leases
             decayed = self._decayed(fleet, jobs, {j.job_id for j in unfinished}, start, rule.memory_s)
+        owed = None
+        if rule.allocation_integral:  # the allocation in force in the round that ends, folded in as received is
+            owed = owed_through(
+                jobs,
+                fleet.allocation if open_round else None,
+                current.started_at if open_round and current is not None else None,
+                held,
+                start,
+                rule.memory_s,
+            )
         decision = plan_round(
             fleet,
             live,
@@ -701,6 +714,7 @@ class FleetExecutor:
             policy=policy,
             restart_overhead_s=self.restart_overhead_s,
             decayed=decayed,
+            owed=owed,
         )
         if decision.unplaced:
             log.info(
@@ -722,6 +736,7 @@ class FleetExecutor:
             received=received,
             active=[j.job_id for j in jobs],
             previous_ended_at=start if open_round else None,
+            owed=owed,
         ):
             if decayed is not None:  # every round up to fleet.round is now closed and folded in, to start
                 self._folded[fleet.id] = _Folded(fleet.round, start, decayed)

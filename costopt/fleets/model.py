@@ -307,7 +307,10 @@ class FleetJob:
     """One row of ``fleet_jobs``: the job's fleet-side state (the ``jobs`` row holds the rest).
 
     ``throughput``: steps/s on each worker type of the fleet where it is known (resolved at submission);
-    ``received``: seconds of leases it received on each type; ``epoch``: the fencing epoch of its latest
+    ``received``: seconds of leases it received on each type; ``owed``: seconds of allocation it had in
+    force on each type over the same rounds (the allocation integral of
+    :class:`~costopt.gavel.mechanism.RoundMechanism`), decayed to ``owed_at`` when the fleet's mechanism
+    rule forgets (None: nothing owed yet); ``epoch``: the fencing epoch of its latest
     copy (0: never started); ``holder``: the instance whose worker may run a copy now (None: no copy
     runs), at ``holder_epoch``; ``target``/``target_gpus``: where round ``target_round`` puts it."""
 
@@ -330,6 +333,8 @@ class FleetJob:
     target_gpus: tuple[int, ...]
     target_round: int | None
     received: Mapping[str, float]
+    owed: Mapping[str, float]
+    owed_at: datetime | None
     ever_ran: bool
     failures: int
     reason: str
@@ -359,6 +364,8 @@ class FleetJob:
             target_gpus=tuple(int(g) for g in _loads(row.target_gpus, [])),
             target_round=row.target_round,
             received={str(k): float(v) for k, v in _loads(row.received, {}).items()},
+            owed={str(k): float(v) for k, v in _loads(row.owed, {}).items()},
+            owed_at=row.owed_at,
             ever_ran=bool(row.ever_ran),
             failures=int(row.failures),
             reason=row.reason or "",

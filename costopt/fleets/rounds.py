@@ -6,10 +6,12 @@ round), calls the fleet's policy when asked (a job arrived or left, the GPUs cha
 ``resolve_rounds`` rounds), and runs :class:`~costopt.gavel.mechanism.RoundMechanism` for the round: the
 same policy objects and mechanism :func:`costopt.gavel.simulator.simulate_trace` drives with simulated
 progress, under the same rule (:func:`costopt.gavel.mechanism.mechanism_rule`: for heterogeneity-aware
-policies, per-type queues, shares that forget with a 7200 s memory and a hysteresis from the fleet's
+policies, per-type queues, priorities from the allocation integral and a hysteresis from the fleet's
 restart overhead). The mechanism is rebuilt at every boundary from the stored history (its ``received``
-seconds, ``ever_ran`` flags, last round's types, and the decayed seconds recomputed from the stored
-rounds' leases by :func:`decayed_received`), so any service replica can run any round. Then
+seconds, ``ever_ran`` flags, last round's types, the seconds of allocation each job had in force per
+type, folded round by round by :func:`owed_through` and stored per job, and, when the rule forgets, the
+decayed seconds recomputed from the stored rounds' leases by :func:`decayed_received`), so any service
+replica can run any round. Then
 :func:`costopt.fleets.placement.place` puts the mechanism's units on instances.
 
 Worker types are the accelerators of the fleet's live instances (alphabetical); a job's throughput on a
@@ -33,7 +35,7 @@ from costopt.fleets.placement import Slot, Unit, place
 if TYPE_CHECKING:
     from costopt.gavel.policies import Policy
 
-__all__ = ["HISTORY_MEMORIES", "RoundDecision", "decayed_received", "history_since", "plan_round"]
+__all__ = ["HISTORY_MEMORIES", "RoundDecision", "decayed_received", "history_since", "owed_through", "plan_round"]
 
 HISTORY_MEMORIES = 30.0
 """Leases that started more than this many memories (``memory_s``) before a boundary are left out of the
@@ -103,6 +105,47 @@ def decayed_received(
     return out
 
 
+def owed_through(
+    jobs: Iterable[FleetJob],
+    allocation: Mapping[str, Any] | None,
+    round_started_at: datetime | None,
+    held_s: float,
+    now: datetime,
+    memory_s: float | None,
+) -> dict[str, dict[str, float]]:
+    """Each job's seconds of allocation in force per worker type (the allocation integral of
+    :class:`~costopt.gavel.mechanism.RoundMechanism`) at the boundary ``now``: its stored ``owed`` (as of
+    ``owed_at``) plus ``held_s`` seconds of ``allocation`` (the one in force in the round that started at
+    ``round_started_at`` and ends now; ``held_s`` 0: no round to credit), as the mechanism's ``record``
+    adds ``x x seconds`` for every job the allocation names. With ``memory_s``, a second ``t`` seconds
+    before ``now`` weighs ``exp(-t / memory_s)``, as the mechanism decays its counts: the stored counts
+    are aged from ``owed_at`` and the round's from its start. The executor folds the round that ended the
+    way it credits ``received`` (the same ``held_s``), and writes the result with the new round in one
+    transaction, so a boundary retried folds the same round into the same stored counts."""
+    col: dict[str, int] = {}
+    row: dict[str, int] = {}
+    stored = np.zeros((0, 0))
+    if allocation and held_s > 0:
+        col = {str(t): k for k, t in enumerate(allocation.get("worker_types", []))}
+        row = {str(j): k for k, j in enumerate(allocation.get("job_ids", []))}
+        stored = np.asarray(allocation.get("x", []), dtype=np.float64)
+    out: dict[str, dict[str, float]] = {}
+    for job in jobs:
+        had = dict(job.owed)
+        if memory_s is not None and job.owed_at is not None and had:
+            f = math.exp(-max((now - job.owed_at).total_seconds(), 0.0) / memory_s)
+            had = {t: v * f for t, v in had.items()}
+        k = row.get(job.job_id)
+        if k is not None and round_started_at is not None:
+            w = 1.0 if memory_s is None else math.exp(-max((now - round_started_at).total_seconds(), 0.0) / memory_s)
+            for t, c in col.items():
+                share = float(stored[k, c])
+                if share > 0:
+                    had[t] = had.get(t, 0.0) + share * held_s * w
+        out[job.job_id] = had
+    return out
+
+
 def plan_round(
     fleet: FleetRecord,
     instances: Sequence[FleetInstance],
@@ -115,6 +158,7 @@ def plan_round(
     policy: Policy | None = None,
     restart_overhead_s: float = 0.0,
     decayed: Mapping[str, Mapping[str, float]] | None = None,
+    owed: Mapping[str, Mapping[str, float]] | None = None,
 ) -> RoundDecision:
     """The leases of the round starting at ``now`` (see the module docstring).
 
@@ -126,7 +170,9 @@ def plan_round(
     LP models picks among optimal allocations by its history), else a new one. ``restart_overhead_s``:
     seconds a job loses per move (sets the hysteresis of aware policies); ``decayed``: each job's seconds
     of leases per worker type decayed to ``now`` (:func:`decayed_received` over the fleet's rounds since
-    :func:`history_since`, the open one included), which aware policies need (the others ignore it)."""
+    :func:`history_since`, the open one included), which a rule that forgets needs (the others ignore it);
+    ``owed``: each job's seconds of allocation in force per worker type up to ``now``
+    (:func:`owed_through`), which the allocation integral of aware policies needs."""
     from costopt.gavel.mechanism import RoundMechanism, fastest_first, mechanism_rule
     from costopt.gavel.policies import get_policy
     from costopt.gavel.state import ClusterState
@@ -196,18 +242,25 @@ def plan_round(
         type_order=fastest_first(tput) if rule.per_type_queues else None,
         memory_s=rule.memory_s,
         hysteresis=rule.hysteresis,
+        allocation_integral=rule.allocation_integral,
+        round_s=fleet.round_s,
     )
-    recent = None
+    recent = owed_s = None
     if rule.memory_s is not None:
         if decayed is None:
             raise ValueError(f"policy {policy.name} forgets received seconds: plan_round needs them decayed")
         recent = np.array([[float(decayed.get(j.job_id, {}).get(t, 0.0)) for t in types] for j in jobs])
+    if rule.allocation_integral:
+        if owed is None:
+            raise ValueError(f"policy {policy.name} ranks by the allocation integral: plan_round needs owed seconds")
+        owed_s = np.array([[float(owed.get(j.job_id, {}).get(t, 0.0)) for t in types] for j in jobs])
     mech.resume(
         np.array([[float(received.get(j.job_id, {}).get(t, 0.0)) for t in types] for j in jobs]),
         np.array([j.ever_ran for j in jobs], dtype=bool),
         now_s=state.now_s,
         recent=recent,
         last_type=np.array([last_type.get(j.job_id, -1) for j in jobs], dtype=np.int64),
+        owed=owed_s,
     )
     mech.set_allocation(
         np.arange(n, dtype=np.int64),

@@ -328,6 +328,7 @@ class FleetRepository:
                         arrived_at=new.arrived_at,
                         status=FleetJobStatus.WAITING.value,
                         received="{}",
+                        owed="{}",
                         updated_at=now,
                     )
                     .returning(*fleet_jobs.c)
@@ -523,12 +524,12 @@ class FleetRepository:
     def set_job(
         self, job_id: str, *, expect_holder: tuple[str | None, int | None] | None = None, **values: Any
     ) -> bool:
-        """Set columns of a fleet job (``status`` as a :class:`FleetJobStatus`; ``received`` and
-        ``target_gpus`` as JSON-able values), only while its holder is ``expect_holder`` (instance, epoch)
+        """Set columns of a fleet job (``status`` as a :class:`FleetJobStatus`; ``received``, ``owed``
+        and ``target_gpus`` as JSON-able values), only while its holder is ``expect_holder`` (instance, epoch)
         when given; True when the row was changed."""
         if isinstance(values.get("status"), FleetJobStatus):
             values["status"] = values["status"].value
-        for key in ("received", "target_gpus", "throughput"):
+        for key in ("received", "owed", "target_gpus", "throughput"):
             if key in values and values[key] is not None and not isinstance(values[key], str):
                 values[key] = _dumps(values[key])
         values["updated_at"] = self.now()
@@ -579,11 +580,14 @@ class FleetRepository:
         received: Mapping[str, Mapping[str, float]],
         active: Sequence[str],
         previous_ended_at: datetime | None,
+        owed: Mapping[str, Mapping[str, float]] | None = None,
     ) -> bool:
         """Start round ``fleet.round + 1`` (compare-and-set on the fleet's round: False when another replica
         started it first): close the previous round at ``previous_ended_at``, write the new one, its
-        leases as each job's target, the received seconds of ``active`` jobs, and the allocation (when
-        solved). One transaction."""
+        leases as each job's target, the received seconds of ``active`` jobs, their seconds of allocation
+        owed (``owed``, as of ``started_at``; None: left as they are), and the allocation (when solved).
+        One transaction: a boundary retried after a lost compare-and-set or a crash folds the same round
+        into the same stored counts, never twice."""
         nxt = fleet.round + 1
         now = self.now()
         with self.engine.begin() as conn:
@@ -633,6 +637,9 @@ class FleetRepository:
                     "target_round": nxt,
                     "updated_at": now,
                 }
+                if owed is not None:
+                    job_values["owed"] = _dumps(dict(owed.get(job_id, {})))
+                    job_values["owed_at"] = started_at
                 if lease is not None:
                     job_values["ever_ran"] = True
                 conn.execute(update(fleet_jobs).where(fleet_jobs.c.job_id == job_id).values(**job_values))

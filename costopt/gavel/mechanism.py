@@ -8,17 +8,17 @@ in the next round.
   received under allocations long gone fades instead of ruling its priority for the rest of its life
   (Gavel's reference implementation forgets by resetting its counters every 1920 s). With
   ``hysteresis`` ``h``, a unit that ran on a type last round has its priority there multiplied by
-  ``1 + h``: it keeps its GPUs unless a challenger's priority is clearly higher (the simulator and live
-  fleets set ``memory_s`` and ``h`` by :func:`mechanism_rule`, ``h`` from the restart cost, so it is 0
-  when moves are free; live fleets rebuild the state each round with :meth:`RoundMechanism.resume`).
-  ``prior_s`` counts each unit as having received its allocation for that long before it arrived
-  (measured without effect; off by default). With ``allocation_integral``, the numerator is not the
-  current allocation times the unit's (decayed) age but what the allocations in force gave it:
-  priority = (the integral of its allocation there over the rounds recorded since it arrived, plus the
-  coming round's ``x * round_s``) / (seconds it ran there), both decayed alike with ``memory_s``. The
-  share rule assumes the current allocation held since arrival; this one charges a job only what it
-  was owed when it ran (issue 12: better on every compared trace; off by default, see docs/gavel.md,
-  since live fleets do not store past allocations).
+  ``1 + h``: it keeps its GPUs unless a challenger's priority is clearly higher. ``prior_s`` counts each
+  unit as having received its allocation for that long before it arrived (measured without effect; off
+  by default). With ``allocation_integral``, the numerator is not the current allocation times the
+  unit's (decayed) age but what the allocations in force gave it: priority = (the integral of its
+  allocation there over the rounds recorded since it arrived, plus the coming round's ``x * round_s``) /
+  (seconds it ran there), both decayed alike with ``memory_s``. The share rule assumes the current
+  allocation held since arrival; this one charges a job only what it was owed when it ran (issue 12).
+  The simulator and live fleets set these by :func:`mechanism_rule`: for heterogeneity-aware policies
+  the allocation integral since arrival (no memory) and ``h`` from the restart cost (0 when moves are
+  free); live fleets rebuild the state each round with :meth:`RoundMechanism.resume` from what they
+  store per job (seconds received and owed per type).
 * Units are taken greedily in priority order (ties: larger allocation, earlier arrival, lower id): a
   unit is placed if none of its jobs runs yet this round and the type has ``scale_factor`` free GPUs.
   With ``type_order`` (one queue per worker type, as Gavel's reference implementation runs its
@@ -57,9 +57,6 @@ BoolArray = npt.NDArray[np.bool_]
 DEFAULT_ROUND_S = 360.0
 _MIN_SHARE = 1e-9  # a share received below this counts as nothing received
 _MIN_RECEIVED_S = 1e-9  # with allocation_integral: seconds received below this count as nothing received
-AWARE_MEMORY_S = 7200.0
-"""Heterogeneity-aware policies weigh a second run ``t`` seconds ago by ``exp(-t / AWARE_MEMORY_S)`` in
-their priorities (issue 12; docs/gavel.md, *Mechanism*)."""
 AWARE_HYSTERESIS_PER_RESTART = 6.0
 """A unit that ran on a type last round keeps it unless outranked by the factor
 ``1 + AWARE_HYSTERESIS_PER_RESTART * restart_overhead_s / round_s`` (1 when moves are free)."""
@@ -68,23 +65,26 @@ AWARE_HYSTERESIS_PER_RESTART = 6.0
 @dataclass(frozen=True, slots=True)
 class MechanismRule:
     """How a :class:`RoundMechanism` ranks units: ``per_type_queues`` (serve one queue per worker type,
-    fastest first), ``memory_s`` (None: shares since arrival) and ``hysteresis`` (>= 0)."""
+    fastest first), ``memory_s`` (None: counts since arrival), ``hysteresis`` (>= 0) and
+    ``allocation_integral`` (priorities from the allocations in force, not the current one times the age)."""
 
     per_type_queues: bool
     memory_s: float | None
     hysteresis: float
+    allocation_integral: bool = False
 
 
 def mechanism_rule(per_type_queues: bool, restart_overhead_s: float, round_s: float) -> MechanismRule:
     """The rule the simulator and live fleets give a policy: with per-type queues (heterogeneity-aware
-    policies), shares that forget with :data:`AWARE_MEMORY_S` and a hysteresis of
+    policies), priorities from the allocation integral since arrival (no memory) and a hysteresis of
     :data:`AWARE_HYSTERESIS_PER_RESTART` x ``restart_overhead_s / round_s`` (seconds lost per move over
-    the round's length); else shares since arrival and no hysteresis."""
+    the round's length); else shares since arrival and no hysteresis (docs/gavel.md, issue 12: the
+    integral replaced a 7200-s memory on 2026-12-04, better on every compared trace)."""
     if not round_s > 0 or not restart_overhead_s >= 0:
         raise InvalidState("need round_s > 0 and restart_overhead_s >= 0 seconds")
     if not per_type_queues:
-        return MechanismRule(False, None, 0.0)
-    return MechanismRule(True, AWARE_MEMORY_S, AWARE_HYSTERESIS_PER_RESTART * restart_overhead_s / round_s)
+        return MechanismRule(False, None, 0.0, False)
+    return MechanismRule(True, None, AWARE_HYSTERESIS_PER_RESTART * restart_overhead_s / round_s, True)
 
 
 def fastest_first(throughput: FloatArray) -> tuple[int, ...]:

@@ -197,7 +197,7 @@ def simulate_trace(
     memory_s: float | None = None,
     hysteresis: float | None = None,
     prior_s: float = 0.0,
-    allocation_integral: bool = False,
+    allocation_integral: bool | None = None,
 ) -> SimResult:
     """Simulate ``policy`` on ``trace``; see :func:`simulate`. ``window``: the job ids measured,
     ``[first, end)`` (default: every job); ``source``: where the trace was read from (reported).
@@ -206,12 +206,12 @@ def simulate_trace(
     the next arrival or completion repeat the current one and are advanced in one step (exact; off
     only to check that). ``per_type_queues``: the mechanism serves one queue per worker type, fastest
     first (default: for heterogeneity-aware policies; agnostic ones use one queue over all types).
-    ``memory_s``: the priorities' memory (see :class:`RoundMechanism`; ``math.inf``: since arrival) and
-    ``hysteresis``: a running unit's priority bonus; by default both as
-    :func:`~costopt.gavel.mechanism.mechanism_rule` gives them (with per-type queues, a 7200-s memory and
-    6 x ``restart_overhead_s / round_s``; else since arrival and 0), the rule live fleets use too.
-    ``prior_s`` and ``allocation_integral`` (priorities from the allocations in force since each job
-    arrived, not the current one times its age): see :class:`RoundMechanism` (default 0 and off)."""
+    ``memory_s``: the priorities' memory (see :class:`RoundMechanism`; ``math.inf``: since arrival),
+    ``hysteresis``: a running unit's priority bonus, and ``allocation_integral``: priorities from the
+    allocations in force since each job arrived, not the current one times its age; by default all three
+    as :func:`~costopt.gavel.mechanism.mechanism_rule` gives them (with per-type queues: no memory,
+    6 x ``restart_overhead_s / round_s`` and the integral; else since arrival, 0 and the share rule), the
+    rule live fleets use too. ``prior_s``: see :class:`RoundMechanism` (default 0)."""
     wall0 = time.perf_counter()
     if round_s <= 0 or restart_overhead_s < 0 or restart_overhead_s >= round_s:
         raise InvalidState("need round_s > 0 and 0 <= restart_overhead_s < round_s")
@@ -241,7 +241,7 @@ def simulate_trace(
         memory_s=rule.memory_s if memory_s is None else memory_s,
         hysteresis=rule.hysteresis if hysteresis is None else hysteresis,
         prior_s=prior_s,
-        allocation_integral=allocation_integral,
+        allocation_integral=rule.allocation_integral if allocation_integral is None else allocation_integral,
         round_s=round_s,
     )
     spread = workload.spread[trace.entry]

@@ -389,8 +389,11 @@ def test_an_instance_waiting_for_its_round_to_be_billed_reads_the_recent_rounds_
 
 
 def test_the_executor_forgets_a_fleet_once_released_and_billed_and_nothing_billed_changes(
-    engine: Engine, tmp_path: Path
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from tests.fleets.test_rounds_memory import forgetting_rule
+
+    forgetting_rule(monkeypatch)  # a rule that forgets: the executor keeps decayed shares per fleet
     run = make_run(engine, tmp_path, "team-a")
     run.tick()
     v100, k80 = run.workers()

@@ -1,8 +1,10 @@
-"""Live fleets rank jobs by the simulator's rule for heterogeneity-aware policies (issue 12): shares that
-forget (a second run ``t`` seconds ago weighs ``exp(-t / 7200 s)``, recomputed at each boundary from the
-stored rounds' leases) and a hysteresis of ``1 + 6 x restart overhead / round`` for the job that holds
-the GPU. Rounds are driven through the executor on both backends; the workers only sync once (their
-instance is then running; the leases are credited whether or not a copy ran)."""
+"""Live fleets rank jobs by the simulator's rule for heterogeneity-aware policies (issue 12), here a rule
+that forgets (:func:`forgetting_rule`: shares where a second run ``t`` seconds ago weighs
+``exp(-t / 7200 s)``, recomputed at each boundary from the stored rounds' leases; the default rule until
+2026-12-04, now replaced by the allocation integral, tests/fleets/test_rounds_integral.py) and a
+hysteresis of ``1 + 6 x restart overhead / round`` for the job that holds the GPU. Rounds are driven
+through the executor on both backends; the workers only sync once (their instance is then running; the
+leases are credited whether or not a copy ran)."""
 
 from __future__ import annotations
 
@@ -17,13 +19,15 @@ import numpy as np
 import pytest
 from sqlalchemy import Engine
 
+import costopt.fleets.executor as executor_module
+import costopt.gavel.mechanism as mechanism_module
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.fleets.executor import FleetExecutor
 from costopt.fleets.model import FLEET_PROVIDER, FleetJob, NewFleet, NewInstance, RoundLeases, RoundRecord
 from costopt.fleets.rounds import HISTORY_MEMORIES, decayed_received, history_since
 from costopt.fleets.store import FleetRepository, NewFleetJob
 from costopt.fleets.sync import WorkerSync
-from costopt.gavel.mechanism import AWARE_MEMORY_S, RoundMechanism, mechanism_rule
+from costopt.gavel.mechanism import MechanismRule, RoundMechanism
 from costopt.jobs.records import JobRepository, NewJob
 from tests.fleets.test_executor import Clock, FakeProvider
 
@@ -31,6 +35,22 @@ T0 = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 ROUND_S = 360.0
 V100 = OfferKey(Cloud.AWS, "us-east-1", "us-east-1a", "p3.2xlarge", Market.SPOT)
 POLICY = "max_min_fairness_perf"  # heterogeneity-aware: the memory and the hysteresis apply
+AWARE_MEMORY_S = 7200.0
+
+
+def forgetting_rule(monkeypatch: pytest.MonkeyPatch, memory_s: float = AWARE_MEMORY_S, integral: bool = False) -> None:
+    """Aware policies get, in the simulator's mechanism and live fleets alike, the default rule with a
+    memory of ``memory_s`` (and the allocation integral when ``integral``)."""
+    real = mechanism_module.mechanism_rule
+
+    def rule(per_type_queues: bool, restart_overhead_s: float, round_s: float) -> MechanismRule:
+        got = real(per_type_queues, restart_overhead_s, round_s)
+        if not per_type_queues:
+            return got
+        return MechanismRule(True, memory_s, got.hysteresis, integral)
+
+    monkeypatch.setattr(mechanism_module, "mechanism_rule", rule)
+    monkeypatch.setattr(executor_module, "mechanism_rule", rule)
 
 
 @dataclass
@@ -114,12 +134,27 @@ def _executor(repo: FleetRepository, jobs: JobRepository, provider: FakeProvider
 
 class SimulatorMechanism:
     """The simulator's :class:`RoundMechanism` (built as ``simulate_trace`` builds it for an aware policy
-    on one worker type) fed the live fleet's allocation, arrivals and round starts."""
+    on one worker type, or under ``rule``) fed the live fleet's allocation, arrivals and round starts."""
 
-    def __init__(self, live: LiveFleet, job_ids: list[str], rule_aware: bool, restart_overhead_s: float) -> None:
-        rule = mechanism_rule(rule_aware, restart_overhead_s, ROUND_S)
+    def __init__(
+        self,
+        live: LiveFleet,
+        job_ids: list[str],
+        rule_aware: bool,
+        restart_overhead_s: float,
+        rule: MechanismRule | None = None,
+    ) -> None:
+        if rule is None:
+            rule = mechanism_module.mechanism_rule(rule_aware, restart_overhead_s, ROUND_S)
         self.mech = RoundMechanism(
-            [1], [1], len(job_ids), type_order=(0,), memory_s=rule.memory_s, hysteresis=rule.hysteresis
+            [1],
+            [1],
+            len(job_ids),
+            type_order=(0,),
+            memory_s=rule.memory_s,
+            hysteresis=rule.hysteresis,
+            allocation_integral=rule.allocation_integral,
+            round_s=ROUND_S,
         )
         self.live = live
         self.index = {j: k for k, j in enumerate(job_ids)}
@@ -147,7 +182,10 @@ class SimulatorMechanism:
         return {names[int(a)] for a in plan.members[:, 0].tolist()}
 
 
-def test_a_job_that_had_the_gpu_long_ago_regains_priority_as_its_share_decays(engine: Engine, tmp_path: Path) -> None:
+def test_a_job_that_had_the_gpu_long_ago_regains_priority_as_its_share_decays(
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forgetting_rule(monkeypatch)
     # job a has the V100 alone for 4 hours; then b arrives and the allocation gives each half of it.
     # Since arrival, a's share stays near 1 and b takes most rounds; with the memory, a's old surplus fades
     live = _live(engine, tmp_path, restart_overhead_s=1.5)
@@ -186,8 +224,9 @@ def _shares(history: list[str], k: int) -> dict[str, float]:
 
 
 def test_a_running_job_is_not_rotated_off_for_a_gain_smaller_than_the_hysteresis(
-    engine: Engine, tmp_path: Path
+    engine: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    forgetting_rule(monkeypatch)
     # two jobs with half of one V100 each; a move costs 30 s of a 360-s round: the holder keeps the GPU
     # unless the other's priority (allocation / decayed share) is more than 1 + 6 x 30 / 360 = 1.5 times its own
     live = _live(engine, tmp_path, restart_overhead_s=30.0)

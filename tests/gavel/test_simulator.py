@@ -157,12 +157,11 @@ def test_aware_policies_get_one_queue_per_type_and_agnostic_ones_a_single_queue(
     assert run("max_min_fairness", None) == run("max_min_fairness", False)
 
 
-def test_aware_policies_decay_their_priorities_memory_and_agnostic_ones_keep_it_since_arrival(
+def test_aware_policies_rank_by_the_allocation_integral_and_agnostic_ones_by_the_share_since_arrival(
     workload: Workload,
 ) -> None:
     import math
 
-    from costopt.gavel.mechanism import AWARE_MEMORY_S
     from costopt.gavel.simulator import generated_trace
 
     trace = generated_trace(workload, 2.0, 3, (5, 15))
@@ -171,12 +170,17 @@ def test_aware_policies_decay_their_priorities_memory_and_agnostic_ones_keep_it_
         return simulate_trace(get_policy(policy), trace, workload, (4, 4, 4), window=(5, 15), round_s=HOUR, **kw)
 
     aware = run("max_min_fairness_perf")
-    assert _strip(aware.as_dict()) == _strip(run("max_min_fairness_perf", memory_s=AWARE_MEMORY_S).as_dict())
-    # on this trace the memory changes which job runs where (since arrival: fewer moves, another JCT)
-    since_arrival = run("max_min_fairness_perf", memory_s=math.inf)
-    assert (since_arrival.avg_jct_s, since_arrival.moves_per_job) != (aware.avg_jct_s, aware.moves_per_job)
+    integral = run("max_min_fairness_perf", memory_s=math.inf, allocation_integral=True)
+    assert _strip(aware.as_dict()) == _strip(integral.as_dict())
+    # on this trace the rule changes which job runs where: the share since arrival, and the 7200-s memory
+    # that was the default before the integral (2026-12-02 to 12-04), give other JCTs
+    for old in (dict(memory_s=math.inf), dict(memory_s=7200.0)):
+        was = run("max_min_fairness_perf", allocation_integral=False, **old)
+        assert (was.avg_jct_s, was.moves_per_job) != (aware.avg_jct_s, aware.moves_per_job)
     agnostic = run("max_min_fairness")
-    assert _strip(agnostic.as_dict()) == _strip(run("max_min_fairness", memory_s=math.inf).as_dict())
+    assert _strip(agnostic.as_dict()) == _strip(
+        run("max_min_fairness", memory_s=math.inf, allocation_integral=False).as_dict()
+    )
 
 
 def test_per_job_outcomes_average_to_the_jct_and_are_json_able_on_demand(workload: Workload) -> None:
@@ -213,7 +217,9 @@ def test_the_allocation_integral_is_a_switch_of_the_simulator_and_fast_forwardin
     slow = simulate_trace(
         policy, trace, workload, (2, 2, 2), round_s=HOUR, allocation_integral=True, fast_forward=False
     )
-    share = simulate_trace(policy, trace, workload, (2, 2, 2), round_s=HOUR)
+    share = simulate_trace(policy, trace, workload, (2, 2, 2), round_s=HOUR, allocation_integral=False)
+    default = simulate_trace(policy, trace, workload, (2, 2, 2), round_s=HOUR)  # aware policies' default rule
+    assert _strip(default.as_dict(per_job=True)) == _strip(fast.as_dict(per_job=True))
     assert fast.window_complete and fast.avg_jct_s == pytest.approx(slow.avg_jct_s, rel=1e-9)
     for f, s in zip(fast.jobs, slow.jobs, strict=True):
         assert f.completion_s == pytest.approx(s.completion_s, rel=1e-9)
