@@ -8,9 +8,13 @@ writer) and read back with ``--trace``'s reader, so every variant runs the same 
 * ``costopt-one-queue``: the mechanism before issue 12 (one priority queue over every (job, type)).
 * ``costopt``: one queue per worker type, fastest first, priorities from the share since arrival (the
   mechanism between issue 12's per-type queues and its memory rule).
-* ``costopt+mem7200``: today's default for aware policies at zero restart cost (shares decayed with a
-  memory of 7200 s); ``costopt+mem7200+hyst6@30s``: today's default at 30 s per move (hysteresis
-  6 x 30 / 360). Other variants: ``+mem<S>`` (memory of S seconds), ``+hyst<K>`` (a unit that ran on
+* ``costopt-default``: the core's rule for aware policies as it is (``mechanism_rule``, nothing
+  overridden; since 2026-12-04 the allocation integral since arrival, the same JCTs as ``costopt+integral``)
+  and ``costopt-default@30s`` at 30 s per move (its hysteresis 6 x 30 / 360; as
+  ``costopt+integral+hyst6@30s``); other options add to it (``costopt-default+leftover1920``).
+  ``costopt+mem7200``: the default from 2026-12-02 to 12-04 at zero restart cost (shares decayed with a
+  memory of 7200 s); ``costopt+mem7200+hyst6@30s`` at 30 s per move (hysteresis 6 x 30 / 360). Other
+  variants: ``+mem<S>`` (memory of S seconds), ``+hyst<K>`` (a unit that ran on
   the type last round: priority x (1 + K x overhead / 360 s)), ``+hh<H>`` (x (1 + H) whatever the
   overhead), ``+prior<S>``, ``+central-lp``, ``+resolve-1920s`` (new allocations at most every 1920 s),
   ``+fill-per-type`` (each type's queue followed by the jobs the allocation gives nothing there, before
@@ -23,11 +27,21 @@ writer) and read back with ``--trace``'s reader, so every variant runs the same 
   with the unallocated jobs of each type ordered ``recv``: least decayed seconds there first, or
   ``gain``: largest throughput there over the job's slowest type first), ``+drr`` (each type's queue
   ranked by the deficit: the integral of the allocation in force minus the seconds received, decayed
-  alike; ``+drr-norm``: times the job's throughput there over its mean; ``+diff``: the current allocation
-  times the age in place of the integral; with ``+fpt-<order>``: per-type fill too), ``+integral``
-  (the core's ``allocation_integral``: the share rule's priority with the integral of the allocation in
-  force, coming round included, over the seconds received) and ``+ratio-int`` (the same with the
-  fast-forward off: first an experiment subclass, whose JCTs ``+integral`` reproduced, now the core's).
+  alike; ``+drr-norm``: times the job's throughput there over its mean; ``+drr-x`` (2026-12-04): the
+  deficit with the coming round's ``x round_s``, over ``x round_s`` (rounds of its allocation owed);
+  ``+diff``: the current allocation times the age in place of the integral; with ``+fpt-<order>``:
+  per-type fill too), ``+integral`` (the core's ``allocation_integral``: the share rule's priority with
+  the integral of the allocation in force, coming round included, over the seconds received) and
+  ``+ratio-int`` (the same with the fast-forward off: first an experiment subclass, whose JCTs
+  ``+integral`` reproduced, now the core's).
+  ``+leftover<S>`` (2026-12-04): a job that arrived less than S seconds ago has no allocation in force
+  yet, as the reference's arrivals until its next reset: it runs only on GPUs left over and is owed
+  nothing meanwhile (fast-forward off; ``+leftover-owed<S>``: owed its allocation while held, as the
+  allocation integral counts it). ``+after`` (2026-12-04): the integral's ratio after the coming round if
+  the unit runs, ``(owed + x round_s) / (received + round_s)``. ``+iprior<S>`` (2026-12-04): the
+  allocation integral's priority as if each unit had received its allocation for S seconds before it
+  arrived,
+  ``(owed + x round_s + x S) / (received + x S)`` (a new job's priority bounded by ``1 + round_s / S``).
   ``reference-emulation+reset<S>``: the emulation with a reset (and a new allocation) every S seconds.
   ``--jobs-table A B --seeds S``: variant A against B job by job on seed S (JCT differences summed by
   the job's V100 duration and V100/K80 speedup; uses ``SimResult.jobs``).
@@ -62,7 +76,7 @@ from typing import Any
 
 from common import DATA, RESULTS, load, spec_key
 
-VARIANTS = ("costopt-one-queue", "costopt", "costopt+mem7200", "reference-emulation")
+VARIANTS = ("costopt-one-queue", "costopt", "costopt+mem7200", "costopt-default", "reference-emulation")
 ABLATIONS = (
     "one-queue+central-lp",  # the allocation vertex: the old mechanism on the reference's kind of optimum
     "one-queue+resolve-1920s",  # admission: new allocations at most every 1920 s, as the reference
@@ -70,7 +84,8 @@ ABLATIONS = (
     "reference-emulation+one-queue",  # the reference's priorities without its per-type queues
     "costopt@30s",  # 30 s lost per move (restart from a checkpoint), which the paper does not charge
     "costopt+mem7200@30s",  # the memory without the hysteresis
-    "costopt+mem7200+hyst6@30s",  # today's default at 30 s per move
+    "costopt+mem7200+hyst6@30s",  # the default of 2026-12-02 to 12-04 at 30 s per move
+    "costopt-default@30s",  # today's default at 30 s per move
     "reference-emulation@30s",
 )
 """With ``--ablations``: which of the reference's mechanisms carries the difference."""
@@ -209,7 +224,9 @@ def _fill_order_mechanism(order: str) -> type:
     return FillOrder
 
 
-def _deficit_mechanism(fill_order: str | None = None, current_x: bool = False, normalized: bool = False) -> type:
+def _deficit_mechanism(
+    fill_order: str | None = None, current_x: bool = False, normalized: bool = False, per_x: bool = False
+) -> type:
     import numpy as np
 
     from costopt.gavel.mechanism import RoundMechanism
@@ -238,6 +255,8 @@ def _deficit_mechanism(fill_order: str | None = None, current_x: bool = False, n
             if normalized:  # seconds owed x the job's throughput there over its mean one: progress owed
                 tp = _THROUGHPUT[a]
                 deficit = deficit * tp[np.arange(a.shape[0]), cj] / tp.mean(axis=1)
+            if per_x:  # the coming round included, in rounds of the unit's allocation there
+                deficit = (deficit + self._c_x * self.round_s) / (self._c_x * self.round_s)
             if self.hysteresis > 0:  # a unit that ran on the type last round: owed h rounds more there
                 deficit = np.where(self._held(), deficit + self.hysteresis * 360.0, deficit)
             assert self._type_pos is not None
@@ -274,6 +293,100 @@ def _deficit_tie_mechanism(total: bool) -> type:
             return cu[order].tolist(), cj[order].tolist()
 
     return DeficitTie
+
+
+def _leftover_mechanism(hold_s: float, owed_meanwhile: bool = False) -> type:
+    import numpy as np
+
+    from costopt.gavel.mechanism import RoundMechanism
+
+    class Leftover(RoundMechanism):  # type: ignore[misc]
+        """costopt's mechanism, but a job that arrived less than ``hold_s`` ago has no allocation in force
+        yet, as the reference's arrivals until its next reset: it is not in the types' queues, runs only on
+        GPUs left over (with the jobs the allocation gives nothing there, earliest arrival first) and is
+        owed nothing meanwhile (``owed_meanwhile``: owed its allocation while held, which it catches up on
+        after). Single-GPU units without space sharing only (an experiment)."""
+
+        _now = 0.0
+
+        def set_allocation(self, jobs, scale_factor, runnable, x, pairs, pair_x, since_s):  # type: ignore[no-untyped-def]
+            super().set_allocation(jobs, scale_factor, runnable, x, pairs, pair_x, since_s)
+            self._rows_runnable = runnable
+
+        def _young(self, units: Any) -> Any:
+            return self._u_since[units] > self._now - hold_s + 1e-9
+
+        def plan(self, now_s: float):  # type: ignore[no-untyped-def]
+            self._now = now_s
+            self._f_unit = None  # who is young changes with time
+            return super().plan(now_s)
+
+        def _queue(self, now_s: float) -> tuple[list[int], list[int]]:
+            cu, cj = super()._queue(now_s)
+            if not cu:
+                return cu, cj
+            keep = ~self._young(np.array(cu, dtype=np.int64))
+            return np.array(cu)[keep].tolist(), np.array(cj)[keep].tolist()
+
+        def _fill_candidates(self) -> tuple[list[int], list[int]]:
+            jobs, allowed, since = self._fill_from
+            young = since > self._now - hold_s + 1e-9
+            fu, fj = np.nonzero(allowed | (self._rows_runnable & young[:, None]))
+            order = np.lexsort((jobs[fu], since[fu]))
+            return fu[order].tolist(), fj[order].tolist()
+
+        def record(self, plan, seconds):  # type: ignore[no-untyped-def]
+            kept = self._c_x
+            if self.allocation_integral and kept.shape[0] and not owed_meanwhile:
+                self._c_x = np.where(self._young(self._c_unit), 0.0, kept)  # owed nothing while held
+            try:
+                super().record(plan, seconds)
+            finally:
+                self._c_x = kept
+
+    return Leftover
+
+
+def _integral_prior_mechanism(prior_s: float) -> type:
+    import numpy as np
+
+    from costopt.gavel.mechanism import _MIN_RECEIVED_S, RoundMechanism
+
+    class IntegralPrior(RoundMechanism):  # type: ignore[misc]
+        """The allocation integral's priority with a prior: ``(owed + x * round_s + x * prior_s) /
+        (received + x * prior_s)``, as if each unit had received its allocation for ``prior_s`` before it
+        arrived: a new unit's priority is ``1 + round_s / prior_s`` instead of unbounded, so a long job
+        behind its allocation can outrank it."""
+
+        def _priority(self, now_s: float) -> Any:
+            cu, cj, cx = self._c_unit, self._c_type, self._c_x
+            recv = self._u_recv[cu, cj] + cx * prior_s
+            prio = (self._u_owed[cu, cj] + cx * (self.round_s + prior_s)) / np.maximum(recv, _MIN_RECEIVED_S)
+            if self.hysteresis > 0:
+                prio = np.where(self._held(), prio * (1.0 + self.hysteresis), prio)
+            return prio
+
+    return IntegralPrior
+
+
+def _after_mechanism() -> type:
+    import numpy as np
+
+    from costopt.gavel.mechanism import RoundMechanism
+
+    class After(RoundMechanism):  # type: ignore[misc]
+        """The allocation integral's priority as it would be after the coming round if the unit ran:
+        ``(owed + x * round_s) / (received + round_s)``: the unit that stays furthest behind even after
+        running goes first (a new unit: ``x``, below an established unit at its part, about 1)."""
+
+        def _priority(self, now_s: float) -> Any:
+            cu, cj, cx = self._c_unit, self._c_type, self._c_x
+            prio = (self._u_owed[cu, cj] + cx * self.round_s) / (self._u_recv[cu, cj] + self.round_s)
+            if self.hysteresis > 0:
+                prio = np.where(self._held(), prio * (1.0 + self.hysteresis), prio)
+            return prio
+
+    return After
 
 
 def _type_fraction_mechanism() -> type:
@@ -338,8 +451,10 @@ def _run(spec: dict[str, Any], trace_path: str, per_job: bool = False) -> dict[s
         kwargs["restart_overhead_s"] = float(overhead.rstrip("s"))
     parts = variant.split("+")
     variant = "+".join(p for p in parts if not p.startswith(("mem", "hyst", "prior", "hh")))
-    # rows without +mem / +hyst: shares since arrival, no hysteresis (the rule before the memory rule)
-    kwargs["memory_s"], kwargs["hysteresis"] = math.inf, 0.0
+    if variant.startswith("costopt-default"):  # the core's rule as it is (mechanism_rule): nothing overridden
+        pass
+    else:  # rows without +mem / +hyst / +integral: shares since arrival, no hysteresis (the rule before issue 12's)
+        kwargs["memory_s"], kwargs["hysteresis"], kwargs["allocation_integral"] = math.inf, 0.0, False
     for opt in (p for p in parts if p.startswith(("mem", "hyst", "prior", "hh"))):
         if opt.startswith("hh"):  # +hh<H>: a unit that ran on the type last round: priority x (1 + H)
             kwargs["hysteresis"] = float(opt[2:])
@@ -359,6 +474,16 @@ def _run(spec: dict[str, Any], trace_path: str, per_job: bool = False) -> dict[s
         kwargs["fast_forward"] = False
     if "deficit-tie" in variant or "deficit-total-tie" in variant:  # patched in this worker process only
         simulator.RoundMechanism = _deficit_tie_mechanism(total="deficit-total-tie" in variant)  # type: ignore[misc]
+    if "+iprior" in variant:  # patched in this worker process only
+        simulator.RoundMechanism = _integral_prior_mechanism(float(variant.split("+iprior")[1].split("+")[0]))  # type: ignore[misc]
+        kwargs["allocation_integral"] = True
+    if "+after" in variant:  # patched in this worker process only
+        simulator.RoundMechanism = _after_mechanism()  # type: ignore[misc]
+        kwargs["allocation_integral"] = True
+    if "+leftover" in variant:  # patched in this worker process only
+        hold = float(variant.split("+leftover")[1].split("+")[0].removeprefix("-owed"))
+        simulator.RoundMechanism = _leftover_mechanism(hold, "+leftover-owed" in variant)  # type: ignore[misc]
+        kwargs["fast_forward"] = False  # who is held changes with time: rounds do not repeat
     if "type-frac" in variant:  # patched in this worker process only
         simulator.RoundMechanism = _type_fraction_mechanism()  # type: ignore[misc]
     if "fpt-" in variant or "+drr" in variant:
@@ -367,7 +492,7 @@ def _run(spec: dict[str, Any], trace_path: str, per_job: bool = False) -> dict[s
     if "+drr" in variant or "+diff" in variant:  # patched in this worker process only
         fill = variant.split("fpt-")[1].split("+")[0] if "fpt-" in variant else None
         simulator.RoundMechanism = _deficit_mechanism(  # type: ignore[misc]
-            fill, current_x="+diff" in variant, normalized="+drr-norm" in variant
+            fill, current_x="+diff" in variant, normalized="+drr-norm" in variant, per_x="+drr-x" in variant
         )
         kwargs["fast_forward"] = False
     elif "fpt-" in variant:  # patched in this worker process only
