@@ -129,3 +129,20 @@ def test_a_store_written_before_0007_keeps_its_prices_and_resolves_late_points(b
     result = store.write([pt(5, 3.0), pt(12, 2.0)])  # reaches back before the newest observation
     assert (result.inserted, result.unchanged) == (1, 1)
     assert [price_of(store, h(t)) for t in (4, 5, 10, 13)] == [1.0, 3.0, 2.0, 2.0]
+
+
+def test_fleet_jobs_written_before_0015_are_owed_what_they_received(blank_sqlite: Engine) -> None:
+    # the allocation integral (fleet_jobs.owed) was not kept before 0015: a job in a fleet then starts level
+    # with its part (owed = received), not as if it had taken every second it ran
+    migrate(blank_sqlite, "0014")
+    with blank_sqlite.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO fleet_jobs (job_id, fleet_id, team_id, weight, gpus, throughput, steps_total, arrived_at,"
+            " status, received, updated_at) VALUES ('job-a', 'fleet-1', 'team-a', 1.0, 1, '{\"v100\": 10.0}', 100,"
+            " ?, 'running', '{\"v100\": 720.0}', ?)",
+            (to_epoch_us(h(0)), to_epoch_us(h(1))),
+        )
+    migrate(blank_sqlite)
+    with blank_sqlite.connect() as conn:
+        row = conn.exec_driver_sql("SELECT owed, owed_at FROM fleet_jobs WHERE job_id = 'job-a'").one()
+    assert (row.owed, row.owed_at) == ('{"v100": 720.0}', None)

@@ -21,9 +21,11 @@ depends_on = None
 
 
 def upgrade() -> None:
-    # jobs already in a fleet start from nothing owed: the integral counts from the next round on
     op.add_column("fleet_jobs", sa.Column("owed", sa.Text(), nullable=False, server_default="{}"))
     op.add_column("fleet_jobs", sa.Column("owed_at", costopt.db.types.UtcDateTime(), nullable=True))
+    # jobs already in a fleet are taken as owed what they received (their past allocations were not kept):
+    # each starts level with its part, instead of ranking as if it had taken everything it ran
+    op.execute("UPDATE fleet_jobs SET owed = received")
 
 
 def downgrade() -> None:
