@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +163,69 @@ def test_a_boundary_that_crashed_mid_write_or_lost_its_race_counts_the_round_onc
         want = _owed_by_docs(docs, None)
         assert stored == pytest.approx({j: want.get(j, 0.0) for j in stored}, rel=1e-9, abs=1e-6), f"round {r + 1}"
     assert live.repo.get(live.fleet_id).round == 30
+
+
+def test_on_two_worker_types_the_executor_follows_the_simulators_integral_per_type(
+    engine: Engine, tmp_path: Path
+) -> None:
+    # a V100 and a K80; jobs with different speedups arrive over time; the executor is replaced every 5
+    # rounds: each round, which job runs on which type is the simulator's mechanism's (owed per type name)
+    import numpy as np
+
+    from costopt.fleets.model import NewInstance
+    from costopt.gavel.mechanism import RoundMechanism, fastest_first
+    from tests.fleets.test_executor import K80, V100
+
+    rates = {
+        "a": {"v100": 10.0, "k80": 4.0},
+        "b": {"v100": 10.0, "k80": 8.0},
+        "c": {"v100": 10.0, "k80": 2.0},
+        "d": {"v100": 10.0, "k80": 5.0},
+    }
+    arrivals = {0: ("a",), 3: ("b",), 7: ("c",), 12: ("d",)}
+    instances = (
+        NewInstance(V100, "v100", 1, "local", Decimal("0.95")),
+        NewInstance(K80, "k80", 1, "local", Decimal("0.30")),
+    )
+    live = _live(engine, tmp_path, restart_overhead_s=0.0, instances=instances)
+    names = sorted(rates)
+    types = ["k80", "v100"]  # the executor's order (alphabetical)
+    tput = np.array([[rates[n][t] for t in types] for n in names])
+    rule = mechanism_rule(True, 0.0, ROUND_S)
+    mech = RoundMechanism(
+        [1, 1],
+        [1, 1],
+        len(names),
+        type_order=fastest_first(tput),
+        memory_s=rule.memory_s,
+        hysteresis=rule.hysteresis,
+        allocation_integral=rule.allocation_integral,
+        round_s=ROUND_S,
+    )
+    ran_k80 = 0
+    for r in range(30):
+        if r and r % 5 == 0:
+            live.executor = live.replica()
+        rnd = live.next_round(arrivals.get(r, ()), {n: rates[n] for n in arrivals.get(r, ())})
+        fleet = live.repo.get(live.fleet_id)
+        doc = fleet.allocation
+        assert doc is not None and doc["worker_types"] == types
+        jobs = {j.job_id: j for j in live.repo.jobs(fleet.id)}
+        rows = np.array([names.index(j.removeprefix("job-")) for j in doc["job_ids"]], dtype=np.int64)
+        mech.set_allocation(
+            rows,
+            np.ones(rows.shape[0], dtype=np.int64),
+            tput[rows] > 0,
+            np.array(doc["x"], dtype=np.float64),
+            np.zeros((0, 2), dtype=np.int64),
+            np.zeros((0, 2)),
+            np.array([(jobs[j].arrived_at - fleet.created_at).total_seconds() for j in doc["job_ids"]]),
+        )
+        plan = mech.plan((rnd.started_at - fleet.created_at).total_seconds())
+        mech.record(plan, ROUND_S)
+        pairs = zip(plan.members[:, 0].tolist(), plan.wtype.tolist(), strict=True)
+        want = {(f"job-{names[a]}", types[w]) for a, w in pairs}
+        got = {(x.job_id, x.wtype) for x in rnd.assignment}
+        assert got == want, f"round {r + 1}: live {got}, the simulator's mechanism {want}"
+        ran_k80 += any(t == "k80" for _, t in got)
+    assert ran_k80 >= 20, ran_k80  # both types in use: the K80's queue is served too

@@ -71,22 +71,26 @@ class LiveFleet:
         """Another service replica's executor (nothing of the fleet in its memory)."""
         return _executor(self.repo, self.jobs, self.provider, self.overhead_s)
 
-    def submit(self, name: str) -> str:
+    def submit(self, name: str, rates: dict[str, float] | None = None) -> str:
         job_id = f"job-{name}"
         spec = {"command": ["python", "train.py"], "checkpoint_uri": f"file://{self.tmp}/{job_id}", "gpus": 1}
         job, _ = self.jobs.insert(
             NewJob("team-a", {**spec, "fleet_id": self.fleet_id}, 10**9, FLEET_PROVIDER, job_id=job_id)
         )
-        self.repo.add_job(NewFleetJob(job_id, self.fleet_id, "team-a", 1, {"v100": 10.0}, 10**9, job.created_at))
+        self.repo.add_job(
+            NewFleetJob(job_id, self.fleet_id, "team-a", 1, rates or {"v100": 10.0}, 10**9, job.created_at)
+        )
         return job_id
 
-    def next_round(self, arriving: tuple[str, ...] = ()) -> RoundRecord:
+    def next_round(
+        self, arriving: tuple[str, ...] = (), rates: dict[str, dict[str, float]] | None = None
+    ) -> RoundRecord:
         """Let the round in force end (the first round starts now), submit ``arriving`` at the boundary's
-        time, and return the round the executor starts."""
+        time (with ``rates[name]`` when given), and return the round the executor starts."""
         if self.rounds:
             self.clock.advance(ROUND_S)
         for name in arriving:
-            self.submit(name)
+            self.submit(name, (rates or {}).get(name))
         report = self.executor.tick()
         assert report.errors == [] and len(report.rounds) == 1
         self.rounds += 1
@@ -95,7 +99,9 @@ class LiveFleet:
         return rnd
 
 
-def _live(engine: Engine, tmp_path: Path, restart_overhead_s: float) -> LiveFleet:
+def _live(
+    engine: Engine, tmp_path: Path, restart_overhead_s: float, instances: tuple[NewInstance, ...] | None = None
+) -> LiveFleet:
     clock = Clock()
     repo = FleetRepository(engine, now=clock)
     jobs = JobRepository(engine, now=clock)
@@ -104,17 +110,17 @@ def _live(engine: Engine, tmp_path: Path, restart_overhead_s: float) -> LiveFlee
         NewFleet(
             team_id="team-a",
             policy=POLICY,
-            instances=(NewInstance(V100, "v100", 1, "local", Decimal("0.95")),),
+            instances=instances or (NewInstance(V100, "v100", 1, "local", Decimal("0.95")),),
             round_s=ROUND_S,
             resolve_rounds=1000,
         )
     )
     executor = _executor(repo, jobs, provider, restart_overhead_s)
-    executor.tick()  # launches the instance
-    (inst,) = repo.instances(fleet.id)
-    assert inst.instance_id is not None
-    token = provider.launched[inst.instance_id].env["COSTOPT_WORKER_TOKEN"]
-    WorkerSync(repo, jobs, poll_s=0.5).sync(inst.id, token, {"copies": []})
+    executor.tick()  # launches the instances
+    for inst in repo.instances(fleet.id):
+        assert inst.instance_id is not None
+        token = provider.launched[inst.instance_id].env["COSTOPT_WORKER_TOKEN"]
+        WorkerSync(repo, jobs, poll_s=0.5).sync(inst.id, token, {"copies": []})
     return LiveFleet(clock, repo, jobs, executor, fleet.id, tmp_path, provider, restart_overhead_s)
 
 
