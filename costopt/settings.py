@@ -337,6 +337,13 @@ class Settings(BaseSettings):
         "draws), written at every change and read back at start, so a restarted service (even after kill -9) "
         "finds its instances as on a real cloud. None: the simulated cloud lives and dies with the process.",
     )
+    sim_forget_ended_after: timedelta | None = Field(
+        default=timedelta(days=1),
+        description="How long after its end the service's simulated cloud keeps an ended instance (its record, "
+        "agent and console) before it forgets it, as a real cloud does: describe then answers not found and a "
+        "launch with its token launches anew. At least 1 hour (ENDED_RETENTION). Bounds the simulated cloud's "
+        "memory in a long-running service (it kept every instance ever launched). None: keep them all.",
+    )
     recovery_workers: int = Field(
         default=8,
         ge=1,

@@ -54,7 +54,7 @@ PROVIDERS: Registry[ProviderFactory] = Registry(
 def _sim(
     settings: Settings, prices: PriceView | None, hazards: HazardModel | None, extra: dict[str, Any]
 ) -> CloudProvider:
-    from providers.sim import SimCloud
+    from providers.sim import SimCloud, SimConfig
 
     if prices is None:
         raise ProviderConfigError(
@@ -62,8 +62,11 @@ def _sim(
             "store's view), or pass prices=...; or choose another provider with COSTOPT_PROVIDER"
         )
     state = settings.sim_state_file
+    # the service's cloud forgets instances ended COSTOPT_SIM_FORGET_ENDED_AFTER ago (SimConfig), also restored
+    config = extra.get("config") or SimConfig(forget_ended_after=settings.sim_forget_ended_after)
+    extra = {**extra, "config": config}
     if state is not None and state.exists() and "clock" not in extra:
-        return SimCloud.restore(state, prices, hazards, config=extra.get("config"), rate=extra.get("rate"))
+        return SimCloud.restore(state, prices, hazards, config=config, rate=extra.get("rate"))
     cloud = SimCloud.from_settings(settings, prices=prices, hazards=hazards, **extra)
     if state is not None and "clock" not in extra:
         cloud.persist_to(state)

@@ -193,7 +193,13 @@ class SimConfig:
     ``report_every``: the longest stretch of simulated time between two progress records of a simulated
     agent (:mod:`providers.sim_agent`; records are also written at every checkpoint). ``worker_poll``: the
     simulated fleet workers' heartbeat (:mod:`providers.sim_worker`: a sync at least this often, besides
-    those at round ends and exits; under the fleet executor's dead-after).
+    those at round ends and exits; under the fleet executor's dead-after). ``forget_ended_after``: how long
+    after its end an instance whose agent has stopped is kept (None: for ever); past it the cloud forgets
+    it (record, agent, console, launch token): ``describe`` raises :class:`~costopt.cloud.NotFoundError`, as
+    GCP and Azure do at once and EC2 after about an hour, and a launch with its token launches anew. At
+    least :data:`~costopt.cloud.ENDED_RETENTION` (``list`` shows ended instances that long). It bounds the
+    cloud's memory in a long-running service (each ended instance kept ~11 KiB with its agent, more with a
+    longer console, for ever; docs/reliability.md "Soak").
     """
 
     timing: WorkloadTiming = field(default_factory=WorkloadTiming)
@@ -204,8 +210,13 @@ class SimConfig:
     checkpoint_on_notice: bool = False
     report_every: timedelta = timedelta(minutes=10)
     worker_poll: timedelta = timedelta(seconds=60)
+    forget_ended_after: timedelta | None = None
 
     def __post_init__(self) -> None:
+        if self.forget_ended_after is not None and self.forget_ended_after < ENDED_RETENTION:
+            raise SimError(
+                f"forget_ended_after must be >= ENDED_RETENTION ({ENDED_RETENTION}), got {self.forget_ended_after}"
+            )
         if self.report_every <= timedelta(0):
             raise SimError(f"report_every must be > 0, got {self.report_every}")
         if self.worker_poll <= timedelta(0):
@@ -451,6 +462,7 @@ class SimCloud:
         self._saved: tuple[int, int, int, int] | None = None
         self._generation = 0  # saves of the state file so far (the undo journal's entries are tagged with it)
         self._journaled = 0  # agents' writes recorded in the undo journal since the last save
+        self._next_forget = 0  # the simulated time (us) of the next sweep for ended instances to forget
 
     # --- durable state -------------------------------------------------------------------------------
 
@@ -469,6 +481,7 @@ class SimCloud:
         self._mutations = 0
         self._saved = None
         self._journaled = 0
+        self._next_forget = 0
         self.fleet_transport = None
 
     def persist_to(self, path: Path) -> None:
@@ -693,6 +706,7 @@ class SimCloud:
         if not idempotency_token:
             raise SimError("an idempotency token is required")
         self._catch_up()
+        self._forget_ended()
         known = self._tokens.get(idempotency_token)
         if known is not None:
             return self._describe(self._instances[known])
@@ -768,6 +782,34 @@ class SimCloud:
             self._agents.add(iid)
             self._schedule(inst)
         return self._describe(inst)
+
+    def _forget_ended(self) -> None:
+        """Forget the instances that ended ``config.forget_ended_after`` ago or more and run no agent any
+        more (:class:`SimConfig`); one sweep over the instances per tenth of that time at most (so a
+        launch costs O(1) amortized), run at launches: the cloud then holds the instances launched within
+        about that time of simulated time, whatever its age."""
+        keep = self.config.forget_ended_after
+        now = self.clock.micros()
+        if keep is None or now < self._next_forget:
+            return
+        keep_us = keep // _US
+        self._next_forget = now + max(1, keep_us // 10)
+        cutoff = now - keep_us
+        gone = [
+            iid
+            for iid, inst in self._instances.items()
+            if (end := inst.end()) is not None
+            and end <= cutoff
+            and iid not in self._agents
+            and iid not in self._scheduled
+        ]
+        for iid in gone:
+            inst = self._instances.pop(iid)
+            self._live.discard(iid)
+            if self._tokens.get(inst.token) == iid:
+                del self._tokens[inst.token]
+        if gone:
+            self._mutations += 1
 
     def _worker_config(self, env: Mapping[str, str]) -> WorkerConfig | None:
         """The fleet worker a spec's env describes (None: it carries no worker variable). Raises

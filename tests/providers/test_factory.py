@@ -116,6 +116,10 @@ def test_sim_needs_prices_and_runs_over_them_from_the_sim_start() -> None:
     assert build_provider(Settings(), prices=_prices(offer, start)).now() == Settings().sim_start  # type: ignore[attr-defined]
     inst = provider.launch(spec(offer), "tok-f")
     assert [i.instance_id for i in provider.list(TAGS)] == [inst.instance_id]
+    # the service's cloud forgets ended instances (COSTOPT_SIM_FORGET_ENDED_AFTER, a day by default)
+    assert provider.config.forget_ended_after == timedelta(days=1)
+    keep_all = build_provider(Settings(sim_forget_ended_after=None), prices=_prices(offer, start))
+    assert keep_all.config.forget_ended_after is None  # type: ignore[attr-defined]
 
 
 def test_an_unknown_name_says_which_variable_to_fix() -> None:

@@ -108,6 +108,37 @@ def test_a_launch_is_idempotent_by_token() -> None:
     assert cloud.list({"costopt:job": "nobody"}) == []
 
 
+def test_ended_instances_are_forgotten_after_forget_ended_after() -> None:
+    cloud = sim(forget_ended_after=timedelta(hours=2))
+    old = cloud.launch(spec(AWS_OD), "old")
+    kept = cloud.launch(spec(AWS_OD), "kept")  # never ends: never forgotten
+    cloud.run_until(m(30))
+    cloud.terminate(old.instance_id)
+    cloud.run_until(m(30 + 119))
+    cloud.launch(spec(AWS_OD), "a")  # a launch sweeps: 1 h 59 min after its end, still known
+    assert cloud.describe(old.instance_id).state is InstanceState.TERMINATED
+    cloud.run_until(m(30 + 119 + 12))  # the next sweep: a tenth of the 2 h after the last one
+    cloud.launch(spec(AWS_OD), "b")
+    with pytest.raises(NotFoundError):  # as GCP and Azure answer for a deleted instance
+        cloud.describe(old.instance_id)
+    assert cloud.describe(kept.instance_id).state is InstanceState.RUNNING
+    again = cloud.launch(spec(AWS_OD), "old")  # its token is forgotten too: a new instance
+    assert again.state is InstanceState.PENDING and again.launched_at == m(161)
+    with pytest.raises(SimError, match="forget_ended_after must be >= "):
+        SimConfig(forget_ended_after=timedelta(minutes=59))
+
+
+def test_a_long_running_cloud_holds_only_the_instances_of_its_recent_past() -> None:
+    cloud = sim(forget_ended_after=timedelta(hours=2))
+    for i in range(300):  # one instance an hour, each ended after 30 min: 300 ever launched
+        inst = cloud.launch(spec(AWS_OD), f"t{i}")
+        cloud.run_until(m(60 * i + 30))
+        cloud.terminate(inst.instance_id)
+        cloud.run_until(m(60 * i + 60))
+    assert len(cloud._instances) <= 4 and len(cloud._tokens) <= 4  # those ended within ~2 h (one sweep late)
+    assert len(sim()._instances) == 0  # the default keeps every instance (backtests, tests)
+
+
 def test_the_boot_delay_keeps_an_instance_pending() -> None:
     cloud = sim(timing=WorkloadTiming(boot=timedelta(minutes=3)))
     inst = cloud.launch(spec(), "t")
