@@ -37,6 +37,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import socket
 import subprocess
 import sys
@@ -73,7 +74,12 @@ def make_app() -> Any:
     ``BENCH_MALLOC_TRIM=1`` it calls glibc's ``malloc_trim(0)`` after each sample and appends the RSS
     after it (what the allocator held of freed memory)."""
     from api.app import create_app
+    from api.cli.common import configure_logging
 
+    # the service's own log lines as `costopt serve` writes them (time, level, logger: message); without it
+    # uvicorn configures only its loggers, and the service's warnings and errors reach stderr as bare
+    # messages (logging's last-resort handler), with no level for bench/soak.py's error count to see
+    configure_logging(False)
     out = os.environ.get("BENCH_MEMORY_DIR")
     if out:
         app = create_app()
@@ -89,6 +95,7 @@ def _start_memory_probe(out: Path, every_s: float, app: Any) -> None:
 
     trace = os.environ.get("BENCH_TRACEMALLOC") == "1"
     trim = os.environ.get("BENCH_MALLOC_TRIM") == "1"
+    gc_types = os.environ.get("BENCH_GC_TYPES") == "1"
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
 
@@ -105,7 +112,9 @@ def _start_memory_probe(out: Path, every_s: float, app: Any) -> None:
                 tracemalloc.take_snapshot().dump(str(name) + ".tmp")
                 os.replace(str(name) + ".tmp", name)
                 line += f" traced_mb={tracemalloc.get_traced_memory()[0] / 2**20:.1f}"
-            line += _native_pools() + _held(app)
+            line += _native_pools() + _held(app) + _mappings() + _pymalloc()
+            if gc_types:
+                _gc_types(out / f"{os.getpid()}-{t:05d}.types")
             if trim:
                 line += f" after_trim_mb={_malloc_trim() / 1024:.1f}"
             with (out / f"{os.getpid()}.rss").open("a") as f:
@@ -120,6 +129,95 @@ def _native_pools() -> str:
 
     pa = sys.modules.get("pyarrow")
     return (f" arrow_mb={pa.total_allocated_bytes() / 2**20:.1f}" if pa is not None else "") + _malloc_info()
+
+
+def _mappings() -> str:
+    """Where the resident memory is (``/proc/self/smaps``): anonymous (malloc's ``[heap]``, the other anonymous
+    mappings: glibc's second arena, pymalloc's arenas, large blocks, thread stacks) and file-backed pages
+    (libraries' code and data as first touched), and the live threads and open file descriptors."""
+    rss: dict[str, int] = {"heap": 0, "anon": 0, "file": 0, "other": 0}
+    kind = "other"
+    anon_maps = 0
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                first = line.split(None, 1)[0]
+                if first.endswith(":"):
+                    if first == "Rss:":
+                        rss[kind] += int(line.split()[1])
+                    continue
+                parts = line.split()
+                path = parts[5] if len(parts) > 5 else ""
+                kind = (
+                    "heap" if path == "[heap]" else "file" if path.startswith("/") else "anon" if not path else "other"
+                )
+                anon_maps += kind == "anon"
+        threads = next(
+            int(x.split()[1]) for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("Threads:")
+        )
+        fds = len(os.listdir("/proc/self/fd"))
+    except (OSError, StopIteration, ValueError):
+        return ""
+    return (
+        "".join(f" {k}_rss_mb={v / 1024:.1f}" for k, v in rss.items())
+        + f" anon_maps={anon_maps} threads={threads} fds={fds}"
+    )
+
+
+def _pymalloc() -> str:
+    """pymalloc's arenas (1 MiB mappings of their own, which neither ``mallinfo2`` nor, when the objects in
+    them are freed, ``tracemalloc`` sees): arenas held now, and the bytes in used and free blocks in them
+    (``_PyObject_DebugMallocStats`` written to a temporary file)."""
+    import ctypes
+    import tempfile
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    dump = ctypes.pythonapi._PyObject_DebugMallocStats
+    dump.argtypes = [ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile("r", suffix=".mallocstats") as tmp:
+        fp = libc.fopen(tmp.name.encode(), b"w")
+        if not fp:
+            return ""
+        dump(fp)
+        libc.fclose(fp)
+        text = tmp.read()
+    found = {}
+    for key, pattern in (
+        ("arenas", r"# arenas allocated current\s*=\s*([\d,]+)"),
+        ("arenas_peak", r"# arenas highwater mark\s*=\s*([\d,]+)"),
+        ("used_mb", r"# bytes in allocated blocks\s*=\s*([\d,]+)"),
+        ("free_mb", r"# bytes in available blocks\s*=\s*([\d,]+)"),
+    ):
+        m = re.search(pattern, text)
+        if m:
+            n = int(m.group(1).replace(",", ""))
+            found[key] = str(n) if key.startswith("arenas") else f"{n / 2**20:.1f}"
+    return "".join(f" pymalloc_{k}={v}" for k, v in found.items())
+
+
+def _gc_types(path: Path, top: int = 40) -> None:
+    """The ``top`` types by live objects (``gc.collect()``, then ``gc.get_objects(2)``: after a full
+    collection every object alive is in the oldest generation, those frozen at start-up aside), written to
+    ``path`` as ``count type`` lines (``BENCH_GC_TYPES=1``; a soak's attribution only). The list holds a
+    reference to every object, also to a tuple another thread is still building (``_PyTuple_Resize`` needs
+    it unshared; see :func:`_held`): thread switches are held off while it lives (a long switch interval),
+    so no other thread runs Python code meanwhile; one that was already waiting for the interpreter may
+    still get it, rarely (none of the soaks that used it logged the ``SystemError``)."""
+    import gc
+    import sys
+    from collections import Counter
+
+    gc.collect()  # the garbage waiting for a full pass out first: what is counted is alive
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(100.0)
+    try:
+        counts = Counter(type(o).__qualname__ for o in gc.get_objects(generation=2))
+    finally:
+        sys.setswitchinterval(before)
+    path.write_text("".join(f"{n} {name}\n" for name, n in counts.most_common(top)) + f"{sum(counts.values())} ALL\n")
 
 
 def _held(app: Any) -> str:
@@ -396,12 +494,74 @@ class Server:
         return {p: process_cpu(p) for p in _children().get(self.proc.pid, []) if not _resource_tracker(p)}
 
 
+SERVING_REPLICA_ENV = {
+    "COSTOPT_MIGRATION_JOBS_ENABLED": "false",
+    "COSTOPT_FLEET_EXECUTOR_ENABLED": "false",
+    "COSTOPT_COLLECTORS_ENABLED": "false",
+}
+"""A serving replica's settings (:func:`serve_with_replicas`): the API only; no job engine, reconciler,
+watcher, rebalancer, fleets' rounds or collectors (docs/jobs.md: a replica that serves, the work left to
+another process). The API's routes only write rows: launches are the engine's and the fleets' executor's."""
+
+
+def serve_one(host: str, port: int, log_level: str) -> None:
+    """One uvicorn process of :func:`make_app` on ``host:port`` accepting on its own ``SO_REUSEPORT`` socket
+    (``api.replicas.ReusePortLoop``), so that several such processes share the port."""
+    from uvicorn import Config
+    from uvicorn import Server as Uvicorn
+
+    from api.replicas import LOOP
+
+    config = Config(
+        "bench.api_load:make_app", factory=True, host=host, port=port, loop=LOOP, log_level=log_level, access_log=False
+    )
+    Uvicorn(config).run()
+
+
+def serve_with_replicas(workers: int, host: str, port: int, log_level: str) -> None:
+    """``workers`` processes on one port (:func:`serve_one`): the first with the service's background work as
+    its environment sets it, the others serving replicas (:data:`SERVING_REPLICA_ENV`). Over the embedded
+    simulated cloud this is how more than one process can serve: the cloud lives in the one process that
+    runs the job work, where ``api.replicas`` (every worker alike) would give each worker a simulated cloud
+    of its own over the one database (``costopt serve --workers N`` refuses that). Stops them all on SIGTERM
+    or SIGINT; returns when they have exited."""
+    import signal
+
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from bench.api_load import serve_one; serve_one(sys.argv[1], int(sys.argv[2]), sys.argv[3])",
+        host,
+        str(port),
+        log_level,
+    ]
+    procs = [subprocess.Popen(cmd)]
+    procs += [subprocess.Popen(cmd, env={**os.environ, **SERVING_REPLICA_ENV}) for _ in range(workers - 1)]
+
+    def stop(signum: int, frame: object) -> None:
+        for p in procs:
+            p.terminate()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    for p in procs:
+        p.wait()
+
+
 @contextmanager
 def server(
-    url: str, *, workers: int, job_work: bool, log_dir: Path, extra_env: dict[str, str] | None = None
+    url: str,
+    *,
+    workers: int,
+    job_work: bool,
+    log_dir: Path,
+    extra_env: dict[str, str] | None = None,
+    serving_replicas: bool = False,
 ) -> Iterator[Server]:
     """The service on a free 127.0.0.1 port, ready on every worker; ``extra_env`` overrides the COSTOPT_*
-    settings set here (bench/soak.py turns the collectors and the fleets' executor on)."""
+    settings set here (bench/soak.py turns the collectors and the fleets' executor on). ``serving_replicas``
+    (with ``workers`` > 1): one process with the background work and ``workers - 1`` serving replicas
+    (:func:`serve_with_replicas`) instead of ``workers`` alike (``api.replicas``)."""
     import httpx
 
     port = free_port()
@@ -418,11 +578,21 @@ def server(
     )
     env.update(extra_env or {})
     log = log_dir / f"server-{port}.log"
-    if workers > 1:  # as `costopt serve --workers N`: a listening socket per worker (api/replicas.py)
+    if workers > 1 and serving_replicas:
+        cmd = [
+            sys.executable,
+            "-c",
+            "import sys; from bench.api_load import serve_with_replicas; "
+            "serve_with_replicas(int(sys.argv[1]), '127.0.0.1', int(sys.argv[2]), 'warning')",
+            str(workers),
+            str(port),
+        ]
+    elif workers > 1:  # as `costopt serve --workers N`: a listening socket per worker (api/replicas.py)
         cmd = [sys.executable, "-m", "api.replicas", "bench.api_load:make_app", "--host", "127.0.0.1"]
     else:
         cmd = [sys.executable, "-m", "uvicorn", "--factory", "bench.api_load:make_app", "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"]
+    if not (workers > 1 and serving_replicas):
+        cmd += ["--port", str(port), "--workers", str(workers), "--log-level", "warning", "--no-access-log"]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

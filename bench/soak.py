@@ -17,13 +17,19 @@ the loop runs closed, as fast as it answers), drawn by weight:
 - ``fleet_get``: ``GET /v1/fleets/{id}``; ``fleet_change``: a fleet leased, scaled (an instance added,
   one drained) or released, in turn (one change at a time: a scale never races a release).
 
+The processes (``--workers``, 2 on PostgreSQL): one runs the background work and the embedded simulated
+cloud, which lives in one process; the others are serving replicas on the same port (no engine, reconciler,
+watcher, rebalancer, fleets' rounds or collector; :func:`bench.api_load.serve_with_replicas`). Runs A-J ran
+the workers alike (``--split-sim``): each ran its own simulated cloud over the one database, so each engine,
+reconciler and watcher took the other cloud's copies for lost, which made most of those runs' failed jobs.
+
 Every answer must have its route's success status (anything else, or a failed connection, is an error).
 The server tree's RSS (``/proc/<pid>/status``) and the load average are sampled every ``--sample-s``;
 the table gives per-route throughput and p50/p99 latency (from send to answer: an open-loop schedule's
 waiting is not counted), errors, the RSS at the end of the warm-up and at the end (growth in MB and %,
 and the post-warm-up slope in MB/min), the server log's error lines and what the background work did.
 
-    .venv/bin/python bench/soak.py                      # 10 minutes, PostgreSQL, 2 workers
+    .venv/bin/python bench/soak.py                      # 10 minutes, PostgreSQL, 2 processes
     .venv/bin/python bench/soak.py --minutes 2 --json
 
 Targets (issue 14): zero errors; memory flat after warm-up (here: growth <= 10% and <= 50 MB from the end
@@ -159,6 +165,7 @@ class Sample:
     largest_mb: float
     processes: int
     load_1m: float
+    by_pid: dict[int, float] = field(default_factory=dict)
 
 
 def growth(samples: list[Sample], warmup_s: float) -> dict[str, Any]:
@@ -373,7 +380,7 @@ async def soak(srv: Server, secret: str, args: argparse.Namespace) -> dict[str, 
 
     duration = args.minutes * 60
     warmup = args.warmup if args.warmup is not None else min(60.0, duration * 0.2)
-    names, weights = list(WEIGHTS), weights_with(args.submit_weight)
+    names, weights = list(WEIGHTS), weights_with(args.submit_weight, args.route_weight)
     samples: list[Sample] = []
     start = time.perf_counter()
     slot = iter(range(10**12))
@@ -388,6 +395,7 @@ async def soak(srv: Server, secret: str, args: argparse.Namespace) -> dict[str, 
                     max(rss.values(), default=0.0),
                     len(rss),
                     os.getloadavg()[0],
+                    {p: round(v, 1) for p, v in rss.items()},
                 )
             )
             await asyncio.sleep(args.sample_s)
@@ -410,7 +418,16 @@ async def soak(srv: Server, secret: str, args: argparse.Namespace) -> dict[str, 
             c.close()
     wall = time.perf_counter() - start
     rss = rss_mb(srv.proc.pid)
-    samples.append(Sample(wall, sum(rss.values()), max(rss.values(), default=0.0), len(rss), os.getloadavg()[0]))
+    samples.append(
+        Sample(
+            wall,
+            sum(rss.values()),
+            max(rss.values(), default=0.0),
+            len(rss),
+            os.getloadavg()[0],
+            {p: round(v, 1) for p, v in rss.items()},
+        )
+    )
     # what the background work did: the collector's runs as the service shows them, the jobs' states
     sources = RawConnection(host, int(port))
     _, src_body = await sources.request(tr.get("/v1/prices/sources"))
@@ -435,13 +452,20 @@ async def soak(srv: Server, secret: str, args: argparse.Namespace) -> dict[str, 
     }
 
 
-def weights_with(submit: float) -> list[float]:
+def weights_with(submit: float, overrides: dict[str, float] | None = None) -> list[float]:
     """The routes' weights (in :data:`WEIGHTS`' order) with submissions at ``submit`` and the others scaled
-    to share the rest in their proportions."""
+    to share the rest in their proportions; ``overrides`` (route -> weight, e.g. ``report=0`` to leave a route
+    out when attributing memory) then replace those routes' weights (``random.choices`` normalizes)."""
     if not 0 < submit < 1:
         raise ValueError(f"the submissions' weight is a share in (0, 1), got {submit}")
+    unknown = sorted(set(overrides or {}) - set(WEIGHTS))
+    if unknown:
+        raise ValueError(f"unknown route(s) {unknown}: choose from {sorted(WEIGHTS)}")
+    if any(w < 0 for w in (overrides or {}).values()):
+        raise ValueError("a route's weight is >= 0")
     rest = 1 - WEIGHTS["submit"]
-    return [submit if name == "submit" else w * (1 - submit) / rest for name, w in WEIGHTS.items()]
+    out = [submit if name == "submit" else w * (1 - submit) / rest for name, w in WEIGHTS.items()]
+    return [(overrides or {}).get(name, w) for name, w in zip(WEIGHTS, out, strict=True)]
 
 
 def probe_summary(folder: Path, warmup_s: float, trace: bool) -> dict[str, Any]:
@@ -483,22 +507,39 @@ def _sources_summary(body: bytes) -> Any:
 def background(url: str) -> dict[str, Any]:
     """What the background work did, from the database at the end: jobs per state (the engine's tick moved
     them), the runs of each scheduled job (engine tick, rebalancer, reconciler, collectors, fleets'
-    executor: ``scheduler_leases.runs``) and the fleets' rounds started."""
+    executor: ``scheduler_leases.runs``), the fleets' rounds started, the job events by kind, the engine's
+    errors recorded on jobs (by reason), and each failed job's reason and event trail (kind, transition,
+    reason)."""
     from sqlalchemy import func, select
 
     from costopt.db.engine import make_engine
     from costopt.db.fleets_schema import fleet_rounds
-    from costopt.db.jobs_schema import jobs, scheduler_leases
+    from costopt.db.jobs_schema import job_events, jobs, scheduler_leases
 
     engine = make_engine(url)
     try:
         with engine.connect() as conn:
             states = conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state))
             runs = conn.execute(select(scheduler_leases.c.name, scheduler_leases.c.runs))
+            kinds = conn.execute(select(job_events.c.kind, func.count()).group_by(job_events.c.kind))
+            failed = conn.execute(select(jobs.c.id, jobs.c.reason).where(jobs.c.state == "failed")).all()
+            engine_errors = conn.execute(select(job_events.c.reason).where(job_events.c.kind == "engine_error")).all()
+            trails: dict[str, list[str]] = {}
+            for job_id, _ in failed:
+                rows = conn.execute(
+                    select(job_events.c.kind, job_events.c.from_state, job_events.c.to_state, job_events.c.reason)
+                    .where(job_events.c.job_id == job_id)
+                    .order_by(job_events.c.id)
+                )
+                trails[job_id] = [f"{k} {a or ''}->{b or ''} {r}"[:200] for k, a, b, r in rows]
             return {
                 "job_states": {str(s): int(n) for s, n in states},
                 "scheduled_runs": {str(name): int(n) for name, n in runs},
                 "fleet_rounds": int(conn.execute(select(func.count()).select_from(fleet_rounds)).scalar_one()),
+                "job_events": {str(k): int(n) for k, n in kinds},
+                "engine_errors": dict(Counter(str(r)[:160] for (r,) in engine_errors).most_common(10)),
+                "failed_reasons": dict(Counter(str(reason)[:160] for _, reason in failed).most_common()),
+                "failed_jobs": trails,
             }
     finally:
         engine.dispose()
@@ -561,8 +602,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             env["BENCH_MEMORY_EVERY_S"] = str(args.memory_every_s)
             if args.trace_memory:
                 env["BENCH_TRACEMALLOC"] = "1"
+            if args.gc_types:
+                env["BENCH_GC_TYPES"] = "1"
         load_before = os.getloadavg()
-        with server(url, workers=workers, job_work=True, log_dir=Path(logs), extra_env=env) as srv:
+        with server(
+            url, workers=workers, job_work=True, log_dir=Path(logs), extra_env=env, serving_replicas=not args.split_sim
+        ) as srv:
             result = run_async(soak(srv, secret, args))
             errors_in_log = log_errors(srv.log)
         load_after = os.getloadavg()
@@ -629,7 +674,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--backend", choices=["sqlite", "postgres"], default="postgres")
-    ap.add_argument("--workers", type=int, default=None, help="uvicorn workers (default 2 on PostgreSQL, 1 on SQLite)")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="service processes (default 2 on PostgreSQL, 1 on SQLite): one runs the background work (engine, "
+        "reconciler, watcher, rebalancer, fleets' rounds, collector) and the embedded simulated cloud, the others "
+        "are serving replicas on the same port (bench/api_load.py serve_with_replicas)",
+    )
+    ap.add_argument(
+        "--split-sim",
+        action="store_true",
+        help="run --workers alike instead (api.replicas, as runs A-J did): each then runs the background work over a "
+        "simulated cloud of its own and the one database, so each worker's engine, reconciler and watcher take the "
+        "others' copies for lost (copy_lost events, recoveries ping-ponging between the clouds, failed jobs, engine "
+        'races in the log); `costopt serve --workers N` refuses it (docs/reliability.md "Soak")',
+    )
     ap.add_argument("--rate", type=float, default=100.0, help="requests per second, all routes together")
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight at most")
     ap.add_argument("--warmup", type=float, default=None, help="seconds of warm-up (default 20%% of the run, <= 60)")
@@ -650,6 +710,14 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the submissions' share of the requests (default {WEIGHTS['submit']}; the other routes share the rest)",
     )
     ap.add_argument(
+        "--route-weight",
+        action="append",
+        default=[],
+        metavar="ROUTE=W",
+        help="set one route's weight after --submit-weight (repeatable; e.g. report=0 leaves the savings report "
+        "out, to attribute memory to a route)",
+    )
+    ap.add_argument(
         "--memory-dir",
         default=None,
         help="turn on the workers' memory probes, writing to this folder (bench/api_load.py make_app); their "
@@ -662,16 +730,23 @@ def main(argv: list[str] | None = None) -> int:
         help="with --memory-dir: trace the workers' Python heap (tracemalloc, slows them) and report its top "
         "growth sites from the warm-up's end to the end",
     )
+    ap.add_argument(
+        "--gc-types",
+        action="store_true",
+        help="with --memory-dir: each worker also writes its live objects' counts by type (the collector's oldest "
+        "generation) at each sample, <pid>-<seconds>.types",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     args = ap.parse_args(argv)
-    if args.trace_memory and not args.memory_dir:
-        ap.error("--trace-memory needs --memory-dir")
+    if (args.trace_memory or args.gc_types) and not args.memory_dir:
+        ap.error("--trace-memory and --gc-types need --memory-dir")
     if not args.steps or min(args.steps) < 1:
         ap.error("--steps: give positive step counts, e.g. 2000,5000")
     try:
-        weights_with(args.submit_weight)
+        args.route_weight = {k: float(v) for k, _, v in (x.partition("=") for x in args.route_weight)}
+        weights_with(args.submit_weight, args.route_weight)
     except ValueError as exc:
-        ap.error(f"--submit-weight: {exc}")
+        ap.error(f"--submit-weight / --route-weight: {exc}")
     result = run(args)
     if args.json:
         print(json.dumps(result, indent=1))

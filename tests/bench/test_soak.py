@@ -31,3 +31,24 @@ def test_the_probes_samples_are_read_per_worker(tmp_path: Path) -> None:
             ]
         }
     }
+
+
+def test_a_route_s_weight_can_be_set_to_attribute_memory_to_it() -> None:
+    got = dict(zip(WEIGHTS, weights_with(0.05, {"report": 0.0}), strict=True))
+    assert got["report"] == 0.0 and got["submit"] == 0.05
+    assert got["get"] == dict(zip(WEIGHTS, weights_with(0.05), strict=True))["get"]  # the others as they were
+    with pytest.raises(ValueError, match="unknown route"):
+        weights_with(0.05, {"reports": 0.0})
+    with pytest.raises(ValueError, match=">= 0"):
+        weights_with(0.05, {"report": -1.0})
+
+
+def test_a_serving_replica_runs_none_of_the_background_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.api_load import SERVING_REPLICA_ENV
+    from costopt.settings import Settings
+
+    for name, value in SERVING_REPLICA_ENV.items():
+        monkeypatch.setenv(name, value)
+    replica = Settings()
+    assert not replica.migration_jobs_enabled and not replica.collectors_enabled
+    assert replica.fleet_executor_enabled is False  # not None: None follows the migration jobs
