@@ -24,6 +24,7 @@ from costopt.cloud import LaunchSpec
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.risk.hazard import HazardModel
 from costopt.settings import Settings
+from costopt.simulated import SimEvent
 from providers.sim import SimCloud
 from tests.price_support import step_prices
 
@@ -93,6 +94,28 @@ def test_the_thread_ticks_until_stopped_and_sleepers_wait_for_it() -> None:
     before = cloud.now()
     driver.sleep(30.0)  # not running: the sleeper moves the clock itself
     assert cloud.now() == before + timedelta(seconds=30)
+
+
+def test_sleepers_that_move_the_clock_themselves_side_by_side_never_fail() -> None:
+    """A stopped driver's sleepers (the shutdown's: the work waiting on the clock goes on) each move the clock;
+    another may move it past one's target between its read and its move (the soak's ``ClockError`` engine
+    errors): that sleep is over, not failed."""
+    cloud = _cloud()
+    driver = SimClockDriver(cloud, scale=600.0, wall=Wall())  # never started: sleepers move the clock
+    real_run_to = cloud.run_to
+    calls: list[datetime] = []
+
+    def raced_run_to(at: datetime) -> list[SimEvent]:
+        calls.append(at)
+        if len(calls) == 1:
+            real_run_to(at + timedelta(seconds=5))  # the other sleeper, between this one's read and its move
+        return real_run_to(at)
+
+    cloud.run_to = raced_run_to  # type: ignore[method-assign]
+    driver.sleep(30.0)  # raised ClockError: run_until(START + 30 s) is before now (START + 35 s)
+    assert cloud.now() == START + timedelta(seconds=35)
+    driver.sleep(10.0)  # an ordinary sleep after it
+    assert cloud.now() == START + timedelta(seconds=45)
 
 
 def test_a_late_tick_moves_the_clock_at_most_the_cap_and_the_driver_says_it_is_behind_once_a_minute(
