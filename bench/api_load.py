@@ -72,7 +72,9 @@ def make_app() -> Any:
     that: a snapshot's traces are what is still alive of it) and writes a snapshot ``<pid>-<seconds since
     start>.snap`` at each sample; with
     ``BENCH_MALLOC_TRIM=1`` it calls glibc's ``malloc_trim(0)`` after each sample and appends the RSS
-    after it (what the allocator held of freed memory)."""
+    after it (what the allocator held of freed memory); with ``BENCH_GC_TYPES=1`` it writes the live objects
+    by type at each sample (:func:`_gc_types`). Each sample also has the resident memory by kind of mapping,
+    the threads and descriptors (:func:`_mappings`) and pymalloc's arenas (:func:`_pymalloc`)."""
     from api.app import create_app
     from api.cli.common import configure_logging
 
