@@ -26,7 +26,10 @@ from costopt.db.engine import make_engine, migrate
 from costopt.db.fleets_schema import fleet_rounds
 from costopt.fleets.rounds import HISTORY_MEMORIES, decayed_received, history_since
 from costopt.fleets.store import FleetRepository
-from costopt.gavel.mechanism import AWARE_MEMORY_S
+
+MEMORY_S = 7200.0
+"""The memory (s) of a rule that forgets (the aware rule's default until 2026-12-04; the allocation integral
+keeps none): how far back a boundary reads the fleet's leases."""
 
 PG_ADMIN_URL = os.environ.get("COSTOPT_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -58,7 +61,7 @@ def database(backend: str) -> Iterator[Engine]:
 
 
 def run(backend: str, round_s: float, leases: int) -> dict[str, float]:
-    n = int(HISTORY_MEMORIES * AWARE_MEMORY_S / round_s) + 1
+    n = int(HISTORY_MEMORIES * MEMORY_S / round_s) + 1
     with database(backend) as eng:
         rows = []
         for r in range(1, n + 1):
@@ -89,9 +92,9 @@ def run(backend: str, round_s: float, leases: int) -> dict[str, float]:
         best: tuple[float, float, int] | None = None
         for _ in range(3):
             t0 = time.perf_counter()
-            history = repo.leases_since("f", history_since([T0], now, AWARE_MEMORY_S))
+            history = repo.leases_since("f", history_since([T0], now, MEMORY_S))
             t1 = time.perf_counter()
-            decayed_received(history, ids, now, AWARE_MEMORY_S)
+            decayed_received(history, ids, now, MEMORY_S)
             t2 = time.perf_counter()
             if best is None or t2 - t0 < best[0] + best[1]:
                 best = (t1 - t0, t2 - t1, len(history))
