@@ -4,6 +4,12 @@ Errors come back as :class:`ApiError` with the HTTP status and the service's mes
 error shape: ``{"error": {"code", "message", "details"}}``); a service that cannot be reached is an
 :class:`ApiUnreachable` naming the URL and how to start it. Keys are sent as ``Authorization: Bearer``
 and never printed.
+
+A request that meets a pooled connection the server had just closed (uvicorn closes an idle keep-alive
+connection after 5 s; a request sent as it closes gets ``Server disconnected without sending a response``)
+is sent once more on a new connection when repeating it cannot do anything twice: a GET, HEAD, PUT or
+DELETE, or a request with an ``Idempotency-Key`` (the service answers its repeat with the first result).
+Any other request's failure is :class:`ApiUnreachable`, as it may have been carried out.
 """
 
 from __future__ import annotations
@@ -30,6 +36,18 @@ class ApiError(CostoptError):
 
 class ApiUnreachable(CostoptError):
     """No answer from the service at the configured URL."""
+
+
+SAFE_TO_REPEAT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+"""Methods the service carries out at most once however often they are sent (HTTP's idempotent methods)."""
+
+
+def repeatable(method: str, headers: Mapping[str, str] | None) -> bool:
+    """True when sending ``method`` with ``headers`` twice does what sending it once does: an idempotent
+    method, or any request with an ``Idempotency-Key`` header."""
+    if method.upper() in SAFE_TO_REPEAT:
+        return True
+    return any(k.lower() == "idempotency-key" for k in (headers or {}))
 
 
 def _error_of(resp: httpx.Response) -> ApiError:
@@ -120,8 +138,15 @@ class ApiClient:
         headers: Mapping[str, str] | None = None,
     ) -> httpx.Response:
         clean = {k: v for k, v in (params or {}).items() if v is not None}
+        sent = dict(headers or {})
         try:
-            resp = self._http().request(method, path, json=json, params=clean, headers=dict(headers or {}))
+            try:
+                resp = self._http().request(method, path, json=json, params=clean, headers=sent)
+            except httpx.RemoteProtocolError:
+                # most likely a pooled connection the server closed as this request went out (module docstring)
+                if not repeatable(method, sent):
+                    raise
+                resp = self._http().request(method, path, json=json, params=clean, headers=sent)
         except httpx.TransportError as exc:
             raise ApiUnreachable(
                 f"cannot reach the costopt service at {self.base_url} ({type(exc).__name__}): start it with "

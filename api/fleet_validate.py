@@ -114,6 +114,7 @@ class PolicyValidation:
     jct_error: float
     makespan_error: float
     sim_restart_overhead_s: float
+    sim_start_overhead_s: float
     sim0_avg_jct_s: float
     sim0_makespan_s: float
     first_start_s: float
@@ -265,7 +266,7 @@ class LiveService:
     local instance left is terminated when it ends."""
 
     def __init__(self, folder: Path, setup: ValidationSetup, base: Settings) -> None:
-        import httpx
+        from api.client import ApiClient
 
         folder.mkdir(parents=True, exist_ok=True)
         port = _free_port()
@@ -274,9 +275,9 @@ class LiveService:
         self.settings = _settings(folder, port, setup, base)
         key = _prepare_store(self.settings)
         self.server = _Server(self.settings, port)
-        self.client = httpx.Client(
-            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {key}"}, timeout=60
-        )
+        # the CLI's client: it sends a request again on a new connection when a pooled one was closed by
+        # the server as it went out (submissions carry an Idempotency-Key, so none is made twice)
+        self.client = ApiClient(f"http://127.0.0.1:{port}", key, timeout_s=60)
 
     def __enter__(self) -> LiveService:
         return self
@@ -296,9 +297,7 @@ class LiveService:
             "resolve_every_rounds": 100_000,
             "instances": [{"offer": OFFERS[t].to_doc(), "count": n} for t, n in counts.items() if n],
         }
-        r = self.client.post("/v1/fleets", json=body)
-        r.raise_for_status()
-        fleet_id = str(r.json()["id"])
+        fleet_id = str(self.client.request("POST", "/v1/fleets", json=body)["id"])
         want = {t: n for t, n in counts.items() if n}
         deadline = time.monotonic() + timeout_s
         while self.fleet(fleet_id)["gpus"] != want:
@@ -308,9 +307,7 @@ class LiveService:
         return fleet_id
 
     def fleet(self, fleet_id: str) -> dict[str, Any]:
-        r = self.client.get(f"/v1/fleets/{fleet_id}")
-        r.raise_for_status()
-        doc: dict[str, Any] = r.json()
+        doc: dict[str, Any] = self.client.request("GET", f"/v1/fleets/{fleet_id}")
         return doc
 
     def submit(self, job: LiveJob, fleet_id: str) -> str:
@@ -328,7 +325,8 @@ class LiveService:
             "--log-level",
             "WARNING",
         ]
-        r = self.client.post(
+        doc = self.client.request(
+            "POST",
             "/v1/jobs",
             json={
                 "name": job.name,
@@ -337,9 +335,9 @@ class LiveService:
                 "command": command,
                 "fleet_id": fleet_id,
             },
+            headers={"Idempotency-Key": f"{fleet_id}-{job.name}"},
         )
-        r.raise_for_status()
-        return str(r.json()["id"])
+        return str(doc["id"])
 
     def wait(self, fleet_id: str, n: int, timeout_s: float, progress: Callable[[str], None] = lambda _: None) -> int:
         """Wait until ``n`` jobs of the fleet finished (or ``timeout_s``); returns how many did."""
@@ -358,7 +356,7 @@ class LiveService:
     def release(self, fleet_id: str, timeout_s: float = 60.0) -> bool:
         """Release the fleet and wait until every instance is released (terminated and billed to its end:
         the fleet's bill is final) or lost; False after ``timeout_s``."""
-        self.client.post(f"/v1/fleets/{fleet_id}/release").raise_for_status()
+        self.client.request("POST", f"/v1/fleets/{fleet_id}/release")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if {i["state"] for i in self.fleet(fleet_id)["instances"]} <= {"released", "lost"}:
@@ -468,9 +466,11 @@ def _simulate(
     setup: ValidationSetup,
     restart_overhead_s: float,
     fleet_overhead_s: float,
+    start_overhead_s: float = 0.0,
 ) -> Any:
-    """The trace simulated with ``restart_overhead_s`` charged per move, under the live fleet's rule
-    (``fleet_overhead_s``: the restart overhead its executor was configured with)."""
+    """The trace simulated with ``restart_overhead_s`` charged per move and ``start_overhead_s`` in each
+    job's first round, under the live fleet's rule (``fleet_overhead_s``: the restart overhead its executor
+    was configured with)."""
     import numpy as np
 
     from costopt.gavel.mechanism import mechanism_rule
@@ -510,6 +510,7 @@ def _simulate(
         gpus_per_server=1,
         prices=tuple(DEFAULT_PRICES_USD_PER_H[t] for t in LABELS),
         restart_overhead_s=min(max(restart_overhead_s, 0.0), setup.round_s / 2),
+        start_overhead_s=min(max(start_overhead_s, 0.0), setup.round_s / 2),
         # the fleets' rule: the allocation integral for aware policies (the default) and the hysteresis of the
         # live fleet's configured restart overhead (COSTOPT_FLEET_RESTART_OVERHEAD), whatever the charge above
         hysteresis=mechanism_rule(policy_obj.heterogeneity_aware, fleet_overhead_s, setup.round_s).hysteresis,
@@ -525,12 +526,15 @@ def validate(
     settings: Settings | None = None,
     workdir: Path | None = None,
     sim_overhead_s: float | None = None,
+    sim_start_s: float | None = None,
     progress: Callable[[str], None] = lambda _: None,
 ) -> list[PolicyValidation]:
     """Run every policy of ``setup`` live, then simulated (see the module docstring). ``workdir``: where
     the runs keep their databases, checkpoints and instances (default: a temporary folder, removed).
     ``sim_overhead_s``: the restart overhead the simulator charges a moved job (None: the mean measured live
-    for the policy; the results also hold the simulation without any, ``sim0_*``)."""
+    for the policy; the results also hold the simulation without any, ``sim0_*``). ``sim_start_s``: the
+    seconds the simulator charges a job's first round (None: the mean of the policy's live first starts,
+    ``first_start_s``; 0 is Gavel's simulator, which charges none)."""
     import numpy as np
 
     from costopt.gavel.policies import POLICIES
@@ -550,14 +554,15 @@ def validate(
             moved = float(np.mean(live.overheads)) if live.overheads else 0.0
             charged = moved if sim_overhead_s is None else sim_overhead_s
             fleet_overhead = base.fleet_restart_overhead
-            sim = _simulate(policy, jobs, live.arrivals, setup, charged, fleet_overhead)
+            firsts = np.asarray(live.first_starts) if live.first_starts else np.zeros(1)
+            start_charged = float(firsts.mean()) if sim_start_s is None else sim_start_s
+            sim = _simulate(policy, jobs, live.arrivals, setup, charged, fleet_overhead, start_charged)
             sim0 = _simulate(policy, jobs, live.arrivals, setup, 0.0, fleet_overhead)
             finished = [(a, d) for a, d in zip(live.arrivals, live.done_at, strict=True) if d is not None]
             jct = [d - a for a, d in finished]
             live_jct = float(np.mean(jct)) if jct else math.nan
             live_makespan = max(d for _, d in finished) - min(live.arrivals) if finished else math.nan
             over = np.asarray(live.overheads) if live.overheads else np.zeros(1)
-            firsts = np.asarray(live.first_starts) if live.first_starts else np.zeros(1)
             result = PolicyValidation(
                 policy=policy,
                 live_avg_jct_s=round(live_jct, 3),
@@ -570,6 +575,7 @@ def validate(
                 jct_error=round(live_jct / sim.avg_jct_s - 1.0, 4),
                 makespan_error=round(live_makespan / sim.makespan_s - 1.0, 4),
                 sim_restart_overhead_s=round(charged, 3),
+                sim_start_overhead_s=round(start_charged, 3),
                 sim0_avg_jct_s=round(sim0.avg_jct_s, 3),
                 sim0_makespan_s=round(sim0.makespan_s, 3),
                 first_start_s=round(float(firsts.mean()), 3),

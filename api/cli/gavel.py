@@ -313,6 +313,14 @@ def validate(
             help="Restart overhead the simulator charges a move: 'measured' (the live mean) or a duration.",
         ),
     ] = "measured",
+    sim_start: Annotated[
+        str,
+        typer.Option(
+            "--sim-start",
+            help="Seconds the simulator charges a job's first round: 'measured' (the live mean first start) "
+            "or a duration (0s: Gavel's simulator, which charges none).",
+        ),
+    ] = "measured",
     workdir: Annotated[
         Path | None, typer.Option("--workdir", help="Keep each run's database, checkpoints and logs here.")
     ] = None,
@@ -339,6 +347,9 @@ def validate(
     overhead = None if sim_overhead.strip().lower() == "measured" else parse_seconds(sim_overhead, "--sim-overhead")
     if round_s < 1 or (overhead is not None and overhead >= round_s):
         raise typer.BadParameter("need --round >= 1s and --sim-overhead shorter than a round", param_hint="--round")
+    start = None if sim_start.strip().lower() == "measured" else parse_seconds(sim_start, "--sim-start")
+    if start is not None and start >= round_s:
+        raise typer.BadParameter("--sim-start must be shorter than a round", param_hint="--sim-start")
     settings = settings_with(data)
     try:
         setup = ValidationSetup(jobs=jobs, policies=names, seed=seed, round_s=round_s, per_label=per_label)
@@ -356,7 +367,12 @@ def validate(
                     console.log(message)
 
             results = run_validation(
-                setup, settings=settings, workdir=workdir, sim_overhead_s=overhead, progress=progress
+                setup,
+                settings=settings,
+                workdir=workdir,
+                sim_overhead_s=overhead,
+                sim_start_s=start,
+                progress=progress,
             )
     rows = [r.as_dict() for r in results]
     columns = [

@@ -4,7 +4,8 @@ with simulated progress instead of workers.
 Each round (default 360 s): admit the jobs that arrived, re-solve the policy if a job arrived or
 completed since the last solve (at most once per ``resolve_interval_s``), plan the round, then
 advance every running job by its throughput (consolidated or spread, alone or co-located) for the
-round, minus ``restart_overhead_s`` when it moved. A job finishing mid-round frees its GPUs at the
+round, minus ``restart_overhead_s`` when it moved (and ``start_overhead_s`` in its first round: the
+start of its first copy, 0 in Gavel's simulator). A job finishing mid-round frees its GPUs at the
 next round. Jobs arriving mid-round wait for the next round (their JCT counts the wait).
 
 Metrics (:class:`SimResult`): average JCT over a window of job ids, makespan (first arrival to last
@@ -97,6 +98,7 @@ class SimResult:
     restart_overhead_s: float
     trace: str | None = None  # the file a recorded trace was read from (None: generated)
     jobs: tuple[JobOutcome, ...] = ()
+    start_overhead_s: float = 0.0  # seconds a job's first round lost before its first step
 
     def as_dict(self, *, per_job: bool = False) -> dict[str, Any]:
         """The summary's fields; with ``per_job``, also ``jobs``: one dict per :class:`JobOutcome`."""
@@ -198,6 +200,7 @@ def simulate_trace(
     hysteresis: float | None = None,
     prior_s: float = 0.0,
     allocation_integral: bool | None = None,
+    start_overhead_s: float = 0.0,
 ) -> SimResult:
     """Simulate ``policy`` on ``trace``; see :func:`simulate`. ``window``: the job ids measured,
     ``[first, end)`` (default: every job); ``source``: where the trace was read from (reported).
@@ -211,10 +214,14 @@ def simulate_trace(
     allocations in force since each job arrived, not the current one times its age; by default all three
     as :func:`~costopt.gavel.mechanism.mechanism_rule` gives them (with per-type queues: no memory,
     6 x ``restart_overhead_s / round_s`` and the integral; else since arrival, 0 and the share rule), the
-    rule live fleets use too. ``prior_s``: see :class:`RoundMechanism` (default 0)."""
+    rule live fleets use too. ``prior_s``: see :class:`RoundMechanism` (default 0). ``start_overhead_s``:
+    seconds of a job's first round lost before its first step (a live worker starting the job's process;
+    default 0, as Gavel's simulator), charged like ``restart_overhead_s`` but not counted as a move."""
     wall0 = time.perf_counter()
     if round_s <= 0 or restart_overhead_s < 0 or restart_overhead_s >= round_s:
         raise InvalidState("need round_s > 0 and 0 <= restart_overhead_s < round_s")
+    if not 0 <= start_overhead_s < round_s:
+        raise InvalidState("need 0 <= start_overhead_s < round_s")
     n, nt = trace.n_jobs, len(workload.worker_types)
     in_window = trace.window_mask(window)
     if not in_window.any():
@@ -250,6 +257,7 @@ def simulate_trace(
     admitted_integral = np.zeros(n)  # integral over time of the number of jobs in the system, at admission
     done_integral = np.zeros(n)  # ... and at completion
     moves = np.zeros(n, dtype=np.int64)
+    started = np.zeros(n, dtype=np.bool_)  # the job has run a round (its first start is behind it)
     sf = trace.scale_factor
     active: IntArray = np.zeros(0, dtype=np.int64)
     next_arrival = 0
@@ -332,7 +340,8 @@ def simulate_trace(
             else:
                 jobs, rates, moved, unit_of = a, ta, plan.moved[:, 0], np.arange(plan.n_units)
             moves[jobs] += moved
-            start = np.where(moved, restart_overhead_s, 0.0)
+            start = np.where(moved, restart_overhead_s, np.where(started[jobs], 0.0, start_overhead_s))
+            started[jobs] = True
             work = round_s - start
             with np.errstate(divide="ignore", invalid="ignore"):
                 need_s = np.where(rates > 0, remaining[jobs] / rates, np.inf)
@@ -406,6 +415,7 @@ def simulate_trace(
         rate,
         multi_gpu,
         source,
+        start_overhead_s,
     )
 
 
@@ -432,6 +442,7 @@ def _result(
     rate: float | None,
     multi_gpu: bool,
     source: str | None,
+    start_overhead_s: float = 0.0,
 ) -> SimResult:
     lo, hi = window
     ids = np.nonzero(in_window)[0]
@@ -485,4 +496,5 @@ def _result(
         restart_overhead_s=float(restart_overhead_s),
         trace=source,
         jobs=outcomes,
+        start_overhead_s=float(start_overhead_s),
     )
