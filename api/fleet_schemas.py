@@ -138,7 +138,11 @@ class RoundPublic(BaseModel):
 class FleetJobPublic(BaseModel):
     """A job of the fleet: its state, weight and SLO, throughput on each worker type (steps/s), progress,
     the allocation's time fractions and the throughput they give (``expected_steps_per_s``), and the rate
-    it made since it arrived (``observed_steps_per_s``)."""
+    it made since it arrived (``observed_steps_per_s``). ``received_s``: seconds of leases it held on each
+    type; ``owed_s``: seconds of allocation the policy gave it on each type since it arrived (time fraction x
+    round length, summed: the allocation integral the aware policies' mechanism ranks by), as of ``owed_at``,
+    the last round boundary that folded it in (None: no round yet). Both are folded in at the boundaries a
+    job is still in the fleet at: the round a job finished in is not counted in them (its bill is)."""
 
     job_id: str
     name: str
@@ -156,6 +160,8 @@ class FleetJobPublic(BaseModel):
     epoch: int
     holder: str | None
     received_s: dict[str, float]
+    owed_s: dict[str, float]
+    owed_at: datetime | None
     fractions: dict[str, float]
     expected_steps_per_s: float | None
     observed_steps_per_s: float | None

@@ -399,6 +399,8 @@ def _job_public(
         epoch=fj.epoch,
         holder=fj.holder,
         received_s=dict(fj.received),
+        owed_s=dict(fj.owed),
+        owed_at=fj.owed_at,
         fractions=dict(fractions),
         expected_steps_per_s=expected,
         observed_steps_per_s=done / elapsed if elapsed > 0 else None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -133,4 +134,14 @@ def test_a_fleet_leased_over_rest_on_the_simulated_cloud_runs_its_jobs_to_the_en
         costs += Decimal(job["cost_so_far_usd"])
     fj: dict[str, Any] = {j["job_id"]: j for j in doc["jobs"]}
     assert {fj[j]["status"] for j in jobs} == {"done"}
+    # the allocation integral: the policy's time fractions since arrival, folded in at each boundary a job
+    # is still running at (the 500-step job may end within its first round: then nothing is folded in for it)
+    credited = [j for j in jobs if fj[j]["received_s"]]
+    assert len(credited) >= 3  # the jobs of 8-12 V100-minutes outlive a 6-minute round
+    for j in credited:
+        life = (
+            datetime.fromisoformat(fj[j]["finished_at"]) - datetime.fromisoformat(fj[j]["arrived_at"])
+        ).total_seconds()
+        assert fj[j]["owed_at"] is not None and set(fj[j]["owed_s"]) <= {"v100", "k80"}
+        assert 0 < sum(fj[j]["owed_s"].values()) <= life + doc["round_s"], (fj[j], life)
     assert Decimal(doc["cost_so_far_usd"]) == costs + Decimal(doc["idle_cost_usd"]) > 0
