@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments" / "backtest"))
 
-from common import paper_inputs
+from backtest_common import paper_inputs
 
 from api.wiring import build_hazards
 from costopt.backtest.preemption import STUDY_JOB_DAYS, preemption_study

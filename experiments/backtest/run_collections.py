@@ -23,7 +23,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import FIGURES, paper_inputs, replace_section
+from backtest_common import FIGURES, paper_inputs, replace_section
 from run_paper import md
 
 from costopt.backtest.together import CollectionCase, collection_sweep, mixed_collection

@@ -22,7 +22,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import FIGURES, paper_inputs, replace_section, short
+from backtest_common import FIGURES, paper_inputs, replace_section, short
 from run_paper import md
 
 from costopt.backtest.intervals import interval_sweep

@@ -24,7 +24,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import FIGURES, paper_inputs, replace_section, short
+from backtest_common import FIGURES, paper_inputs, replace_section, short
 
 from costopt.backtest.paper import (
     AZURE_FIRST_DAY,

@@ -30,7 +30,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import FIGURES, paper_inputs, replace_section, short
+from backtest_common import FIGURES, paper_inputs, replace_section, short
 from run_paper import md
 
 from api.wiring import build_hazards

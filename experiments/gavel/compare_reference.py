@@ -74,7 +74,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from common import DATA, RESULTS, load, spec_key
+from gavel_common import DATA, RESULTS, load, spec_key
 
 VARIANTS = ("costopt-one-queue", "costopt", "costopt+mem7200", "costopt-default", "reference-emulation")
 ABLATIONS = (

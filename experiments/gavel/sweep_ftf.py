@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import RESULTS, cap_s, run_specs
+from gavel_common import RESULTS, cap_s, run_specs
 
 POLICIES = ("finish_time_fairness", "finish_time_fairness_perf", "max_min_fairness", "max_min_fairness_perf")
 RATES = (2.0, 3.0, 5.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import RESULTS, cap_s, run_specs
+from gavel_common import RESULTS, cap_s, run_specs
 
 POLICIES = ("max_min_fairness", "max_min_fairness_perf")
 SINGLE_RATES = (0.4, 1.0, 2.0, 3.0, 4.0, 4.5, 5.0, 5.25, 5.5, 5.75, 6.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import RESULTS, run_specs
+from gavel_common import RESULTS, run_specs
 
 POLICIES = ("min_total_duration", "min_total_duration_perf", "max_min_fairness", "max_min_fairness_perf")
 SIZES = (100, 200, 300, 400, 500)

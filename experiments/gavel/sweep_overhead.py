@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import RESULTS, cap_s, run_specs
+from gavel_common import RESULTS, cap_s, run_specs
 
 POLICIES = ("max_min_fairness", "max_min_fairness_perf", "fifo_perf")
 RATES = (3.0, 5.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from common import RESULTS, cap_s, run_specs
+from gavel_common import RESULTS, cap_s, run_specs
 
 RATES = (3.0, 5.0, 6.0)
 SEEDS = (0, 1, 2)
