@@ -356,8 +356,11 @@ class FleetExecutor:
                     reason = self._ended(inst)
             if reason is None:
                 continue
-            if self._lose(fleet, inst, reason, out):
-                self._terminate(inst)
+            # terminated before it is lost: a lost instance is billed to now, so one the cloud still runs must
+            # not be lost (its bill would stop while the cloud's goes on); a terminate that failed is asked
+            # again at the next pass
+            if self._terminate(inst):
+                self._lose(fleet, inst, reason, out)
 
     def _lose(self, fleet: FleetRecord, inst: FleetInstance, reason: str, out: ExecutorReport) -> bool:
         """``inst`` is ``lost`` (:meth:`FleetRepository.lose_instance`), replaced when its fleet is active and
@@ -397,14 +400,21 @@ class FleetExecutor:
             return None
         return f"the instance is {state.value}" if state in ENDED else None
 
-    def _terminate(self, inst: FleetInstance) -> None:
+    def _terminate(self, inst: FleetInstance) -> bool:
+        """Terminate ``inst``'s cloud instance; True when the provider took it or knows no such instance (or
+        none was launched), False when it failed (the caller asks again at its next pass). An instance of a
+        provider not configured here is left alone: True (another replica's providers or none; as before)."""
         provider = self.providers.get(inst.provider)
         if provider is None or inst.instance_id is None:
-            return
+            return True
         try:
             provider.terminate(inst.instance_id)
+        except NotFoundError:
+            return True
         except CloudError as exc:
-            log.warning("fleet instance %s: terminate failed (retried by the reconciler): %s", inst.id, exc)
+            log.warning("fleet instance %s: terminate failed, asked again at the next pass: %s", inst.id, exc)
+            return False
+        return True
 
     def _drain(self, fleet: FleetRecord, instances: Sequence[FleetInstance], out: ExecutorReport) -> None:
         """Terminate the draining instances no job holds any more: their end is written (``ended_at``), they
@@ -435,7 +445,8 @@ class FleetExecutor:
                     and not self._clear_strays(fleet, inst, out)
                 ):
                     continue  # an earlier failed launch's instance the cloud created late: cleared first
-                self._terminate(inst)
+                if not self._terminate(inst):
+                    continue  # its end is written (its bill stops) only once the cloud took the terminate
                 self.repo.update_instance(inst.id, expect=(InstanceState.DRAINING,), ended_at=self.repo.now())
             log.info("fleet %s: instance %s terminated (%s)", fleet.id, inst.id, inst.end_reason or "drained")
 

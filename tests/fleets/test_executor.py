@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from costopt.cloud import Instance, Interruption, LaunchSpec, NotFoundError
+from costopt.cloud import CloudError, Instance, Interruption, LaunchSpec, NotFoundError
 from costopt.cloud import InstanceState as CloudState
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.fleets.billing import FleetBilling, split_micro
@@ -65,6 +65,8 @@ class FakeProvider:
     launched: dict[str, LaunchSpec] = field(default_factory=dict)
     ended: set[str] = field(default_factory=set)
     tokens: dict[str, str] = field(default_factory=dict)
+    refuse_terminates: int = 0  # the next N terminates fail as a cloud error (an outage, a throttle)
+    terminate_calls: int = 0
 
     def launch(self, spec: LaunchSpec, idempotency_token: str) -> Instance:
         iid = self.tokens.setdefault(idempotency_token, f"i-{len(self.tokens)}")
@@ -78,6 +80,10 @@ class FakeProvider:
         return Instance(instance_id, self.launched[instance_id].offer, state, {})
 
     def terminate(self, instance_id: str) -> None:
+        self.terminate_calls += 1
+        if self.refuse_terminates > 0:
+            self.refuse_terminates -= 1
+            raise CloudError("RequestLimitExceeded: slow down")
         self.ended.add(instance_id)
 
     def list(self, tags: Mapping[str, str]) -> builtins.list[Instance]:
@@ -643,3 +649,38 @@ def test_an_instance_no_provider_here_can_run_waits_and_says_why_once(rig: Rig) 
     assert rig.executor.tick().errors == []
     assert {i.state for i in rig.repo.instances(rig.fleet_id)} == {InstanceState.PENDING}
     assert all("cannot run a fleet worker" in (i.end_reason or "") for i in rig.repo.instances(rig.fleet_id))
+
+
+def test_a_drained_instance_whose_terminate_fails_keeps_its_bill_open_until_the_cloud_takes_it(rig: Rig) -> None:
+    rig.tick()
+    for w in rig.workers():
+        rig.worker_sync(w)
+    rig.repo.release(rig.fleet_id)
+    rig.provider.refuse_terminates = 2  # both instances' first terminate fails
+    report = rig.tick()
+    assert report.released == [] and rig.provider.ended == set()
+    insts = rig.repo.instances(rig.fleet_id)
+    # still running in the cloud: not ended, so their bill goes on
+    assert all(i.state is InstanceState.DRAINING and i.ended_at is None for i in insts)
+    report = rig.tick()  # asked again: taken
+    assert rig.provider.ended == set(rig.provider.launched)
+    assert sorted(report.released) == sorted(i.id for i in insts)
+    assert all(i.ended_at is not None for i in rig.repo.instances(rig.fleet_id))
+    assert rig.provider.terminate_calls == 4
+
+
+def test_an_instance_that_never_synced_is_lost_only_once_its_terminate_was_taken(rig: Rig) -> None:
+    rig.tick()
+    v100, k80 = rig.workers()
+    rig.worker_sync(k80)  # the V100's worker never syncs
+    rig.clock.advance(301)  # past the boot timeout
+    rig.worker_sync(k80)
+    rig.provider.refuse_terminates = 1
+    report = rig.tick()
+    assert report.lost == [] and rig.instance(v100).state is InstanceState.LAUNCHING
+    launched_as = rig.instance(v100).instance_id
+    assert launched_as is not None and launched_as not in rig.provider.ended
+    report = rig.tick()
+    assert report.lost == [v100] and rig.instance(v100).state is InstanceState.LOST
+    assert launched_as in rig.provider.ended
+    assert len(rig.workers()) == 3  # replaced
