@@ -10,7 +10,11 @@ Contracts:
 - :meth:`FleetRepository.add_job` registers a job submitted into a fleet; it is idempotent per job id
   (a retried registration changes nothing), so the submission path and the executor's repair of a
   submission cut short between its two writes may both call it;
-- times are tz-aware UTC from the repository's ``now`` (the service clock).
+- times are tz-aware UTC from the repository's ``now`` (the service clock);
+- **lock order**: a transaction that writes a fleet's row and rows of its instances or jobs locks the
+  fleet's row first (:meth:`FleetRepository._lock_fleet`), so a release (the fleet, then its instances)
+  never deadlocks with a lost instance (the instance and its jobs, then the fleet) or a scale-down on
+  PostgreSQL: the soak's run M had one release answered 503 by such a deadlock (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -291,6 +295,7 @@ class FleetRepository:
         if live:
             now = self.now()
             with self.engine.begin() as conn:
+                self._lock_fleet(conn, fleet_id)  # the fleet's row before its instances' (module doc)
                 conn.execute(
                     update(fleet_instances)
                     .where(fleet_instances.c.id.in_(live))
@@ -298,6 +303,13 @@ class FleetRepository:
                 )
                 self._touch(conn, fleet_id, now)
         return live
+
+    @staticmethod
+    def _lock_fleet(conn: Connection, fleet_id: str) -> None:
+        """Lock the fleet's row for the rest of ``conn``'s transaction (``SELECT ... FOR UPDATE`` on PostgreSQL;
+        SQLite's writer holds the whole file already): the first lock of any transaction that also writes the
+        fleet's instances or jobs and its row (the module doc's lock order)."""
+        conn.execute(select(fleets.c.id).where(fleets.c.id == fleet_id).with_for_update())
 
     def _touch(self, conn: Connection, fleet_id: str, now: datetime) -> None:
         conn.execute(
@@ -485,6 +497,12 @@ class FleetRepository:
         transaction; False (nothing done) when the instance was not live any more."""
         now = self.now()
         with self.engine.begin() as conn:
+            fleet_id = conn.execute(
+                select(fleet_instances.c.fleet_id).where(fleet_instances.c.id == instance_id)
+            ).scalar_one_or_none()
+            if fleet_id is None:
+                return False
+            self._lock_fleet(conn, fleet_id)  # the fleet's row before the instance's and its jobs' (module doc)
             row = conn.execute(
                 update(fleet_instances)
                 .where(
