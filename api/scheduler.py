@@ -45,6 +45,7 @@ import builtins
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -469,6 +470,63 @@ class OnServiceClock:
         return True
 
 
+POLL_SUMMARY_EVERY_S = 60.0
+"""At most one summary line per service-clock job per this many wall seconds (:class:`Poll`)."""
+
+
+class Poll:
+    """One poll of a job on the service clock (``work``: its :class:`OnServiceClock`), scheduled every
+    ``COSTOPT_SIM_TICK`` of wall time with room for two instances: a poll that finds the previous run still
+    going returns at once (False) and is counted, instead of APScheduler's "skipped: maximum number of
+    running instances reached" warning at every such poll (5 a second for each of the engine, the watcher
+    and the reconciler in the soak, whose runs outlast a 200 ms poll; not the simulated cloud's instances).
+    Once per :data:`POLL_SUMMARY_EVERY_S` of wall time at most, when polls found it running, one INFO line
+    says how many runs ended, the longest and the mean run, and the polls that found it running."""
+
+    def __init__(self, name: str, work: Callable[[], bool], *, wall: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.work = work
+        self.wall = wall
+        self.__name__ = name
+        self._running = threading.Lock()
+        self._count = threading.Lock()
+        self.busy_polls = 0
+        """Polls that found the previous run still going (since the last summary)."""
+        self.runs: list[float] = []
+        """The wall seconds of the runs that did work since the last summary."""
+        self._since = wall()
+
+    def __call__(self) -> bool:
+        if not self._running.acquire(blocking=False):
+            with self._count:
+                self.busy_polls += 1
+            return False
+        try:
+            started = self.wall()
+            ran = self.work()
+            ended = self.wall()
+        finally:
+            self._running.release()
+        with self._count:
+            if ran:
+                self.runs.append(ended - started)
+            if ended - self._since < POLL_SUMMARY_EVERY_S:
+                return ran
+            runs, busy, since = self.runs, self.busy_polls, self._since
+            self.runs, self.busy_polls, self._since = [], 0, ended
+        if busy:
+            log.info(
+                "%s: %d run(s) in the last %.0f s, longest %.2f s, mean %.2f s; %d poll(s) found a run going",
+                self.name,
+                len(runs),
+                ended - since,
+                max(runs, default=0.0),
+                sum(runs) / len(runs) if runs else 0.0,
+                busy,
+            )
+        return ran
+
+
 def _add(
     scheduler: BackgroundScheduler,
     name: str,
@@ -503,7 +561,8 @@ def _add(
     if service_time.stepper is not None:  # the stepped clock runs it (``group``: jobs sharing a lock)
         service_time.stepper.add_job(name, on_clock, group=group)
         return None
-    return add_leased_job(scheduler, name, description, Every(service_time.poll), on_clock, ())
+    poll = Poll(name, on_clock)
+    return add_leased_job(scheduler, name, description, Every(service_time.poll), poll, (), max_instances=2)
 
 
 def add_migration_jobs(

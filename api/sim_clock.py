@@ -54,6 +54,7 @@ T = TypeVar("T")
 __all__ = [
     "BEHIND_LOG_EVERY_S",
     "DEFAULT_MAX_TICKS",
+    "HOLD_S",
     "SimClockDriver",
     "SteppedClockDriver",
     "driver_for",
@@ -63,6 +64,17 @@ __all__ = [
     "start_sim_clock",
 ]
 
+HOLD_S = 30.0
+"""The most simulated time a tick moves under one hold of the cloud's lock: a tick moves the clock in slices
+of at most this, letting go of the lock (and waking the sleepers) between them. The lock was held for the
+whole tick before, with every simulated fleet worker's sync into the service (database round trips) run
+under it: 2-6 s of wall time a tick in the soak (load 5-13), while the job engine's, the watcher's and the
+migrator's calls to the cloud (``describe``, ``launch``) waited for it, which left the engine's tick idle
+most of the time and its jobs queued (docs/reliability.md "Soak", session 11)."""
+YIELD_S = 0.0005
+"""How long the driver sleeps between two slices of a tick, so a thread waiting for the cloud's lock takes it
+before the driver does again (a lock released and taken back at once by the same thread is rarely won by a
+waiter)."""
 DEFAULT_MAX_TICKS = 5
 """The default cap of one tick's jump, in nominal ticks (``tick x scale`` simulated seconds each): a tick up
 to 5 times late still follows scale x wall (the driver's own work makes every tick a little late)."""
@@ -168,7 +180,8 @@ class SimClockDriver:
     def advance(self) -> datetime:
         """One tick: move the clock by the wall time since the previous tick (none at the first) x scale,
         at most :attr:`max_tick` simulated seconds (the rest is dropped and added to :attr:`lag`), running
-        every simulated event on the way; returns the new simulated time."""
+        every simulated event on the way, in slices of at most :data:`HOLD_S` simulated seconds each under
+        one hold of the cloud's lock (sleepers woken after each); returns the new simulated time."""
         now = self.wall()
         last, self._last = self._last, now
         if last is not None and now > last:
@@ -176,7 +189,16 @@ class SimClockDriver:
             step = min(wanted, self.max_tick)
             if wanted > step:
                 self._behind(now, now - last, wanted - step)
-            _run_to_at_least(self.cloud, self.cloud.now() + timedelta(seconds=step))
+            target = self.cloud.now() + timedelta(seconds=step)
+            hold = timedelta(seconds=HOLD_S)
+            while (at := self.cloud.now()) < target:  # in slices: the lock let go between them (HOLD_S)
+                if at > target - hold:
+                    _run_to_at_least(self.cloud, target)
+                    break
+                _run_to_at_least(self.cloud, at + hold)
+                with self._moved:
+                    self._moved.notify_all()
+                time.sleep(YIELD_S)
         self.ticks += 1
         with self._moved:
             self._moved.notify_all()

@@ -369,13 +369,16 @@ def add_leased_job(
     leases: LeaseStore | None = None,
     lease_ttl: timedelta = DEFAULT_LEASE_TTL,
     first_run_now: bool = True,
+    max_instances: int | None = None,
 ) -> Job:
     """Add ``work(*args)`` as job ``name`` firing on ``schedule`` (``coalesce``), each run under the lease
     of its tick (``leases`` None: no lease, ``max_instances=1``; with leases, ``max_instances=2``: a run
     that fires while the previous one goes on waits for its lease, they never overlap). ``first_run_now``: also run once
     at start-up, for the latest tick already due. Without it, a job whose lease row shows it ran before, but not
     that tick (the replicas were down across it, or killed before it ran), still runs it at start-up (a
-    missed rebalancer pass is not put off a whole period); a job that never ran waits for its next tick."""
+    missed rebalancer pass is not put off a whole period); a job that never ran waits for its next tick.
+    ``max_instances``: APScheduler's bound instead (a poll that returns at once while its previous run goes
+    on: :class:`api.scheduler.Poll`)."""
     extra: dict[str, Any] = {}
     if first_run_now or (leases is not None and _missed_tick(leases, name, schedule)):
         extra["next_run_time"] = datetime.now(UTC)
@@ -387,7 +390,7 @@ def add_leased_job(
         name=description,
         # With a lease, a second instance may start while the previous run goes on: it waits for the
         # lease (up to a period) instead of giving its tick up; the lease keeps the two from overlapping.
-        max_instances=1 if leases is None else 2,
+        max_instances=max_instances or (1 if leases is None else 2),
         coalesce=True,
         # A late run still runs its own tick (unless a replica ran it or a newer one): be lenient.
         misfire_grace_time=max(10, int(seconds)),

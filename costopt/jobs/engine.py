@@ -464,7 +464,9 @@ class JobEngine:
                     self.repo.add_event(job.id, "engine_error", f"{type(exc).__name__}: {exc}"[:2000], at=self.now())
         before = job.state
         if self.busy(job.id) or job.id in snap.working:
-            self._follow_progress(job, migrator)
+            # the tick's snapshot of the migrator's row, not a read per job (it may be a worker's step old:
+            # the progress of the epoch it names is read, the newer one at the next tick)
+            self._follow_progress(job, migrator, snap.jobs.get(job.id))
             out.busy.append(job.id)
             return
         self._moved.pop(job.id, None)

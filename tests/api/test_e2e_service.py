@@ -248,7 +248,7 @@ def test_job_side_schedules_count_the_service_clock() -> None:
 def test_the_service_runs_its_job_side_schedules_on_the_simulated_clock_by_default(tmp_path: Path) -> None:
     """``make run``'s defaults: the engine, rebalancer, watcher and reconciler scheduled (no setting needed),
     counted on the simulated clock's driver, polled every ``COSTOPT_SIM_TICK``."""
-    from api.scheduler import ENGINE_JOB_ID, REBALANCE_JOB_ID, RECONCILE_JOB_ID, WATCH_JOB_ID, OnServiceClock
+    from api.scheduler import ENGINE_JOB_ID, REBALANCE_JOB_ID, RECONCILE_JOB_ID, WATCH_JOB_ID, OnServiceClock, Poll
     from api.ticks import Cron
 
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'svc.db'}", seed_on_start=False, collectors_enabled=False)
@@ -261,10 +261,12 @@ def test_the_service_runs_its_job_side_schedules_on_the_simulated_clock_by_defau
         jobs = {j.id: j for j in scheduler.get_jobs()}
         assert {ENGINE_JOB_ID, REBALANCE_JOB_ID, RECONCILE_JOB_ID, WATCH_JOB_ID} <= set(jobs)
         for job_id in (ENGINE_JOB_ID, REBALANCE_JOB_ID, RECONCILE_JOB_ID, WATCH_JOB_ID):
-            work = jobs[job_id].func.work  # the leased run's work: the service-clock wrapper
+            poll = jobs[job_id].func.work  # the leased run's work: a poll of the service-clock wrapper
+            assert isinstance(poll, Poll) and jobs[job_id].max_instances == 2, job_id  # a busy poll returns at once
+            work = poll.work
             assert isinstance(work, OnServiceClock) and work.now == driver.now, job_id
             assert jobs[job_id].trigger.interval == settings.sim_tick
-        assert jobs[REBALANCE_JOB_ID].func.work.schedule == Cron(settings.rebalance_cron)
+        assert jobs[REBALANCE_JOB_ID].func.work.work.schedule == Cron(settings.rebalance_cron)
         service = app.state.job_service  # type: ignore[attr-defined]
         assert service.service_clock is driver
         for migrator in service.migrators.values():

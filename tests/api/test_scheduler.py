@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import builtins
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -15,9 +16,11 @@ from apscheduler.triggers.interval import IntervalTrigger
 from sqlalchemy import Engine
 
 from api.scheduler import (
+    POLL_SUMMARY_EVERY_S,
     RECONCILE_JOB_ID,
     WATCH_JOB_ID,
     MigrationJobs,
+    Poll,
     _job,
     add_migration_jobs,
     build_scheduler,
@@ -291,3 +294,51 @@ def test_the_real_scheduler_keeps_running_a_job_that_raised(engine: Engine) -> N
     finally:
         sched.shutdown(wait=True)
     assert flaky.calls >= 5 and flaky.failures == 0  # failed twice (logged), then ran again and again
+
+
+class _Wall:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_poll_finding_the_previous_run_going_returns_at_once_and_one_line_a_minute_counts_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A service-clock job is polled every COSTOPT_SIM_TICK: a poll during a longer run returns False at once
+    (APScheduler, with two instances allowed, never logs its "maximum number of running instances" warning
+    at each such poll), and one INFO line per POLL_SUMMARY_EVERY_S gives the runs and the busy polls."""
+    wall = _Wall()
+    inside, release = threading.Event(), threading.Event()
+    runs: list[int] = []
+
+    def work() -> bool:
+        runs.append(1)
+        inside.set()
+        wall.t += 2.5  # a run of 2.5 s of wall time
+        release.wait(10)
+        return True
+
+    poll = Poll("engine", work, wall=wall)
+    caplog.set_level(logging.INFO, logger="costopt.scheduler")
+    first = threading.Thread(target=poll)
+    first.start()
+    assert inside.wait(10)
+    assert [poll() for _ in range(3)] == [False, False, False]  # the run goes on: each poll returns at once
+    assert runs == [1] and poll.busy_polls == 3
+    release.set()
+    first.join(10)
+    assert not [r for r in caplog.records if "poll(s) found a run going" in r.getMessage()]  # not a minute yet
+    wall.t += POLL_SUMMARY_EVERY_S
+    inside.clear()
+    assert poll() is True  # the next run, past the minute: the summary
+    (line,) = [r.getMessage() for r in caplog.records if "poll(s) found a run going" in r.getMessage()]
+    assert line.startswith("engine: 2 run(s) in the last 65 s, longest 2.50 s, mean 2.50 s; 3 poll(s)")
+    assert poll.busy_polls == 0 and poll.runs == []
+    # a quiet minute (no poll found a run going) logs nothing
+    caplog.clear()
+    wall.t += POLL_SUMMARY_EVERY_S
+    assert poll() is True
+    assert not [r for r in caplog.records if "found a run going" in r.getMessage()]

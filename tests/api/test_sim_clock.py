@@ -6,6 +6,7 @@ price store."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy import Engine
 
-from api.sim_clock import _DRIVERS_LOCK, SimClockDriver, driver_for, service_clock, start_sim_clock
+from api.sim_clock import _DRIVERS_LOCK, HOLD_S, SimClockDriver, driver_for, service_clock, start_sim_clock
 from api.wiring import build_catalog, build_cloud_provider, build_sim_throughput, build_store
 from costopt.agent import control, job_env
 from costopt.agent.contract import contract_env
@@ -76,6 +77,47 @@ def test_a_job_progresses_as_the_driver_ticks(tmp_path: Path) -> None:
         seen.append(control.progress(uri, 1).last_step)
     assert seen[0] == 1 and seen == sorted(seen) and seen[-1] == 3000  # booted by 10 min: its first step
     assert cloud.describe(inst.instance_id).exit_code == 0
+
+
+def test_a_tick_moves_the_clock_in_slices_letting_the_clock_go_between_them() -> None:
+    """A tick holds the cloud's lock for at most HOLD_S simulated seconds at a time (one ``run_to`` a slice):
+    another thread's call to the cloud (the engine's describe, a migrator's launch) made while the tick runs
+    can take the lock between two slices, not only after the whole tick (the soak: 2-6 s of wall time under
+    one hold, the engine waiting)."""
+    cloud = _cloud()
+    wall = Wall()
+    driver = SimClockDriver(cloud, scale=600.0, max_tick=3600.0, wall=wall)
+    driver.advance()
+    real_run_to = cloud.run_to
+    moves: list[tuple[datetime, datetime]] = []
+    seen_by_other: list[datetime] = []
+    other = threading.Thread(target=lambda: seen_by_other.append(_locked_now(cloud)))
+
+    def spied_run_to(at: datetime) -> list[SimEvent]:
+        moves.append((cloud.now(), at))
+        if len(moves) == 1:  # the other thread asks while the first slice holds the lock
+            with cloud._lock:
+                other.start()
+                other.join(0.2)  # it waits for the lock (not a timing assertion: it must still be waiting)
+                assert other.is_alive()
+                return real_run_to(at)
+        return real_run_to(at)
+
+    cloud.run_to = spied_run_to  # type: ignore[method-assign]
+    wall.t += 1.0  # 600 simulated seconds: 20 slices of 30
+    assert driver.advance() == START + timedelta(seconds=600)
+    other.join(5.0)
+    assert not other.is_alive()
+    assert len(moves) == int(600 // HOLD_S)
+    assert all(timedelta(0) < to - at <= timedelta(seconds=HOLD_S) for at, to in moves)
+    assert [to for _, to in moves] == sorted(to for _, to in moves) and moves[-1][1] == START + timedelta(seconds=600)
+    # the other thread's call ran once the first slice let the lock go (each slice is one hold: run_to)
+    assert seen_by_other[0] >= START + timedelta(seconds=HOLD_S)
+
+
+def _locked_now(cloud: SimCloud) -> datetime:
+    with cloud._lock:
+        return cloud.now()
 
 
 def test_the_thread_ticks_until_stopped_and_sleepers_wait_for_it() -> None:
