@@ -166,6 +166,8 @@ class Sample:
     processes: int
     load_1m: float
     by_pid: dict[int, float] = field(default_factory=dict)
+    job_states: dict[str, int] = field(default_factory=dict)
+    """The jobs by state at the sample (the engine's backlog over time; empty when the read failed)."""
 
 
 def growth(samples: list[Sample], warmup_s: float) -> dict[str, Any]:
@@ -366,8 +368,33 @@ async def send(
         after(status, body)
 
 
-async def soak(srv: Server, secret: str, args: argparse.Namespace) -> dict[str, Any]:
+def job_states(db: Any) -> dict[str, int]:
+    """The jobs by state now (``db``: a SQLAlchemy engine on the service's database), a fleet's jobs (run by its
+    rounds, not the engine) as ``fleet:<state>``; empty on a failed read."""
+    from sqlalchemy import func, select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from costopt.db.jobs_schema import jobs
+    from costopt.fleets.model import FLEET_PROVIDER
+
+    query = select(jobs.c.provider, jobs.c.state, func.count()).group_by(jobs.c.provider, jobs.c.state)
+    try:
+        with db.connect() as conn:
+            rows = conn.execute(query).all()
+    except SQLAlchemyError:
+        return {}
+    out: dict[str, int] = {}
+    for provider, state, n in rows:
+        key = f"fleet:{state}" if provider == FLEET_PROVIDER else str(state)
+        out[key] = out.get(key, 0) + int(n)
+    return dict(sorted(out.items()))
+
+
+async def soak(srv: Server, secret: str, args: argparse.Namespace, url: str) -> dict[str, Any]:
+    from costopt.db.engine import make_engine
+
     host, port = srv.base.removeprefix("http://").split(":")
+    db = make_engine(url)
     tr = Traffic(f"{host}:{port}", secret, random.Random(args.seed), steps=tuple(args.steps))
     routes: dict[str, Route] = {}
     setup = RawConnection(host, int(port))
@@ -388,6 +415,7 @@ async def soak(srv: Server, secret: str, args: argparse.Namespace) -> dict[str, 
     async def sampler() -> None:
         while time.perf_counter() - start < duration:
             rss = rss_mb(srv.proc.pid)
+            states = await asyncio.to_thread(job_states, db)
             samples.append(
                 Sample(
                     time.perf_counter() - start,
@@ -396,6 +424,7 @@ async def soak(srv: Server, secret: str, args: argparse.Namespace) -> dict[str, 
                     len(rss),
                     os.getloadavg()[0],
                     {p: round(v, 1) for p, v in rss.items()},
+                    states,
                 )
             )
             await asyncio.sleep(args.sample_s)
@@ -426,8 +455,10 @@ async def soak(srv: Server, secret: str, args: argparse.Namespace) -> dict[str, 
             len(rss),
             os.getloadavg()[0],
             {p: round(v, 1) for p, v in rss.items()},
+            job_states(db),
         )
     )
+    db.dispose()
     # what the background work did: the collector's runs as the service shows them, the jobs' states
     sources = RawConnection(host, int(port))
     _, src_body = await sources.request(tr.get("/v1/prices/sources"))
@@ -608,8 +639,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with server(
             url, workers=workers, job_work=True, log_dir=Path(logs), extra_env=env, serving_replicas=not args.split_sim
         ) as srv:
-            result = run_async(soak(srv, secret, args))
+            result = run_async(soak(srv, secret, args, url))
             errors_in_log = log_errors(srv.log)
+            if args.keep_log:
+                Path(args.keep_log).write_bytes(Path(srv.log).read_bytes())
         load_after = os.getloadavg()
         result.update(
             backend=backend,
@@ -736,6 +769,7 @@ def main(argv: list[str] | None = None) -> int:
         help="with --memory-dir: each worker also writes its live objects' counts by type (the collector's oldest "
         "generation) at each sample, <pid>-<seconds>.types",
     )
+    ap.add_argument("--keep-log", default=None, metavar="PATH", help="copy the service's log to PATH at the end")
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     args = ap.parse_args(argv)
     if (args.trace_memory or args.gc_types) and not args.memory_dir:
