@@ -480,8 +480,9 @@ class Poll:
     going returns at once (False) and is counted, instead of APScheduler's "skipped: maximum number of
     running instances reached" warning at every such poll (5 a second for each of the engine, the watcher
     and the reconciler in the soak, whose runs outlast a 200 ms poll; not the simulated cloud's instances).
-    Once per :data:`POLL_SUMMARY_EVERY_S` of wall time at most, when polls found it running, one INFO line
-    says how many runs ended, the longest and the mean run, and the polls that found it running."""
+    Once per :data:`POLL_SUMMARY_EVERY_S` of wall time at most, when polls found it running (its runs outlast
+    the poll: on the service clock it runs less often than its schedule), one WARNING line says how many runs
+    ended, the longest and the mean run, and the polls that found it running."""
 
     def __init__(self, name: str, work: Callable[[], bool], *, wall: Callable[[], float] = time.monotonic) -> None:
         self.name = name
@@ -515,14 +516,16 @@ class Poll:
             runs, busy, since = self.runs, self.busy_polls, self._since
             self.runs, self.busy_polls, self._since = [], 0, ended
         if busy:
-            log.info(
-                "%s: %d run(s) in the last %.0f s, longest %.2f s, mean %.2f s; %d poll(s) found a run going",
+            log.warning(
+                "%s: %d run(s) in the last %.0f s, longest %.2f s, mean %.2f s; %d poll(s) found a run going "
+                "(its runs outlast the %s poll)",
                 self.name,
                 len(runs),
                 ended - since,
                 max(runs, default=0.0),
                 sum(runs) / len(runs) if runs else 0.0,
                 busy,
+                "COSTOPT_SIM_TICK",
             )
         return ran
 

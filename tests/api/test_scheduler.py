@@ -309,7 +309,7 @@ def test_a_poll_finding_the_previous_run_going_returns_at_once_and_one_line_a_mi
 ) -> None:
     """A service-clock job is polled every COSTOPT_SIM_TICK: a poll during a longer run returns False at once
     (APScheduler, with two instances allowed, never logs its "maximum number of running instances" warning
-    at each such poll), and one INFO line per POLL_SUMMARY_EVERY_S gives the runs and the busy polls."""
+    at each such poll), and one WARNING line per POLL_SUMMARY_EVERY_S at most gives the runs and the busy polls."""
     wall = _Wall()
     inside, release = threading.Event(), threading.Event()
     runs: list[int] = []
@@ -322,7 +322,7 @@ def test_a_poll_finding_the_previous_run_going_returns_at_once_and_one_line_a_mi
         return True
 
     poll = Poll("engine", work, wall=wall)
-    caplog.set_level(logging.INFO, logger="costopt.scheduler")
+    caplog.set_level(logging.WARNING, logger="costopt.scheduler")
     first = threading.Thread(target=poll)
     first.start()
     assert inside.wait(10)
