@@ -42,13 +42,14 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="costopt-best-"))
     settings = Settings(database_url=f"sqlite:///{tmp / 'store.db'}", estimate_new_accelerators=False)
-    if settings.data_dir is None:
+    data_dir = settings.data_dir
+    if data_dir is None:
         raise SystemExit("../shared/data is needed (set COSTOPT_DATA_DIR)")
-    settings = settings.model_copy(update={"throughput_file": settings.data_dir / GAVEL_ORACLE_FILE})
+    settings = settings.model_copy(update={"throughput_file": data_dir / GAVEL_ORACLE_FILE})
     store = build_store(settings)
     seed_if_empty(store, settings)
     at = parse_utc(args.at)
-    catalog = ThroughputCatalog.from_measurements(load_throughput_file(settings.data_dir / GAVEL_ORACLE_FILE))
+    catalog = ThroughputCatalog.from_measurements(load_throughput_file(data_dir / GAVEL_ORACLE_FILE))
     objectives: list[tuple[str, Objective]] = [
         ("min-cost", MinCost()),
         ("min-time", MinTime()),

@@ -14,6 +14,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import cast
 
 import matplotlib
 
@@ -48,7 +49,8 @@ def table(summary: pd.DataFrame) -> str:
         index=["region", "case"], columns="planner", values=["realized", "planned", "late", "infeasible", "days"]
     )
     rows = []
-    for (region, case), r in wide.iterrows():
+    for key, r in wide.iterrows():
+        region, case = cast(tuple[str, str], key)  # the (region, case) index; pandas-stubs type it Hashable
         together, alone = r[("realized", "together")], r[("realized", "one_by_one")]
         rows.append(
             {

@@ -12,6 +12,7 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import cast
 
 import matplotlib
 
@@ -42,7 +43,7 @@ def summary_table(f: pd.DataFrame) -> str:
             rows.append(
                 {
                     "mode": mode,
-                    "interval": LABELS[int(iv)],
+                    "interval": LABELS[int(cast(int, iv))],  # pandas-stubs type group keys Hashable
                     "vs daily (worst)": float(g["vs_daily"].min()),
                     "vs daily (best)": float(g["vs_daily"].max()),
                     "vs static (mean)": float(g["vs_static"].mean()),

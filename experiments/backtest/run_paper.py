@@ -102,7 +102,7 @@ def benefit_table(result: PaperBacktest) -> str:
                 {
                     "policy, start days": name,
                     "region": region,
-                    **{f"{d:g} d": f"{sub.loc[d, 'mean']:.3f} / {sub.loc[d, 'max']:.3f}" for d in PAPER_JOB_DAYS},
+                    **{f"{d:g} d": f"{sub['mean'].loc[d]:.3f} / {sub['max'].loc[d]:.3f}" for d in PAPER_JOB_DAYS},
                 }
             )
     return (

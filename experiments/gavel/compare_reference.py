@@ -72,9 +72,15 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy.typing as npt
 from gavel_common import DATA, RESULTS, load, spec_key
+
+if TYPE_CHECKING:
+    from costopt.gavel.lp import LPSolution
+    from costopt.gavel.mechanism import BoolArray, RoundMechanism, RoundPlan
+    from costopt.gavel.state import FloatArray, IntArray
 
 VARIANTS = ("costopt-one-queue", "costopt", "costopt+mem7200", "costopt-default", "reference-emulation")
 ABLATIONS = (
@@ -94,12 +100,12 @@ WINDOW = (4000, 5000)
 RESET_S = 1920.0
 
 
-def _reference_mechanism(per_type: bool, reset_s: float = RESET_S) -> type:
+def _reference_mechanism(per_type: bool, reset_s: float = RESET_S) -> type[RoundMechanism]:
     import numpy as np
 
     from costopt.gavel.mechanism import RoundMechanism
 
-    class ReferenceEmulation(RoundMechanism):  # type: ignore[misc]
+    class ReferenceEmulation(RoundMechanism):
         """Priorities, resets, deficits and per-type queues as the reference's simulation applies them."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -117,7 +123,16 @@ def _reference_mechanism(per_type: bool, reset_s: float = RESET_S) -> type:
             self.jobs = np.zeros(0, dtype=np.int64)
             self.runnable = np.zeros((0, t), dtype=bool)
 
-        def set_allocation(self, jobs, scale_factor, runnable, x, pairs, pair_x, since_s):  # type: ignore[no-untyped-def]
+        def set_allocation(
+            self,
+            jobs: IntArray,
+            scale_factor: IntArray,
+            runnable: BoolArray,
+            x: FloatArray,
+            pairs: IntArray,
+            pair_x: FloatArray,
+            since_s: FloatArray,
+        ) -> None:
             super().set_allocation(jobs, scale_factor, runnable, x, pairs, pair_x, since_s)
             fresh = jobs[~self.known[jobs]]
             self.since_reset[fresh] = self.half
@@ -125,7 +140,7 @@ def _reference_mechanism(per_type: bool, reset_s: float = RESET_S) -> type:
             self.pending = (jobs, x)  # in force at the next reset; until then, new jobs queue without allocation
             self.jobs, self.runnable = jobs, runnable
 
-        def plan(self, now_s: float):  # type: ignore[no-untyped-def]
+        def plan(self, now_s: float) -> RoundPlan:
             if self.pending is not None and now_s - self.last_reset >= reset_s - 1e-9:  # a reset: the new allocation
                 jobs, x = self.pending
                 if np.isfinite(self.last_reset):
@@ -142,6 +157,7 @@ def _reference_mechanism(per_type: bool, reset_s: float = RESET_S) -> type:
             frac = np.divide(self.since_reset[jobs], type_time, out=np.zeros_like(x), where=type_time > 0)
             prio = np.where(x > 0, x / np.where(frac > 0, frac, 1e-9), 0.0)
             rows, types = np.nonzero(self.runnable)
+            assert self._type_pos is not None  # set in __init__ (one queue: every type at 0)
             order = np.lexsort(
                 (-x[rows, types], -self.deficit[jobs[rows], types], -prio[rows, types], self._type_pos[types])
             )
@@ -151,24 +167,30 @@ def _reference_mechanism(per_type: bool, reset_s: float = RESET_S) -> type:
             self._greedy(rows[order].tolist(), types[order].tolist(), free, busy, units, chosen)
             return self._place(np.array(units, dtype=np.int64), np.array(chosen, dtype=np.int64))
 
-        def record(self, plan, seconds):  # type: ignore[no-untyped-def]
+        def record(self, plan: RoundPlan, seconds: float) -> None:
             super().record(plan, seconds)
             np.add.at(self.since_reset, (plan.members[:, 0], plan.wtype), seconds)
 
     return ReferenceEmulation
 
 
-def _fill_per_type_mechanism() -> type:
+def _fill_per_type_mechanism(fill_order: str | None = None) -> type[RoundMechanism]:
     import numpy as np
 
     from costopt.gavel.mechanism import RoundMechanism
 
-    class FillPerType(RoundMechanism):  # type: ignore[misc]
+    class FillPerType(RoundMechanism):
         """costopt's mechanism, but each type's queue is followed by the jobs the allocation gives nothing
-        there (earliest arrival first) before the next type is served, as the reference's queues are."""
+        there (earliest arrival first; ``fill_order``: in that order, see :func:`_ordered_fill`) before the
+        next type is served, as the reference's queues are."""
 
         def _queue(self, now_s: float) -> tuple[list[int], list[int]]:
             return _per_type_fill(self, np.lexsort((self._c_rank, -self._priority(now_s))))
+
+        def _fill_candidates(self) -> tuple[list[int], list[int]]:
+            if fill_order is not None:
+                return _ordered_fill(self, fill_order)
+            return super()._fill_candidates()
 
     return FillPerType
 
@@ -199,41 +221,32 @@ def _age(mech: Any, now_s: float) -> Any:
 _THROUGHPUT: Any = None  # the trace's jobs x types steps/s, set by _run for the +fpt-gain variant
 
 
-def _fill_order_mechanism(order: str) -> type:
+def _ordered_fill(mech: RoundMechanism, order: str) -> tuple[list[int], list[int]]:
+    """Each type's unallocated jobs in another order than the core's (``+fpt-<order>``): ``recv`` (least
+    decayed seconds received on the type first, as the reference's deficit orders them), ``gain`` (largest
+    throughput on the type over the job's slowest type first), each then earliest arrival."""
     import numpy as np
 
-    base = _fill_per_type_mechanism()
-
-    class FillOrder(base):  # type: ignore[misc,valid-type]
-        """``+fill-per-type`` with another order of each type's unallocated jobs: ``recv`` (least decayed
-        seconds received on the type first, as the reference's deficit orders them), ``gain`` (largest
-        throughput on the type over the job's slowest type first), each then earliest arrival."""
-
-        def _fill_candidates(self) -> tuple[list[int], list[int]]:
-            jobs, allowed, since = self._fill_from
-            fu, fj = np.nonzero(allowed)
-            if order == "recv":
-                key = self._recent[jobs[fu], fj]
-            else:
-                tp = _THROUGHPUT[jobs]
-                slow = np.where(tp > 0, tp, np.inf).min(axis=1)
-                key = -tp[fu, fj] / slow[fu]
-            o = np.lexsort((jobs[fu], since[fu], key))
-            return fu[o].tolist(), fj[o].tolist()
-
-    return FillOrder
+    jobs, allowed, since = mech._fill_from
+    fu, fj = np.nonzero(allowed)
+    if order == "recv":
+        key = mech._recent[jobs[fu], fj]
+    else:
+        tp = _THROUGHPUT[jobs]
+        slow = np.where(tp > 0, tp, np.inf).min(axis=1)
+        key = -tp[fu, fj] / slow[fu]
+    o = np.lexsort((jobs[fu], since[fu], key))
+    return fu[o].tolist(), fj[o].tolist()
 
 
 def _deficit_mechanism(
     fill_order: str | None = None, current_x: bool = False, normalized: bool = False, per_x: bool = False
-) -> type:
+) -> type[RoundMechanism]:
     import numpy as np
 
     from costopt.gavel.mechanism import RoundMechanism
 
-    base = _fill_order_mechanism(fill_order) if fill_order else RoundMechanism
-
-    class Deficit(base):  # type: ignore[misc,valid-type]
+    class Deficit(RoundMechanism):
         """Each type's queue ranked by the unit's deficit there: the (decayed) seconds the allocations in
         force since it arrived gave it on the type (the integral of its allocation over the rounds: the
         core's ``allocation_integral`` bookkeeping) minus the (decayed) seconds it ran there; larger first,
@@ -242,6 +255,11 @@ def _deficit_mechanism(
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **{**kwargs, "allocation_integral": True})
+
+        def _fill_candidates(self) -> tuple[list[int], list[int]]:
+            if fill_order:  # +fpt-<order>: each type's unallocated jobs in that order
+                return _ordered_fill(self, fill_order)
+            return super()._fill_candidates()
 
         def _queue(self, now_s: float) -> tuple[list[int], list[int]]:
             cu, cj = self._c_unit, self._c_type
@@ -268,12 +286,12 @@ def _deficit_mechanism(
     return Deficit
 
 
-def _deficit_tie_mechanism(total: bool) -> type:
+def _deficit_tie_mechanism(total: bool) -> type[RoundMechanism]:
     import numpy as np
 
     from costopt.gavel.mechanism import RoundMechanism
 
-    class DeficitTie(RoundMechanism):  # type: ignore[misc]
+    class DeficitTie(RoundMechanism):
         """costopt's mechanism, its ties of priority broken first by deficit, as the reference's are: the
         (decayed) seconds the unit is owed on the type, ``x * age - received there`` (``total``: over all
         its types, ``sum(x) * age - everything received``), larger first; then the usual rank."""
@@ -295,12 +313,12 @@ def _deficit_tie_mechanism(total: bool) -> type:
     return DeficitTie
 
 
-def _leftover_mechanism(hold_s: float, owed_meanwhile: bool = False) -> type:
+def _leftover_mechanism(hold_s: float, owed_meanwhile: bool = False) -> type[RoundMechanism]:
     import numpy as np
 
     from costopt.gavel.mechanism import RoundMechanism
 
-    class Leftover(RoundMechanism):  # type: ignore[misc]
+    class Leftover(RoundMechanism):
         """costopt's mechanism, but a job that arrived less than ``hold_s`` ago has no allocation in force
         yet, as the reference's arrivals until its next reset: it is not in the types' queues, runs only on
         GPUs left over (with the jobs the allocation gives nothing there, earliest arrival first) and is
@@ -309,14 +327,23 @@ def _leftover_mechanism(hold_s: float, owed_meanwhile: bool = False) -> type:
 
         _now = 0.0
 
-        def set_allocation(self, jobs, scale_factor, runnable, x, pairs, pair_x, since_s):  # type: ignore[no-untyped-def]
+        def set_allocation(
+            self,
+            jobs: IntArray,
+            scale_factor: IntArray,
+            runnable: BoolArray,
+            x: FloatArray,
+            pairs: IntArray,
+            pair_x: FloatArray,
+            since_s: FloatArray,
+        ) -> None:
             super().set_allocation(jobs, scale_factor, runnable, x, pairs, pair_x, since_s)
             self._rows_runnable = runnable
 
         def _young(self, units: Any) -> Any:
             return self._u_since[units] > self._now - hold_s + 1e-9
 
-        def plan(self, now_s: float):  # type: ignore[no-untyped-def]
+        def plan(self, now_s: float) -> RoundPlan:
             self._now = now_s
             self._f_unit = None  # who is young changes with time
             return super().plan(now_s)
@@ -335,7 +362,7 @@ def _leftover_mechanism(hold_s: float, owed_meanwhile: bool = False) -> type:
             order = np.lexsort((jobs[fu], since[fu]))
             return fu[order].tolist(), fj[order].tolist()
 
-        def record(self, plan, seconds):  # type: ignore[no-untyped-def]
+        def record(self, plan: RoundPlan, seconds: float) -> None:
             kept = self._c_x
             if self.allocation_integral and kept.shape[0] and not owed_meanwhile:
                 self._c_x = np.where(self._young(self._c_unit), 0.0, kept)  # owed nothing while held
@@ -347,12 +374,12 @@ def _leftover_mechanism(hold_s: float, owed_meanwhile: bool = False) -> type:
     return Leftover
 
 
-def _integral_prior_mechanism(prior_s: float) -> type:
+def _integral_prior_mechanism(prior_s: float) -> type[RoundMechanism]:
     import numpy as np
 
     from costopt.gavel.mechanism import _MIN_RECEIVED_S, RoundMechanism
 
-    class IntegralPrior(RoundMechanism):  # type: ignore[misc]
+    class IntegralPrior(RoundMechanism):
         """The allocation integral's priority with a prior: ``(owed + x * round_s + x * prior_s) /
         (received + x * prior_s)``, as if each unit had received its allocation for ``prior_s`` before it
         arrived: a new unit's priority is ``1 + round_s / prior_s`` instead of unbounded, so a long job
@@ -369,12 +396,12 @@ def _integral_prior_mechanism(prior_s: float) -> type:
     return IntegralPrior
 
 
-def _after_mechanism() -> type:
+def _after_mechanism() -> type[RoundMechanism]:
     import numpy as np
 
     from costopt.gavel.mechanism import RoundMechanism
 
-    class After(RoundMechanism):  # type: ignore[misc]
+    class After(RoundMechanism):
         """The allocation integral's priority as it would be after the coming round if the unit ran:
         ``(owed + x * round_s) / (received + round_s)``: the unit that stays furthest behind even after
         running goes first (a new unit: ``x``, below an established unit at its part, about 1)."""
@@ -389,12 +416,12 @@ def _after_mechanism() -> type:
     return After
 
 
-def _type_fraction_mechanism() -> type:
+def _type_fraction_mechanism() -> type[RoundMechanism]:
     import numpy as np
 
     from costopt.gavel.mechanism import _MIN_SHARE, RoundMechanism
 
-    class TypeFraction(RoundMechanism):  # type: ignore[misc]
+    class TypeFraction(RoundMechanism):
         """costopt's mechanism with the reference's kind of share: the unit's (decayed) seconds on the type
         over every unit's on that type (its fraction of the type's time), not over its own age; within a
         type's queue that ranks by ``x / seconds received there`` whatever the job's age. ``prior_s``: each
@@ -416,8 +443,17 @@ def _type_fraction_mechanism() -> type:
 
 
 def _central_solve_lp(
-    c, a, row_lower, row_upper, col_lower=None, col_upper=None, *, maximize=False, what="LP", warm=True
-):  # type: ignore[no-untyped-def]
+    c: npt.ArrayLike,
+    a: Any,
+    row_lower: npt.ArrayLike,
+    row_upper: npt.ArrayLike,
+    col_lower: npt.ArrayLike | None = None,
+    col_upper: npt.ArrayLike | None = None,
+    *,
+    maximize: bool = False,
+    what: str = "LP",
+    warm: bool = True,
+) -> LPSolution:
     """The LP by HiGHS's interior-point method without crossover (a central optimum, as ECOS)."""
     import numpy as np
 
@@ -432,6 +468,15 @@ def _central_solve_lp(
     h.run()
     x = np.asarray(h.getSolution().col_value, dtype=np.float64)
     return LPSolution(x=x, objective=float(cost @ x))
+
+
+def _patch_mechanism(mechanism: type[RoundMechanism]) -> None:
+    """Make :func:`costopt.gavel.simulator.simulate_trace` build ``mechanism``, in this worker process only
+    (one process per run)."""
+    import costopt.gavel.simulator as simulator
+
+    # a monkeypatch: the simulator instantiates the RoundMechanism it imported, a name it does not re-export
+    simulator.RoundMechanism = mechanism  # type: ignore[attr-defined]
 
 
 def _run(spec: dict[str, Any], trace_path: str, per_job: bool = False) -> dict[str, Any]:
@@ -473,40 +518,43 @@ def _run(spec: dict[str, Any], trace_path: str, per_job: bool = False) -> dict[s
     if "no-ff" in variant:  # every round simulated (the fast-forward off)
         kwargs["fast_forward"] = False
     if "deficit-tie" in variant or "deficit-total-tie" in variant:  # patched in this worker process only
-        simulator.RoundMechanism = _deficit_tie_mechanism(total="deficit-total-tie" in variant)  # type: ignore[misc]
+        _patch_mechanism(_deficit_tie_mechanism(total="deficit-total-tie" in variant))
     if "+iprior" in variant:  # patched in this worker process only
-        simulator.RoundMechanism = _integral_prior_mechanism(float(variant.split("+iprior")[1].split("+")[0]))  # type: ignore[misc]
+        _patch_mechanism(_integral_prior_mechanism(float(variant.split("+iprior")[1].split("+")[0])))
         kwargs["allocation_integral"] = True
     if "+after" in variant:  # patched in this worker process only
-        simulator.RoundMechanism = _after_mechanism()  # type: ignore[misc]
+        _patch_mechanism(_after_mechanism())
         kwargs["allocation_integral"] = True
     if "+leftover" in variant:  # patched in this worker process only
         hold = float(variant.split("+leftover")[1].split("+")[0].removeprefix("-owed"))
-        simulator.RoundMechanism = _leftover_mechanism(hold, "+leftover-owed" in variant)  # type: ignore[misc]
+        _patch_mechanism(_leftover_mechanism(hold, "+leftover-owed" in variant))
         kwargs["fast_forward"] = False  # who is held changes with time: rounds do not repeat
     if "type-frac" in variant:  # patched in this worker process only
-        simulator.RoundMechanism = _type_fraction_mechanism()  # type: ignore[misc]
+        _patch_mechanism(_type_fraction_mechanism())
     if "fpt-" in variant or "+drr" in variant:
         global _THROUGHPUT
         _THROUGHPUT = workload.consolidated[trace.entry]
     if "+drr" in variant or "+diff" in variant:  # patched in this worker process only
         fill = variant.split("fpt-")[1].split("+")[0] if "fpt-" in variant else None
-        simulator.RoundMechanism = _deficit_mechanism(  # type: ignore[misc]
-            fill, current_x="+diff" in variant, normalized="+drr-norm" in variant, per_x="+drr-x" in variant
+        _patch_mechanism(
+            _deficit_mechanism(
+                fill, current_x="+diff" in variant, normalized="+drr-norm" in variant, per_x="+drr-x" in variant
+            )
         )
         kwargs["fast_forward"] = False
     elif "fpt-" in variant:  # patched in this worker process only
-        simulator.RoundMechanism = _fill_order_mechanism(variant.split("fpt-")[1].split("+")[0])  # type: ignore[misc]
+        _patch_mechanism(_fill_per_type_mechanism(variant.split("fpt-")[1].split("+")[0]))
         kwargs["fast_forward"] = False
     if "fill-per-type" in variant:  # patched in this worker process only
-        simulator.RoundMechanism = _fill_per_type_mechanism()  # type: ignore[misc]
+        _patch_mechanism(_fill_per_type_mechanism())
         kwargs["fast_forward"] = False
     if variant.startswith("reference-emulation"):  # patched in this worker process only
         reset_s = float(variant.split("+reset")[1].split("+")[0]) if "+reset" in variant else RESET_S
-        simulator.RoundMechanism = _reference_mechanism("one-queue" not in variant, reset_s)  # type: ignore[misc]
+        _patch_mechanism(_reference_mechanism("one-queue" not in variant, reset_s))
         kwargs["fast_forward"] = False  # its skipped rounds assume the mechanism repeats the last one
     if variant == "reference-emulation" or "central-lp" in variant:
-        fairness.solve_lp = _central_solve_lp  # type: ignore[assignment]
+        # a monkeypatch of the name the fairness policy imported (and does not re-export), in this worker only
+        fairness.solve_lp = _central_solve_lp  # type: ignore[attr-defined]
     if "resolve-1920s" in variant:
         kwargs["resolve_interval_s"] = RESET_S
     t0 = time.perf_counter()
@@ -584,7 +632,7 @@ def generated_trace_for(seed: int) -> Any:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    by = {(r["spec"]["variant"], r["spec"]["seed"]): r["avg_jct_s"] / 3600 for r in rows}
+    by: dict[tuple[str, int], float] = {(r["spec"]["variant"], r["spec"]["seed"]): r["avg_jct_s"] / 3600 for r in rows}
     seeds = sorted({s for _, s in by})
     lines = [
         "| variant | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | vs emulation |",
@@ -592,19 +640,21 @@ def table(rows: list[dict[str, Any]]) -> str:
     ]
     others = sorted({v for v, _ in by} - set(VARIANTS + ABLATIONS), key=lambda v: ("@" in v, v))
     for v in VARIANTS + ABLATIONS + tuple(others):
-        ref = [
+        ref_got = [
             by.get(("reference-emulation" + v[v.index("@") :] if "@" in v else "reference-emulation", s)) for s in seeds
         ]
-        vals = [by.get((v, s)) for s in seeds]
-        if any(x is None for x in vals):
+        ref = [x for x in ref_got if x is not None]
+        got = [by.get((v, s)) for s in seeds]
+        vals = [x for x in got if x is not None]
+        if len(vals) < len(got):
             continue
-        mean = sum(vals) / len(vals)  # type: ignore[arg-type]
+        mean = sum(vals) / len(vals)
         rel = (
-            " / ".join(f"{(a / b - 1) * 100:+.1f}%" for a, b in zip(vals, ref, strict=True))  # type: ignore[operator]
-            if all(x is not None for x in ref)
+            " / ".join(f"{(a / b - 1) * 100:+.1f}%" for a, b in zip(vals, ref, strict=True))
+            if len(ref) == len(ref_got)
             else "-"
         )
-        lines.append(f"| {v} | " + " | ".join(f"{x:.2f} h" for x in vals) + f" | {mean:.2f} h | {rel} |")  # type: ignore[str-format]
+        lines.append(f"| {v} | " + " | ".join(f"{x:.2f} h" for x in vals) + f" | {mean:.2f} h | {rel} |")
     return "\n".join(lines)
 
 
