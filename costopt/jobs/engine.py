@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -178,12 +178,16 @@ _LAST_MIGRATIONS = select(migrations.c.job_id, func.max(migrations.c.id)).group_
 """Each job's newest migration id (built once: SQLAlchemy reuses its cache key)."""
 
 
-def _snapshot(migrator: Migrator, working: frozenset[str] = frozenset()) -> _Snapshot:
-    """``working``: the jobs with a worker in flight, taken before the reads (see :class:`_Snapshot`)."""
-    mjobs = {j.job_id: j for j in migrator.jobs()}
+def _snapshot(migrator: Migrator, job_ids: Collection[str], working: frozenset[str] = frozenset()) -> _Snapshot:
+    """The rows of ``job_ids`` (the tick's active jobs: not every job the migrator ever ran, which grew with
+    the history, each tick reading and parsing every finished job's row; the soak, session 11).
+    ``working``: the jobs with a worker in flight, taken before the reads (see :class:`_Snapshot`)."""
+    ids = sorted(set(job_ids))
+    mjobs = {j.job_id: j for j in migrator.jobs(ids)}
     active = {m.job_id: m for m in migrator.active_migrations()}
     with migrator.engine.connect() as conn:
-        last = {job_id: int(mid) for job_id, mid in conn.execute(_LAST_MIGRATIONS).all()}
+        rows = conn.execute(_LAST_MIGRATIONS.where(migrations.c.job_id.in_(ids))).all()
+    last = {job_id: int(mid) for job_id, mid in rows}
     return _Snapshot(mjobs, active, last, working)
 
 
@@ -343,7 +347,7 @@ class JobEngine:
                     migrator = self.migrator_of(job)
                     snap = snaps.get(id(migrator.engine))
                     if snap is None:
-                        snap = snaps[id(migrator.engine)] = _snapshot(migrator, self._working())
+                        snap = snaps[id(migrator.engine)] = _snapshot(migrator, [j.id for j in jobs], self._working())
                     self._step(job, migrator, snap, out, first=first)
                 except (CostoptError, CloudError, OSError, ValueError) as exc:
                     _log_failure(f"engine: job {job.id}", exc)

@@ -256,9 +256,12 @@ class Migrator:
             job = self._running[job_id] = self.job(job_id)
         return job
 
-    def jobs(self) -> list[JobRecord]:
+    def jobs(self, job_ids: Collection[str] | None = None) -> list[JobRecord]:
+        """Every registered job (``job_ids`` given: only those, e.g. a tick's active jobs instead of every
+        job ever registered), by id."""
+        query = _JOBS if job_ids is None else _JOBS.where(_MJ.job_id.in_(sorted(set(job_ids))))
         with self.engine.connect() as conn:
-            rows = conn.execute(_JOBS).all()
+            rows = conn.execute(query).all()
         return [JobRecord.of(r) for r in rows]
 
     def copies(self, job_id: str | None = None, *, instance_ids: Collection[str] | None = None) -> list[CopyRecord]:

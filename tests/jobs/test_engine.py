@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -100,8 +100,8 @@ def test_a_tick_whose_reads_straddle_a_finishing_start_leaves_the_job_alone(
         reads = Migrator.jobs
         armed = [True]
 
-        def straddling_reads(self: Migrator) -> list[CopyRecord]:
-            rows = reads(self)
+        def straddling_reads(self: Migrator, job_ids: Collection[str] | None = None) -> list[CopyRecord]:
+            rows = reads(self, job_ids)
             if not armed[0]:
                 return rows
             armed[0] = False  # the job as the start left it so far: recovering, its migration active
@@ -433,13 +433,13 @@ def test_a_queued_job_another_engine_launched_meanwhile_is_left_to_it_in_one_lin
     h.repo.transition(stale.id, JobState.LAUNCHING, "the other engine", expect=JobState.QUEUED)
     h.repo.transition(stale.id, JobState.RUNNING, "the other engine's start", expect=JobState.LAUNCHING)
     with caplog.at_level(logging.WARNING, logger="costopt.jobs.engine"):
-        h.engine._step(stale, h.migrator, _snapshot(h.migrator), _Pass(), first=False)
+        h.engine._step(stale, h.migrator, _snapshot(h.migrator, [stale.id]), _Pass(), first=False)
     assert not h.engine.busy(stale.id) and h.repo.get(stale.id).state is JobState.RUNNING
     lines = [r for r in caplog.records if stale.id in r.getMessage()]
     assert len(lines) == 1 and "another engine" in lines[0].getMessage() and lines[0].exc_info is None
     finished = h.submit(train_command(10), 10)  # cancelled meanwhile: nothing to start either
     h.repo.transition(finished.id, JobState.CANCELLED, "cancelled", expect=JobState.QUEUED)
-    h.engine._step(finished, h.migrator, _snapshot(h.migrator), _Pass(), first=False)
+    h.engine._step(finished, h.migrator, _snapshot(h.migrator, [finished.id]), _Pass(), first=False)
     assert not h.engine.busy(finished.id) and h.repo.get(finished.id).state is JobState.CANCELLED
 
 

@@ -34,7 +34,7 @@ def test_a_running_job_whose_start_the_snapshot_still_shows_in_flight_is_left_fo
     running = h.run_until(job.id, lambda j: j.state is JobState.RUNNING)
     (start,) = h.migrator.history(job.id)  # the start: a recovery from epoch 0, finished
     assert start.from_epoch == 0
-    snap = _snapshot(h.migrator)
+    snap = _snapshot(h.migrator, [job.id])
     stale = dataclasses.replace(snap, active={**snap.active, job.id: start})  # read before the start ended
     with caplog.at_level(logging.WARNING, logger="costopt.jobs.engine"):
         h.engine._step(running, h.migrator, stale, _Pass(), first=False)  # was: IllegalTransition running -> launching
@@ -97,3 +97,19 @@ def test_a_job_another_writer_moved_to_a_third_state_is_not_moved_on_the_stale_r
     assert h.repo.get(job.id).state is JobState.RUNNING
     done = h.engine._to(stale, JobState.CANCELLED, "cancelled by the team")
     assert done.state is JobState.CANCELLED
+
+
+def test_a_ticks_snapshot_reads_the_active_jobs_rows_only(h: Harness) -> None:
+    """The tick's snapshot of the migrator reads the rows of the jobs it was given (the tick's active jobs), not
+    every job the migrator ever ran: the soak's engine read and parsed every finished job's row each tick, a
+    cost that grew with the history (docs/reliability.md "Soak", session 11)."""
+    done = h.submit(train_command(10, step_seconds=0.01), 10)
+    h.run_until(done.id, lambda j: j.state is JobState.SUCCEEDED)
+    live = h.submit(train_command(400, step_seconds=0.01), 400)
+    h.run_until(live.id, lambda j: j.state is JobState.RUNNING)
+    assert {j.job_id for j in h.migrator.jobs()} == {done.id, live.id}
+    snap = _snapshot(h.migrator, [live.id])
+    assert set(snap.jobs) == {live.id} and set(snap.last_migration) == {live.id}
+    assert snap.jobs[live.id] == h.migrator.job(live.id)
+    assert snap.last_migration[live.id] == max(m.id for m in h.migrator.history(live.id))
+    assert _snapshot(h.migrator, []).jobs == {}
