@@ -1,7 +1,8 @@
 """Offline job runs (``costopt.jobs.offline.run_offline``): the preemption study's cost per run.
 
 Run: ``.venv/bin/python bench/offline_jobs_bench.py [--model A3C] [--days 1] [--seeds 1] [--profile]``.
-Runs the study (:func:`costopt.backtest.preemption.preemption_study`) for one model, its three lengths,
+Runs the study (:func:`costopt.backtest.preemption.preemption_study`, its clouds built as the study's script
+builds them: ``report_every=STUDY_REPORT_EVERY``) for one model, its three lengths,
 the first ``--days`` start days and ``--seeds`` seeds in this process, and prints the wall and CPU seconds
 (process time: a loaded machine stretches the wall time far more than the CPU time) and the full study's
 estimate at this CPU rate (11,340 runs on 2 processes; target: 10 minutes; the study's runs are 5 of 6
@@ -27,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "experiments" / 
 from backtest_common import paper_inputs
 
 from api.wiring import build_hazards
-from costopt.backtest.preemption import STUDY_JOB_DAYS, preemption_study
+from costopt.backtest.preemption import STUDY_JOB_DAYS, STUDY_REPORT_EVERY, preemption_study
 from costopt.settings import Settings
-from providers.sim import sim_factory
+from providers.sim import SimConfig, sim_factory
 
 FULL_RUNS = 11_340
 
@@ -52,7 +53,7 @@ def main() -> None:
         prof.enable()
     study = preemption_study(
         inputs,
-        sim_factory(),
+        sim_factory(SimConfig(report_every=STUDY_REPORT_EVERY)),
         hazards,
         models=(args.model,),
         job_days=STUDY_JOB_DAYS,

@@ -315,6 +315,25 @@ def test_the_preemption_study_reproduces_the_engine_without_preemptions_and_pays
     assert k80.lost_work_share == 0 and k80.mean_hours > k80.mean_hours_clean
 
 
+def test_the_studys_report_cadence_leaves_its_cells_as_the_default_cadence(paper_inputs, hazards) -> None:
+    """The study's scripts build their clouds with ``report_every=STUDY_REPORT_EVERY`` (fewer agent events):
+    A3C (its K80s preempted many times a day, its dynamic policies moving) gives the cells of the cloud's
+    default 10-minute cadence."""
+    from costopt.backtest.preemption import STUDY_REPORT_EVERY, preemption_study
+
+    assert SimConfig().report_every != STUDY_REPORT_EVERY  # else this compares a cadence with itself
+    kw: dict[str, object] = {"models": ("A3C",), "job_days": (1.0,), "seeds": (0,), "start_days": 1}
+    coarse = preemption_study(
+        paper_inputs,
+        sim_factory(SimConfig(report_every=STUDY_REPORT_EVERY)),
+        hazards,
+        **kw,  # type: ignore[arg-type]
+    )
+    default = preemption_study(paper_inputs, sim_factory(), hazards, **kw)  # type: ignore[arg-type]
+    assert coarse.frame()["mean_preemptions"].sum() > 0  # preempted runs are compared, not just calm ones
+    assert coarse.frame().equals(default.frame())
+
+
 def test_the_study_reuses_only_runs_whose_placements_answer_alike(paper_inputs, hazards) -> None:
     """On 2020-02-18 (before Azure's prices) ResNet-50's ``gpu_type`` picks the baseline's V100 and
     ``multi_cloud`` the ``multi_gpu`` offer: those two runs of each (clean, seed) take the earlier
