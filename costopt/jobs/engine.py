@@ -815,13 +815,14 @@ class JobEngine:
 
     def _finish_copy(self, migrator: Migrator, job_id: str, reason: str) -> None:
         """Finish the migrator's job (:meth:`Migrator.finish`: neither the watcher nor the reconciler recovers
-        it), terminate its copy (idempotent), and close the copy's interval the migrator's way (its reconciler
-        pass closes every copy found gone, with the provider's end time, and syncs the ledger)."""
+        it), terminate its copy (idempotent), and close the copy's interval the migrator's way (a reconciler
+        pass over this job alone closes its copies found gone, with the provider's end time, and syncs its
+        ledger lines; the whole pass, once per finished job, grew with the history: the soak, session 11)."""
         migrator.finish(job_id, reason)
         mj = migrator.job(job_id)
         if mj.instance_id is not None:
             migrator.provider.terminate(mj.instance_id)
-        migrator.reconcile()
+        migrator.reconcile(job_id)
 
     # -- events from the migrator's history ------------------------------------------------------------
 

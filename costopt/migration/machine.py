@@ -769,10 +769,16 @@ class Migrator:
             ended=ended,
         )
 
-    def reconcile(self) -> ReconcileReport:
-        """Reconcile this migrator's provider (see :func:`reconcile`), billing what it finds."""
+    def reconcile(self, job_id: str | None = None) -> ReconcileReport:
+        """Reconcile this migrator's provider (see :func:`reconcile`; ``job_id``: that job alone), billing what
+        it finds."""
         return reconcile(
-            self.engine, self.provider, ledger=self.ledger, unavailable=self.unavailable, egress=self.egress
+            self.engine,
+            self.provider,
+            ledger=self.ledger,
+            unavailable=self.unavailable,
+            egress=self.egress,
+            job_id=job_id,
         )
 
 

@@ -74,11 +74,17 @@ def reconcile(
     unavailable: UnavailableOffers | None = None,
     egress: EgressRates = DEFAULT_EGRESS,
     now: Callable[[], datetime] = _utcnow,
+    job_id: str | None = None,
 ) -> ReconcileReport:
     """List the instances carrying costopt's tags on ``provider``; terminate orphans (no job, an epoch
     below the job's, or an epoch no active migration launched); mark this provider's jobs (registered
     with its name) whose instance vanished for recovery (or finished, when the copy wrote its ``done``
     record).
+
+    ``job_id``: that job alone (its instance and open copies, its ledger lines), with no listing and no
+    orphan sweep: the job engine's close of one finished job's copy, which ran the whole pass (every
+    instance listed, every job's row read, every open copy described, the whole ledger synced) once per
+    finished job, its cost growing with the history (docs/reliability.md "Soak", session 11).
 
     Billing: every copy it finds ended (orphans it terminated, a job's vanished instance, any recorded
     copy of a job without an active migration that is no longer alive) is closed in
@@ -88,14 +94,17 @@ def reconcile(
     clock = now
     now_at = clock()
     pname = provider.name
+    only = job_id  # (the orphans' loop below binds ``job_id`` to each orphan's tag)
+    jobs_query, active_query = select(migration_jobs), select(migrations).where(active_condition())
+    if only is not None:
+        jobs_query = jobs_query.where(migration_jobs.c.job_id == only)
+        active_query = active_query.where(migrations.c.job_id == only)
     with engine.connect() as conn:
-        jobs = {r.job_id: JobRecord.of(r) for r in conn.execute(select(migration_jobs)).all()}
-        active = {
-            r.job_id: MigrationRecord.of(r) for r in conn.execute(select(migrations).where(active_condition())).all()
-        }
+        jobs = {r.job_id: JobRecord.of(r) for r in conn.execute(jobs_query).all()}
+        active = {r.job_id: MigrationRecord.of(r) for r in conn.execute(active_query).all()}
     ends: list[CopyEnd] = []
     orphans: list[str] = []
-    for inst in provider.list({TAG_MANAGED: "true"}):
+    for inst in provider.list({TAG_MANAGED: "true"}) if only is None else ():
         if inst.state not in HELD_STATES:
             continue  # ended (a preempted copy is the cloud's to remove); a STOPPED one still bills
         job = jobs.get(inst.tags.get(TAG_JOB, ""))
@@ -158,7 +167,7 @@ def reconcile(
 
     # Any other recorded copy still open whose instance is gone (jobs in flight are their migrator's).
     seen = {e.instance_id for e in ends}
-    for copy in copies(engine, open_only=True):
+    for copy in copies(engine, only, open_only=True):
         if copy.job_id in active or copy.instance_id in seen or copy.provider != pname:
             continue
         found = describe_or_none(provider, copy.instance_id)
@@ -177,7 +186,7 @@ def reconcile(
             with engine.begin() as conn:
                 if write_copy_end(conn, pname, end, clock()):
                     closed.append(interval_key(pname, end.job_id, end.epoch, end.instance_id))
-    synced = sync_ledger(engine, ledger, egress=egress) if ledger is not None and not dry_run else None
+    synced = sync_ledger(engine, ledger, job_id=only, egress=egress) if ledger is not None and not dry_run else None
     return ReconcileReport(tuple(orphans), tuple(recover), tuple(finished), tuple(closed), synced)
 
 

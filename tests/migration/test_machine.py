@@ -317,6 +317,29 @@ def test_a_move_whose_launches_all_fail_rolls_back_and_the_old_copy_keeps_runnin
     assert_one_copy(mig, local)
 
 
+def test_a_reconcile_of_one_job_marks_that_job_alone_and_sweeps_no_orphan(
+    engine: Engine, local: LocalProvider, tmp_path: Path
+) -> None:
+    """``reconcile(..., job_id=)`` (the engine's close of one finished job's copy, once per finished job: the
+    whole pass each time grew with the history in the soak) looks at that job's instance and copies only;
+    the whole pass still finds the rest."""
+    mig = started_job(engine, local, tmp_path, "job-1")
+    mig.register_job("job-2", ENDLESS, str(tmp_path / "ckpt" / "job-2"))
+    assert mig.start("job-2", OFFERS).state is State.DONE
+    for job_id in ("job-1", "job-2"):
+        iid = mig.job(job_id).instance_id
+        assert iid is not None
+        local.preempt(iid, notice_seconds=0)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    orphan = local.launch(LaunchSpec(OFFER_A, sleeper, tags=job_tags("no-such-job", 1)), "orphan-nojob")
+    one = reconcile(engine, local, job_id="job-1")
+    assert one.marked_for_recovery == ("job-1",) and one.orphans_terminated == ()
+    assert mig.job("job-2").status is JobStatus.RUNNING  # not looked at
+    assert local.describe(orphan.instance_id).state is not InstanceState.TERMINATED
+    whole = reconcile(engine, local)
+    assert whole.marked_for_recovery == ("job-2",) and whole.orphans_terminated == (orphan.instance_id,)
+
+
 def test_after_a_preemption_recovery_launches_a_new_epoch_from_the_last_checkpoint(
     engine: Engine, local: LocalProvider, tmp_path: Path
 ) -> None:
