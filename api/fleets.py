@@ -13,7 +13,7 @@ Shared by the fleet routes (:mod:`api.routes.fleets`) and the job routes (a job 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -283,13 +283,15 @@ def allocation_fractions(doc: Mapping[str, Any] | None) -> dict[str, dict[str, f
     return out
 
 
-def _costs(ledger: Ledger | None, team: str, at: datetime) -> dict[str, Decimal] | None:
+def _costs(ledger: Ledger | None, team: str, at: datetime, job_ids: Collection[str]) -> dict[str, Decimal] | None:
+    """The cost so far of each of ``job_ids`` (a fleet's jobs and the fleet's own id, its idle time), read from
+    their ledger lines only (not the team's whole history); None when not priced now."""
     if ledger is None:
         return None
     from costopt.ledger.model import LedgerError
 
     try:
-        return ledger.costs(team=team, as_of=at).by("job_id")
+        return ledger.costs(team=team, as_of=at, job_ids=job_ids).by("job_id")
     except LedgerError as exc:  # an open interval without a price in effect: not priced now
         log.warning("fleet costs of team %s not priced now: %s", team, exc)
         return None
@@ -313,7 +315,7 @@ def render_fleet(
                 records[fj.job_id] = jobs.get(fj.job_id, conn=conn)
             except LookupError:
                 continue
-    costs = _costs(ledger, fleet.team_id, now)
+    costs = _costs(ledger, fleet.team_id, now, [fj.job_id for fj in fjobs] + [fleet.id])
     fractions = allocation_fractions(fleet.allocation)
     planned: dict[str, int] = {}
     for i in instances:

@@ -15,7 +15,7 @@ A charge is recorded once per ``charge_key``; the same key with another amount r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import replace
 from datetime import datetime
 from typing import Protocol
@@ -60,6 +60,7 @@ class Ledger(Protocol):
         start: datetime | None = None,
         end: datetime | None = None,
         as_of: datetime | None = None,
+        job_ids: Collection[str] | None = None,
     ) -> CostReport: ...
 
 
@@ -172,8 +173,14 @@ def report(
     return CostReport(start, end, as_of, tuple(clipped), tuple(kept))
 
 
-def _matches(job_id: str | None, team: str | None, rec_job: str, rec_team: str) -> bool:
-    return (job_id is None or rec_job == job_id) and (team is None or rec_team == team)
+def _matches(
+    job_id: str | None, team: str | None, rec_job: str, rec_team: str, job_ids: Collection[str] | None = None
+) -> bool:
+    return (
+        (job_id is None or rec_job == job_id)
+        and (team is None or rec_team == team)
+        and (job_ids is None or rec_job in job_ids)
+    )
 
 
 class MemoryLedger:
@@ -207,15 +214,23 @@ class MemoryLedger:
         self._charges[record.charge_key] = line
         return line
 
-    def intervals(self, *, job_id: str | None = None, team: str | None = None) -> list[IntervalLine]:
+    def intervals(
+        self, *, job_id: str | None = None, team: str | None = None, job_ids: Collection[str] | None = None
+    ) -> list[IntervalLine]:
         return sorted(
-            (ln for ln in self._intervals.values() if _matches(job_id, team, ln.record.job_id, ln.record.team)),
+            (
+                ln
+                for ln in self._intervals.values()
+                if _matches(job_id, team, ln.record.job_id, ln.record.team, job_ids)
+            ),
             key=lambda ln: (ln.record.started_at, ln.record.interval_key),
         )
 
-    def charges(self, *, job_id: str | None = None, team: str | None = None) -> list[ChargeLine]:
+    def charges(
+        self, *, job_id: str | None = None, team: str | None = None, job_ids: Collection[str] | None = None
+    ) -> list[ChargeLine]:
         return sorted(
-            (c for c in self._charges.values() if _matches(job_id, team, c.record.job_id, c.record.team)),
+            (c for c in self._charges.values() if _matches(job_id, team, c.record.job_id, c.record.team, job_ids)),
             key=lambda c: (c.record.at, c.record.charge_key),
         )
 
@@ -227,13 +242,15 @@ class MemoryLedger:
         start: datetime | None = None,
         end: datetime | None = None,
         as_of: datetime | None = None,
+        job_ids: Collection[str] | None = None,
     ) -> CostReport:
         """Costs of the matching intervals clipped to ``[start, end)`` (open ones up to ``as_of``, by
-        default the period end), with the charges dated within it."""
+        default the period end), with the charges dated within it; ``job_ids``: only these jobs' lines
+        (None: any job)."""
         return report(
             self.prices,
-            self.intervals(job_id=job_id, team=team),
-            self.charges(job_id=job_id, team=team),
+            self.intervals(job_id=job_id, team=team, job_ids=job_ids),
+            self.charges(job_id=job_id, team=team, job_ids=job_ids),
             start,
             end,
             as_of,

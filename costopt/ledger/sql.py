@@ -13,7 +13,7 @@ Prices are read (``prices.steps``) before the write transaction opens, never ins
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -119,6 +119,16 @@ def _charge_record(row: Row[Any]) -> ChargeRecord:
         span=None if row.span_start is None else (row.span_start, row.span_end),
         note=row.note,
     )
+
+
+def _job_conds(column: Any, job_id: str | None, job_ids: Collection[str] | None) -> list[Any]:
+    """The job filters of a ledger read: ``job_id`` equal, ``job_ids`` (non-empty) an ``IN`` list."""
+    conds: list[Any] = []
+    if job_id is not None:
+        conds.append(column == job_id)
+    if job_ids:
+        conds.append(column.in_(sorted(set(job_ids))))
+    return conds
 
 
 class SqlLedger:
@@ -296,11 +306,12 @@ class SqlLedger:
         team: str | None,
         start: datetime | None,
         end: datetime | None,
+        job_ids: Collection[str] | None = None,
     ) -> list[IntervalLine]:
         t = ledger_intervals.c
-        conds: list[Any] = []
-        if job_id is not None:
-            conds.append(t.job_id == job_id)
+        conds: list[Any] = _job_conds(t.job_id, job_id, job_ids)
+        if job_ids is not None and not job_ids:
+            return []
         if team is not None:
             conds.append(t.team == team)
         if end is not None:
@@ -364,14 +375,15 @@ class SqlLedger:
         team: str | None,
         start: datetime | None,
         end: datetime | None,
+        job_ids: Collection[str] | None = None,
     ) -> list[ChargeLine]:
-        if job_id is not None and team is None and start is None and end is None:  # a job's bill: the hot read
-            rows = conn.execute(_JOB_CHARGES, {"b_job_id": job_id}).fetchall()
+        if job_id is not None and team is None and start is None and end is None and job_ids is None:
+            rows = conn.execute(_JOB_CHARGES, {"b_job_id": job_id}).fetchall()  # a job's bill: the hot read
             return [ChargeLine(_charge_record(r), int(r.amount_micro_usd)) for r in rows]
+        if job_ids is not None and not job_ids:
+            return []
         t = ledger_charges.c
-        conds: list[Any] = []
-        if job_id is not None:
-            conds.append(t.job_id == job_id)
+        conds: list[Any] = _job_conds(t.job_id, job_id, job_ids)
         if team is not None:
             conds.append(t.team == team)
         if start is not None:
@@ -390,18 +402,21 @@ class SqlLedger:
         end: datetime | None = None,
         as_of: datetime | None = None,
         conn: Connection | None = None,
+        job_ids: Collection[str] | None = None,
     ) -> CostReport:
         """Costs of a job and/or team within ``[start, end)``: intervals clipped to the period and
         integrated across price changes, open ones up to ``as_of`` (default: the period end), and the
-        charges dated within it. Intervals and charges are read on one connection (``conn`` when given:
-        a request's, which read the job on it too)."""
+        charges dated within it; ``job_ids``: only these jobs' lines (None: any job; a fleet's page reads
+        its own jobs' and idle lines, not its team's whole history). Intervals and charges are read on one
+        connection (``conn`` when given: a request's, which read the job on it too)."""
+        kw: dict[str, Any] = {"job_id": job_id, "team": team, "start": start, "end": end, "job_ids": job_ids}
         if conn is not None:
-            intervals = self._intervals(conn, job_id=job_id, team=team, start=start, end=end)
-            charges = self._charges(conn, job_id=job_id, team=team, start=start, end=end)
+            intervals = self._intervals(conn, **kw)
+            charges = self._charges(conn, **kw)
         else:
             with self.engine.connect() as own:
-                intervals = self._intervals(own, job_id=job_id, team=team, start=start, end=end)
-                charges = self._charges(own, job_id=job_id, team=team, start=start, end=end)
+                intervals = self._intervals(own, **kw)
+                charges = self._charges(own, **kw)
         return report(
             self.prices,
             intervals,

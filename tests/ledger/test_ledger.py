@@ -344,3 +344,30 @@ def test_period_bounds_of_charges_and_an_open_shared_interval() -> None:
     assert empty.total_micro_usd == 0 and empty.lines == () and empty.charges == ()
     with pytest.raises(LedgerError, match="the period ends"):
         ledger.costs(start=at(1.0), end=at(0.5))
+
+
+def test_costs_of_a_set_of_jobs_read_only_their_lines(engine: Engine) -> None:
+    # a fleet's page: its jobs' and its own (idle) lines, not the team's whole history
+    for ledger in both(engine):
+        ledger.record_interval(rec("a", 0.5, 3.25))  # job-1: 3.05
+        ledger.record_interval(rec("b", 0.0, 2.0, offer=K2, job_id="job-2"))  # 0.30
+        ledger.record_interval(rec("c", 0.0, 1.0, offer=K2, job_id="fleet-1"))  # 0.10
+        ledger.record_charge(
+            ChargeRecord(
+                "move-2:egress",
+                "job-2",
+                ChargeKind.EGRESS,
+                at(1.0),
+                team="vision",
+                quantity=Decimal("1"),
+                unit="GB",
+                rate_usd=Decimal("0.09"),
+                offer=K2,
+            )
+        )
+        picked = ledger.costs(team="vision", job_ids=["job-2", "fleet-1", "job-9"])
+        assert picked.by("job_id") == {"job-2": Decimal("0.39"), "fleet-1": Decimal("0.1")}
+        assert picked.total_usd == ledger.costs(job_id="job-2").total_usd + ledger.costs(job_id="fleet-1").total_usd
+        assert ledger.costs(job_ids=[]).lines == () and ledger.costs(job_ids=[]).total_usd == 0
+        assert ledger.costs(job_id="job-1", job_ids=["job-2"]).total_usd == 0  # both filters hold
+        assert ledger.costs(team="other", job_ids=["job-2"]).total_usd == 0
