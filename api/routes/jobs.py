@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from decimal import Decimal
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Query, Request, Response
@@ -38,6 +39,7 @@ from api.job_schemas import (
 )
 from api.tenancy import check_team
 from costopt.domain import OfferKey
+from costopt.jobs.costs import page_costs
 from costopt.jobs.model import JobState
 from costopt.jobs.records import (
     JobEvent,
@@ -48,7 +50,7 @@ from costopt.jobs.records import (
     new_job_id,
     seeded_job_id,
 )
-from costopt.jobs.view import MoveView, job_view
+from costopt.jobs.view import MoveView, job_view, launched
 from costopt.planning.model import InvalidJob
 from costopt.settings import Settings
 from costopt.throughput.model import DEFAULT_PRECISION
@@ -161,12 +163,14 @@ def render_job(
     now: datetime | None = None,
     events: Sequence[JobEvent] | None = None,
     conn: Connection | None = None,
+    costs: Mapping[str, Decimal] | None = None,
 ) -> JobPublic:
     """A job as the API shows it: the record, its quote and placement, and the live figures of
     :func:`costopt.jobs.view.job_view` (ETA, the ledger's cost so far, moves and preemptions with their
     reason and cost) at the service's now. ``events``: the job's events when read already (a page's,
     :meth:`JobRepository.events_of`; None: read here). ``conn``: the request's connection
-    (:meth:`JobRepository.reading`): the events and the ledger are read on it (None: on their own)."""
+    (:meth:`JobRepository.reading`): the events and the ledger are read on it (None: on their own).
+    ``costs``: a page's costs read at once (:func:`~costopt.jobs.costs.page_costs`; None: this job's here)."""
     at = now or jobs.now()
     spec = job.spec
     view = job_view(
@@ -176,6 +180,7 @@ def render_job(
         placements=request.app.state.job_planner,
         at=at,
         conn=conn,
+        costs=costs,
     )
     return JobPublic(
         id=job.id,
@@ -387,9 +392,15 @@ def list_jobs(
             raise ApiError(422, "invalid_request", str(exc), [{"field": "query.cursor", "problem": str(exc)}]) from exc
         now = jobs.now()
         events = jobs.events_of([j.id for j in page.items], conn=conn)  # one query for the page, not one per job
+        ledger = getattr(request.app.state, "ledger", None)
+        billed = [j.id for j in page.items if launched(j, events[j.id])]
+        # the page's ledger lines in one read, not one per job (None: priced job by job)
+        costs = page_costs(ledger, billed, now, conn=conn) if ledger is not None and billed else None
         return JobsListPublic(
             total=page.total,
-            items=[render_job(request, jobs, j, now=now, events=events[j.id], conn=conn) for j in page.items],
+            items=[
+                render_job(request, jobs, j, now=now, events=events[j.id], conn=conn, costs=costs) for j in page.items
+            ],
             next_cursor=page.next_cursor,
         )
 

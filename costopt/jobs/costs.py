@@ -8,7 +8,7 @@ Money is exact Decimal USD (the ledger's integer micro-dollars); times are tz-aw
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -17,10 +17,18 @@ from typing import Protocol
 from sqlalchemy.engine import Connection
 
 from costopt.ledger.book import Ledger
-from costopt.ledger.model import ChargeKind, ChargeLine, micro_to_usd
+from costopt.ledger.model import ChargeKind, ChargeLine, LedgerError, micro_to_usd
 from costopt.ledger.sql import SqlLedger
 
-__all__ = ["CopyKeys", "MigrationCost", "job_charges", "job_cost", "migration_charge_keys", "migration_cost"]
+__all__ = [
+    "CopyKeys",
+    "MigrationCost",
+    "job_charges",
+    "job_cost",
+    "migration_charge_keys",
+    "migration_cost",
+    "page_costs",
+]
 
 
 class _HasLedger(Protocol):
@@ -51,6 +59,26 @@ def job_cost(source: Ledger | _HasLedger, job_id: str, at: datetime, *, conn: Co
     if conn is not None and isinstance(ledger, SqlLedger):
         return ledger.costs(job_id=job_id, end=at, as_of=at, conn=conn).total_usd
     return ledger.costs(job_id=job_id, end=at, as_of=at).total_usd
+
+
+def page_costs(
+    source: Ledger | _HasLedger, job_ids: Collection[str], at: datetime, *, conn: Connection | None = None
+) -> dict[str, Decimal] | None:
+    """The costs up to ``at`` of several jobs read at once (a page of a listing), each what :func:`job_cost`
+    gives it: job id -> USD for the jobs with ledger lines (a job absent has none: 0). None when an open
+    interval of one of them has no price in effect: then price each alone (:func:`job_cost`), so that one
+    job's missing price leaves the others' figures."""
+    if at.tzinfo is None:
+        raise ValueError(f"at must be tz-aware UTC, got {at!r}")
+    ledger = _ledger_of(source)
+    try:
+        if conn is not None and isinstance(ledger, SqlLedger):
+            report = ledger.costs(job_ids=job_ids, end=at, as_of=at, conn=conn)
+        else:
+            report = ledger.costs(job_ids=job_ids, end=at, as_of=at)
+    except LedgerError:
+        return None
+    return report.by("job_id")
 
 
 def job_charges(source: Ledger | _HasLedger, job_id: str) -> tuple[ChargeLine, ...]:

@@ -9,7 +9,7 @@ launched: :func:`launched`) and the planner's throughput on the job's current of
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -115,16 +115,20 @@ def job_view(
     placements: Placements,
     at: datetime,
     conn: Connection | None = None,
+    costs: Mapping[str, Decimal] | None = None,
 ) -> JobView:
     """The view of ``job`` at ``at`` (tz-aware UTC) from its ``events`` (``JobRepository.events``), the
     ledger and the planner (see :class:`JobView` for what None means). ``conn``: read the ledger on this
     connection (the request's, :meth:`JobRepository.reading`). A job that never launched costs 0 without
-    a ledger read."""
+    a ledger read. ``costs``: the costs up to ``at`` of a page of jobs read at once (:func:`page_costs`;
+    a launched job absent from it has no ledger line: 0); None: this job's read here."""
     if at.tzinfo is None:
         raise ValueError(f"at must be tz-aware UTC, got {at!r}")
     cost: Decimal | None = None
     if ledger is not None and not launched(job, events):
         cost = micro_to_usd(0)
+    elif ledger is not None and costs is not None:
+        cost = costs.get(job.id, micro_to_usd(0))
     elif ledger is not None:
         try:
             cost = job_cost(ledger, job.id, at, conn=conn)

@@ -191,6 +191,10 @@ def test_two_teams_jobs_run_move_recover_and_finish_through_http(
             assert m["from"] != m["to"] and Decimal(m["cost_usd"]) >= 0, m
     assert any(item.outcome.value == "moved" for r in reports for item in r.items)
 
+    # the listing prices its page in one ledger read: the same figures as each job's own page
+    listed_a = {j["id"]: j for j in client.get("/v1/jobs", headers=keys["a"]).json()["items"]}
+    for k in ("a1", "a2"):
+        assert Decimal(listed_a[ids[k]]["cost_so_far_usd"]) == Decimal(docs[k]["cost_so_far_usd"])
     # team B never sees nor changes team A's jobs
     listed_b = client.get("/v1/jobs", headers=keys["b"]).json()
     assert {j["id"] for j in listed_b["items"]} == {ids["b1"]} and listed_b["total"] == 1

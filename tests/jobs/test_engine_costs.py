@@ -9,7 +9,7 @@ from decimal import Decimal
 
 import pytest
 
-from costopt.jobs.costs import CopyKeys, job_charges, job_cost, migration_cost
+from costopt.jobs.costs import CopyKeys, job_charges, job_cost, migration_cost, page_costs
 from costopt.jobs.records import JobRepository, NewJob
 from costopt.jobs.view import eta, job_view
 from costopt.ledger.model import ChargeKind, ChargeRecord, IntervalRecord, NoPriceInEffect
@@ -96,3 +96,17 @@ def test_the_view_has_the_eta_at_the_current_offers_throughput_the_cost_and_the_
     (move,) = view.moves
     assert (move.kind, move.cost_usd, move.from_offer, move.to_offer) == ("move", Decimal("2.9"), LOCAL_A, LOCAL_B)
     assert job_view(job, [], ledger=None, placements=placements, at=_hours(3)).cost_so_far_usd is None
+
+
+def test_a_pages_costs_read_at_once_are_each_jobs_own(ledger, engine) -> None:
+    # the listing's one read: each job's figure is job_cost's; a job without lines is absent (0)
+    at = _hours(3)
+    costs = page_costs(ledger, [JOB, "job-other", "job-none"], at)
+    assert costs == {JOB: job_cost(ledger, JOB, at), "job-other": job_cost(ledger, "job-other", at)}
+    with engine.connect() as conn:
+        assert page_costs(ledger, [JOB], at, conn=conn) == {JOB: job_cost(ledger, JOB, at)}
+    # one job's open interval without a price: None (the caller prices each alone), not a wrong total
+    unknown = LOCAL_A.__class__(LOCAL_A.cloud, "nowhere", "", "x", LOCAL_A.market)
+    ledger.record_interval(IntervalRecord("u1", "job-unpriced", "i-5", unknown, _hours(0), provider="local"))
+    assert page_costs(ledger, [JOB, "job-unpriced"], at) is None
+    assert page_costs(ledger, [JOB], at) == {JOB: job_cost(ledger, JOB, at)}
