@@ -141,8 +141,8 @@ class FleetJobPublic(BaseModel):
     it made since it arrived (``observed_steps_per_s``). ``received_s``: seconds of leases it held on each
     type; ``owed_s``: seconds of allocation the policy gave it on each type since it arrived (time fraction x
     round length, summed: the allocation integral the aware policies' mechanism ranks by), as of ``owed_at``,
-    the last round boundary that folded it in (None: no round yet). Both are folded in at the boundaries a
-    job is still in the fleet at: the round a job finished in is not counted in them (its bill is)."""
+    the last round boundary that folded it in (None: no round yet). Both are folded in when a round ends,
+    for each job leased in it, up to the round's end or the job's finish (or cancel) if that came first."""
 
     job_id: str
     name: str

@@ -60,6 +60,8 @@ from costopt.fleets.model import (
     FleetState,
     InstanceState,
     NewInstance,
+    RoundCredits,
+    RoundRecord,
     capacity_of,
     seeded_id,
 )
@@ -289,7 +291,8 @@ class FleetExecutor:
         if fleet.state is FleetState.RELEASED and fleet.round and fleet.released_at is not None:
             current = self.repo.round(fleet.id, fleet.round)
             if current is not None and current.ended_at is None:  # the last round ends with the fleet
-                self.repo.end_round(fleet, max(current.started_at, min(fleet.released_at, current.ends_at)))
+                at = max(current.started_at, min(fleet.released_at, current.ends_at))
+                self.repo.end_round(fleet, at, self._closing(fleet, current, at, ()))
         if fleet.state is FleetState.ACTIVE:
             self._launch(
                 fleet, [i for i in instances if i.state in (InstanceState.PENDING, InstanceState.LAUNCHING)], now, out
@@ -687,7 +690,8 @@ class FleetExecutor:
         live = [i for i in self.repo.instances(fleet.id) if i.state is InstanceState.RUNNING]
         if not jobs or not live:
             if open_round and current is not None:
-                self.repo.end_round(fleet, max(current.started_at, min(start, current.ends_at)))
+                at = max(current.started_at, min(start, current.ends_at))
+                self.repo.end_round(fleet, at, self._closing(fleet, current, at, ()))
             return
         received: dict[str, dict[str, float]] = {j.job_id: dict(j.received) for j in jobs}
         held = 0.0
@@ -748,6 +752,7 @@ class FleetExecutor:
             active=[j.job_id for j in jobs],
             previous_ended_at=start if open_round else None,
             owed=owed,
+            closing=self._closing(fleet, current, start, received) if open_round and current is not None else None,
         ):
             if decayed is not None:  # every round up to fleet.round is now closed and folded in, to start
                 self._folded[fleet.id] = _Folded(fleet.round, start, decayed)
@@ -761,6 +766,35 @@ class FleetExecutor:
                 dict(decision.capacity),
                 " (policy solved)" if allocation is not None else "",
             )
+
+    def _closing(
+        self, fleet: FleetRecord, current: RoundRecord, at: datetime, credited: Collection[str]
+    ) -> RoundCredits | None:
+        """The credits of the round ``current``, ending at ``at``, to the jobs leased in it other than
+        ``credited`` (those the boundary folds itself): each job's ``received`` gains the seconds from the
+        round's start to ``at`` or to its finish when it finished first, per lease, and its ``owed`` (under
+        the allocation integral) the allocation in force over the same seconds. So a job's last round
+        counts, and a job that finished after the boundary's time but before the boundary ran keeps the
+        round it was running at it. Such a job is not leased in the next round, so no round is counted
+        twice. None: nothing to credit."""
+        leased = {a.job_id for a in current.assignment} - set(credited)
+        if not leased:
+            return None
+        rule = mechanism_rule(self._policy(fleet).heterogeneity_aware, self.restart_overhead_s, fleet.round_s)
+        received: dict[str, dict[str, float]] = {}
+        owed: dict[str, dict[str, float]] = {}
+        for job in self.repo.jobs(fleet.id, job_ids=leased):
+            end = at if job.finished_at is None else min(at, job.finished_at)
+            held = max((end - current.started_at).total_seconds(), 0.0)
+            got = received[job.job_id] = dict(job.received)
+            for lease in current.assignment:
+                if lease.job_id == job.job_id:
+                    got[lease.wtype] = got.get(lease.wtype, 0.0) + held
+            if rule.allocation_integral:
+                owed.update(owed_through([job], fleet.allocation, current.started_at, held, at, rule.memory_s))
+        if not received:
+            return None
+        return RoundCredits(received, owed if rule.allocation_integral else None, at)
 
     def _decayed(
         self,

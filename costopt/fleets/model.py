@@ -407,6 +407,19 @@ class Assigned:
 
 
 @dataclass(frozen=True, slots=True)
+class RoundCredits:
+    """What a round that ends credits to the jobs leased in it that the next round does not plan (finished,
+    being cancelled, or no round follows): each job's ``received`` and ``owed`` seconds per worker type with
+    the round folded in, up to the round's end or the job's finish, whichever came first; ``owed`` None:
+    the fleet's rule keeps no allocation integral (left as stored); ``at``: the boundary the ``owed``
+    counts are as of (their ``owed_at``)."""
+
+    received: Mapping[str, Mapping[str, float]]
+    owed: Mapping[str, Mapping[str, float]] | None
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class RoundRecord:
     """One row of ``fleet_rounds``: round ``round`` of a fleet, ``[started_at, ended_at)`` (``ends_at``:
     when it was planned to end), the GPUs per worker type and the leases."""

@@ -44,6 +44,7 @@ from costopt.fleets.model import (
     InstanceState,
     NewFleet,
     NewInstance,
+    RoundCredits,
     RoundLeases,
     RoundRecord,
 )
@@ -359,12 +360,21 @@ class FleetRepository:
         return None if row is None else FleetJob.of(row)
 
     def jobs(
-        self, fleet_id: str, *, statuses: Collection[FleetJobStatus] | None = None, conn: Connection | None = None
+        self,
+        fleet_id: str,
+        *,
+        statuses: Collection[FleetJobStatus] | None = None,
+        job_ids: Collection[str] | None = None,
+        conn: Connection | None = None,
     ) -> list[FleetJob]:
-        """The fleet's jobs in arrival order (in ``statuses`` when given)."""
+        """The fleet's jobs in arrival order (in ``statuses``, among ``job_ids``, when given)."""
         conds: list[Any] = [fleet_jobs.c.fleet_id == fleet_id]
         if statuses is not None:
             conds.append(fleet_jobs.c.status.in_([FleetJobStatus(s).value for s in statuses]))
+        if job_ids is not None:
+            if not job_ids:
+                return []
+            conds.append(fleet_jobs.c.job_id.in_(list(job_ids)))
         with self._reads(conn) as c:
             rows = c.execute(
                 select(fleet_jobs).where(*conds).order_by(fleet_jobs.c.arrived_at, fleet_jobs.c.job_id)
@@ -599,13 +609,15 @@ class FleetRepository:
         active: Sequence[str],
         previous_ended_at: datetime | None,
         owed: Mapping[str, Mapping[str, float]] | None = None,
+        closing: RoundCredits | None = None,
     ) -> bool:
         """Start round ``fleet.round + 1`` (compare-and-set on the fleet's round: False when another replica
         started it first): close the previous round at ``previous_ended_at``, write the new one, its
         leases as each job's target, the received seconds of ``active`` jobs, their seconds of allocation
-        owed (``owed``, as of ``started_at``; None: left as they are), and the allocation (when solved).
-        One transaction: a boundary retried after a lost compare-and-set or a crash folds the same round
-        into the same stored counts, never twice."""
+        owed (``owed``, as of ``started_at``; None: left as they are), the credits of the previous round's
+        other jobs (``closing``), and the allocation (when solved). One transaction: a boundary retried
+        after a lost compare-and-set or a crash folds the same round into the same stored counts, never
+        twice."""
         nxt = fleet.round + 1
         now = self.now()
         with self.engine.begin() as conn:
@@ -661,11 +673,24 @@ class FleetRepository:
                 if lease is not None:
                     job_values["ever_ran"] = True
                 conn.execute(update(fleet_jobs).where(fleet_jobs.c.job_id == job_id).values(**job_values))
+            self._credit(conn, closing, now)
         return True
 
-    def end_round(self, fleet: FleetRecord, ended_at: datetime) -> bool:
-        """Close the current round without starting another (no job left to run): False when the fleet
-        moved on meanwhile."""
+    @staticmethod
+    def _credit(conn: Connection, credits: RoundCredits | None, now: datetime) -> None:
+        if credits is None:
+            return
+        for job_id, got in credits.received.items():
+            values: dict[str, Any] = {"received": _dumps(dict(got)), "updated_at": now}
+            if credits.owed is not None and job_id in credits.owed:
+                values["owed"] = _dumps(dict(credits.owed[job_id]))
+                values["owed_at"] = credits.at
+            conn.execute(update(fleet_jobs).where(fleet_jobs.c.job_id == job_id).values(**values))
+
+    def end_round(self, fleet: FleetRecord, ended_at: datetime, closing: RoundCredits | None = None) -> bool:
+        """Close the current round at ``ended_at`` without starting another (no job left to run, or the
+        fleet released), writing ``closing`` (the credits of its leases) in the same transaction: False
+        when the fleet moved on meanwhile (nothing written)."""
         with self.engine.begin() as conn:
             won = conn.execute(
                 update(fleets)
@@ -678,6 +703,8 @@ class FleetRepository:
                     .where(fleet_rounds.c.fleet_id == fleet.id, fleet_rounds.c.round == fleet.round)
                     .values(ended_at=ended_at)
                 )
+            if won:
+                self._credit(conn, closing, self.now())
         return bool(won)
 
     def missing_jobs(self, *, conn: Connection | None = None) -> list[tuple[str, str]]:

@@ -315,6 +315,66 @@ def test_a_moved_job_gets_the_next_epoch_and_a_finished_job_succeeds(rig: Rig) -
     rig.tick()  # nobody left: the round ends, no new one
     fleet = rig.repo.get(rig.fleet_id)
     assert fleet.round == 1 and rig.round_of(1).ended_at == T0 + timedelta(seconds=60)
+    # its one round counts up to its finish: 5 s received where it ran, and as much allocation owed
+    (lease1,) = rig.round_of(1).assignment
+    fj = rig.job(a)
+    assert fj.received == {lease1.wtype: 5.0}
+    assert fj.owed_at == T0 + timedelta(seconds=60) and 0 < sum(fj.owed.values()) <= 5.0 + 1e-9
+
+
+def _types(rig: Rig, number: int) -> dict[str, str]:
+    return {x.job_id: x.wtype for x in rig.round_of(number).assignment}
+
+
+def test_a_round_counts_for_each_job_leased_in_it_up_to_its_finish_even_when_the_boundary_runs_late(
+    rig: Rig,
+) -> None:
+    """Before: a round was folded into ``received``/``owed`` only for the jobs still unfinished when the
+    boundary ran, so a job's last round never counted, and a job that finished after the boundary's time
+    but before a late executor got there lost the whole round it had run to the boundary (CI's flaky
+    simulated-cloud fleet test, under load)."""
+    rig.tick()
+    for w in rig.workers():
+        rig.worker_sync(w)
+    a, b = rig.submit("a", steps=5000), rig.submit("b", steps=5000)
+    rig.tick()
+    where = {j: rig.lease_of(j)[0] for j in (a, b)}
+    assert set(where.values()) == set(rig.workers())
+    types1 = _types(rig, 1)
+    for j in (a, b):
+        worker = where[j]
+        assert worker is not None and rig.worker_sync(worker)["run"]
+    c = rig.submit("c", steps=5000)  # arrives inside round 1: waits for round 2
+    wa, wb = where[a], where[b]
+    assert wa is not None and wb is not None
+    rig.worker_sync(wb, [exited(b, 1, 5000, 0, done=True, ended_at=(T0 + timedelta(seconds=30)).timestamp())])
+    rig.clock.advance(75)  # the executor is 15 s late for the boundary at 60 s: a finished at 65 s meanwhile
+    rig.worker_sync(wa, [exited(a, 1, 5000, 0, done=True, ended_at=(T0 + timedelta(seconds=65)).timestamp())])
+    assert {rig.job(j).status for j in (a, b)} == {FleetJobStatus.DONE}
+    assert rig.tick().rounds == [f"{rig.fleet_id}:2"]
+    assert rig.round_of(2).started_at == T0 + timedelta(seconds=60)  # on the grid
+    assert rig.job(a).received == {types1[a]: 60.0}  # running at the boundary's time: the whole round
+    assert rig.job(b).received == {types1[b]: 30.0}  # finished inside it: up to its finish
+    assert rig.job(c).received == {}  # waited
+    for j, most in ((a, 60.0), (b, 30.0)):
+        fj = rig.job(j)
+        assert fj.owed_at == T0 + timedelta(seconds=60) and 0 < sum(fj.owed.values()) <= most + 1e-9
+    before = {j: (rig.job(j).received, rig.job(j).owed) for j in (a, b)}
+    worker_c = rig.lease_of(c)[0]
+    assert worker_c is not None and rig.worker_sync(worker_c)["run"]
+    (type_c,) = _types(rig, 2).values()
+    # released 30 s into round 2 with c still running: the last round ends with the fleet and counts for c
+    rig.clock.advance(15)
+    rig.repo.release(rig.fleet_id)
+    rig.tick()
+    assert rig.round_of(2).ended_at == T0 + timedelta(seconds=90)
+    assert rig.job(c).received == {type_c: 30.0} and 0 < sum(rig.job(c).owed.values()) <= 30.0 + 1e-9
+    rig.worker_sync(worker_c, [exited(c, 1, 100, 75)])
+    rig.clock.advance(5)
+    rig.tick()
+    rig.tick()
+    assert {j: (rig.job(j).received, rig.job(j).owed) for j in (a, b)} == before  # never counted twice
+    assert rig.job(c).received == {type_c: 30.0}
 
 
 def test_a_job_arriving_after_the_boundary_waits_for_the_next_grid_point(rig: Rig) -> None:
