@@ -52,7 +52,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 
 from costopt.agent import control
 from costopt.agent.contract import job_env as contract_job_env
@@ -175,7 +175,10 @@ class _Snapshot:
 
 
 _LAST_MIGRATIONS = select(migrations.c.job_id, func.max(migrations.c.id)).group_by(migrations.c.job_id)
-"""Each job's newest migration id (built once: SQLAlchemy reuses its cache key)."""
+_LAST_MIGRATIONS_IN = _LAST_MIGRATIONS.where(migrations.c.job_id.in_(bindparam("b_ids", expanding=True)))
+_LAST_MIGRATION_OF = _LAST_MIGRATIONS.where(migrations.c.job_id == bindparam("b_id"))
+"""Each job's newest migration id, of the jobs among ``b_ids`` or of one job ``b_id`` (built once: a statement
+built per tick costs its construction and cache key at every tick, several times a plain read's)."""
 
 
 def _snapshot(migrator: Migrator, job_ids: Collection[str], working: frozenset[str] = frozenset()) -> _Snapshot:
@@ -185,8 +188,13 @@ def _snapshot(migrator: Migrator, job_ids: Collection[str], working: frozenset[s
     ids = sorted(set(job_ids))
     mjobs = {j.job_id: j for j in migrator.jobs(ids)}
     active = {m.job_id: m for m in migrator.active_migrations()}
-    with migrator.engine.connect() as conn:
-        rows = conn.execute(_LAST_MIGRATIONS.where(migrations.c.job_id.in_(ids))).all()
+    rows: Sequence[Any] = []
+    if ids:
+        with migrator.engine.connect() as conn:
+            if len(ids) == 1:
+                rows = conn.execute(_LAST_MIGRATION_OF, {"b_id": ids[0]}).all()
+            else:
+                rows = conn.execute(_LAST_MIGRATIONS_IN, {"b_ids": ids}).all()
     last = {job_id: int(mid) for job_id, mid in rows}
     return _Snapshot(mjobs, active, last, working)
 

@@ -140,6 +140,8 @@ _MJ = migration_jobs.c
 _M = migrations.c
 _JOB = select(migration_jobs).where(_MJ.job_id == bindparam("b_job_id"))
 _JOBS = select(migration_jobs).order_by(_MJ.job_id)
+_JOBS_IN = _JOBS.where(_MJ.job_id.in_(bindparam("b_ids", expanding=True)))
+"""The jobs among ``b_ids`` (several: a tick's active jobs); one job is read with ``_JOB`` (no list to expand)."""
 _SET_JOB = update(migration_jobs).where(_MJ.job_id == bindparam("b_job_id"))
 """Executed with the columns to set as parameters (the SET clause is the parameters' keys)."""
 _SET_JOB_RETURNING = _SET_JOB.returning(*migration_jobs.c)
@@ -259,9 +261,17 @@ class Migrator:
     def jobs(self, job_ids: Collection[str] | None = None) -> list[JobRecord]:
         """Every registered job (``job_ids`` given: only those, e.g. a tick's active jobs instead of every
         job ever registered), by id."""
-        query = _JOBS if job_ids is None else _JOBS.where(_MJ.job_id.in_(sorted(set(job_ids))))
         with self.engine.connect() as conn:
-            rows = conn.execute(query).all()
+            if job_ids is None:
+                rows = conn.execute(_JOBS).all()
+            else:
+                ids = sorted(set(job_ids))
+                if not ids:
+                    return []
+                if len(ids) == 1:
+                    rows = conn.execute(_JOB, {"b_job_id": ids[0]}).all()
+                else:
+                    rows = conn.execute(_JOBS_IN, {"b_ids": ids}).all()
         return [JobRecord.of(r) for r in rows]
 
     def copies(self, job_id: str | None = None, *, instance_ids: Collection[str] | None = None) -> list[CopyRecord]:
