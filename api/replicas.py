@@ -16,10 +16,22 @@ binds. Linux lets only processes of the same effective user join a port's group.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import socket
-from typing import Any, cast
+import time
+from typing import TYPE_CHECKING, Any, cast
 
 import uvloop
+
+if TYPE_CHECKING:
+    from uvicorn.supervisors.multiprocess import Process
+
+log = logging.getLogger("uvicorn.error")
+
+RECYCLE_MIN_AGE_S = 60.0
+"""A worker younger than this is never recycled for its memory (a limit set below a fresh worker's size
+would otherwise replace workers without end: the supervisor says so instead)."""
 
 LOOP = "api.replicas:ReusePortLoop"
 """uvicorn's ``loop`` setting for a worker that binds its own socket."""
@@ -35,6 +47,85 @@ class ReusePortLoop(uvloop.Loop):
         return cast(asyncio.Server, await super().create_server(*args, **kwargs))
 
 
+def resident_mb(pid: int | None) -> float | None:
+    """The resident memory of process ``pid`` in MB (``/proc/<pid>/statm``); None when unknown (no such
+    process, no ``/proc``)."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def _supervisor(config: Any, max_rss_mb: float | None) -> Any:
+    """uvicorn's ``Multiprocess`` supervisor that also replaces a worker whose resident memory passed
+    ``max_rss_mb`` (None: never; as uWSGI's ``reload-on-rss``): the replacement is started and ready before
+    the old worker is sent SIGTERM (it answers its in-flight requests, then exits), one worker at a time, so
+    the port is never left unserved. A worker younger than :data:`RECYCLE_MIN_AGE_S` is left alone."""
+    from uvicorn.supervisors.multiprocess import Multiprocess, Process
+
+    class Recycling(Multiprocess):
+        def __init__(self) -> None:
+            super().__init__(config, sockets=cast(list[socket.socket], None))
+            self.born: dict[int, float] = {}
+            self.recycled = 0
+            self.warned = False
+
+        def _age(self, process: Process) -> float:
+            pid = process.pid or 0
+            return time.monotonic() - self.born.setdefault(pid, time.monotonic())
+
+        def keep_subprocess_alive(self) -> None:
+            super().keep_subprocess_alive()
+            if max_rss_mb is None or self.should_exit.is_set():
+                return
+            for idx, process in enumerate(self.processes):
+                rss = resident_mb(process.pid)
+                if rss is None or rss <= max_rss_mb:
+                    continue
+                if self._age(process) < RECYCLE_MIN_AGE_S:
+                    if not self.warned:
+                        self.warned = True
+                        log.warning(
+                            "worker [%s] holds %.0f MB within %.0f s of its start, over the %.0f MB limit: "
+                            "raise COSTOPT_WORKER_MAX_RSS_MB above a worker's size after its start-up",
+                            process.pid,
+                            rss,
+                            RECYCLE_MIN_AGE_S,
+                            max_rss_mb,
+                        )
+                    continue
+                self._replace(idx, process, rss)
+                return  # one at a time
+
+        def _replace(self, idx: int, old: Process, rss: float) -> None:
+            new = Process(self.config, self.sockets)
+            new.start()
+            if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
+                new.kill()
+                new.join()
+                log.error("worker [%s]'s replacement was not ready in time: keeping it", old.pid)
+                return
+            self.processes[idx] = new
+            self.recycled += 1
+            log.warning(
+                "worker [%s] holds %.0f MB, over the %.0f MB limit: replaced by [%s] (%d replaced so far)",
+                old.pid,
+                rss,
+                max_rss_mb,
+                new.pid,
+                self.recycled,
+            )
+            self.born.pop(old.pid or 0, None)
+            old.terminate()
+            old.join()
+
+    return Recycling()
+
+
 def serve(
     app: str,
     *,
@@ -44,17 +135,18 @@ def serve(
     factory: bool = True,
     log_level: str = "info",
     access_log: bool = True,
+    max_rss_mb: float | None = None,
 ) -> None:
     """Run ``app`` (an import string, ``module:attribute``; a factory when ``factory``) in ``workers``
     processes on ``host:port``, each accepting on its own socket; returns when the workers have stopped
     (SIGINT/SIGTERM). A port taken by a socket without ``SO_REUSEPORT`` (or an app that fails to start)
-    stops every worker at start-up: exits with uvicorn's start-up failure code, 3."""
+    stops every worker at start-up: exits with uvicorn's start-up failure code, 3. ``max_rss_mb``: a worker
+    whose resident memory passes it is replaced, its replacement serving first (None: never)."""
     from uvicorn import Config
     from uvicorn.config import STARTUP_FAILURE
-    from uvicorn.supervisors.multiprocess import Multiprocess
 
-    if workers < 2:
-        raise ValueError(f"serve() runs two or more workers, got {workers}: run uvicorn.run for one")
+    if workers < 1 or (workers < 2 and max_rss_mb is None):
+        raise ValueError(f"serve() runs two or more workers (one with max_rss_mb), got {workers}: uvicorn.run")
     if not hasattr(socket, "SO_REUSEPORT"):
         raise RuntimeError("this platform has no SO_REUSEPORT: run uvicorn's own --workers")
     config = Config(
@@ -68,7 +160,7 @@ def serve(
         access_log=access_log,
     )
     # No socket from the parent: each worker's server binds host:port itself, through ReusePortLoop.
-    supervisor = Multiprocess(config, sockets=cast(list[socket.socket], None))
+    supervisor = _supervisor(config, max_rss_mb)
     supervisor.run()
     if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
         raise SystemExit(STARTUP_FAILURE)  # the address is taken, or the app failed to start: see the log
@@ -87,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--no-access-log", action="store_true")
+    parser.add_argument("--max-rss-mb", type=float, default=None, help="replace a worker over this many MB")
     args = parser.parse_args(argv)
     serve(
         args.app,
@@ -95,6 +188,7 @@ def main(argv: list[str] | None = None) -> None:
         port=args.port,
         log_level=args.log_level,
         access_log=not args.no_access_log,
+        max_rss_mb=args.max_rss_mb,
     )
 
 

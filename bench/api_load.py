@@ -520,25 +520,32 @@ def serve_one(host: str, port: int, log_level: str) -> None:
     Uvicorn(config).run()
 
 
-def serve_with_replicas(workers: int, host: str, port: int, log_level: str) -> None:
-    """``workers`` processes on one port (:func:`serve_one`): the first with the service's background work as
-    its environment sets it, the others serving replicas (:data:`SERVING_REPLICA_ENV`). Over the embedded
-    simulated cloud this is how more than one process can serve: the cloud lives in the one process that
-    runs the job work, where ``api.replicas`` (every worker alike) would give each worker a simulated cloud
-    of its own over the one database (``costopt serve --workers N`` refuses that). Stops them all on SIGTERM
-    or SIGINT; returns when they have exited."""
+def serve_with_replicas(
+    workers: int, host: str, port: int, log_level: str, job_port: int | None = None, max_rss_mb: float | None = None
+) -> None:
+    """``workers`` processes (:func:`serve_one`): the first with the service's background work as its
+    environment sets it, the others serving replicas (:data:`SERVING_REPLICA_ENV`) on ``port``. Over the
+    embedded simulated cloud this is how more than one process can serve: the cloud lives in the one process
+    that runs the job work, where ``api.replicas`` (every worker alike) would give each worker a simulated
+    cloud of its own over the one database (``costopt serve --workers N`` refuses that). ``job_port``: the
+    job-work process listens there instead, taking none of ``port``'s traffic (a worker tier beside the API
+    tier). ``max_rss_mb``: the serving replicas run under ``api.replicas``' supervisor, which replaces one
+    whose resident memory passed it (``COSTOPT_WORKER_MAX_RSS_MB``), its replacement serving first. Stops
+    them all on SIGTERM or SIGINT; returns when they have exited."""
     import signal
 
-    cmd = [
-        sys.executable,
-        "-c",
-        "import sys; from bench.api_load import serve_one; serve_one(sys.argv[1], int(sys.argv[2]), sys.argv[3])",
-        host,
-        str(port),
-        log_level,
-    ]
-    procs = [subprocess.Popen(cmd)]
-    procs += [subprocess.Popen(cmd, env={**os.environ, **SERVING_REPLICA_ENV}) for _ in range(workers - 1)]
+    def one(at: int) -> list[str]:
+        code = "import sys; from bench.api_load import serve_one; serve_one(sys.argv[1], int(sys.argv[2]), sys.argv[3])"
+        return [sys.executable, "-c", code, host, str(at), log_level]
+
+    replica_env = {**os.environ, **SERVING_REPLICA_ENV}
+    procs = [subprocess.Popen(one(job_port or port))]
+    if max_rss_mb is not None:
+        cmd = [sys.executable, "-m", "api.replicas", "bench.api_load:make_app", "--workers", str(workers - 1)]
+        cmd += ["--host", host, "--port", str(port), "--log-level", log_level, "--no-access-log"]
+        procs.append(subprocess.Popen([*cmd, "--max-rss-mb", str(max_rss_mb)], env=replica_env))
+    else:
+        procs += [subprocess.Popen(one(port), env=replica_env) for _ in range(workers - 1)]
 
     def stop(signum: int, frame: object) -> None:
         for p in procs:
@@ -559,11 +566,15 @@ def server(
     log_dir: Path,
     extra_env: dict[str, str] | None = None,
     serving_replicas: bool = False,
+    private_job_work: bool = False,
+    max_rss_mb: float | None = None,
 ) -> Iterator[Server]:
     """The service on a free 127.0.0.1 port, ready on every worker; ``extra_env`` overrides the COSTOPT_*
     settings set here (bench/soak.py turns the collectors and the fleets' executor on). ``serving_replicas``
     (with ``workers`` > 1): one process with the background work and ``workers - 1`` serving replicas
-    (:func:`serve_with_replicas`) instead of ``workers`` alike (``api.replicas``)."""
+    (:func:`serve_with_replicas`) instead of ``workers`` alike (``api.replicas``); then ``private_job_work``
+    puts the job-work process on a port of its own (no traffic from the port served) and ``max_rss_mb``
+    recycles the replicas over that many MB."""
     import httpx
 
     port = free_port()
@@ -580,14 +591,16 @@ def server(
     )
     env.update(extra_env or {})
     log = log_dir / f"server-{port}.log"
+    job_port = free_port() if workers > 1 and serving_replicas and private_job_work else None
     if workers > 1 and serving_replicas:
         cmd = [
             sys.executable,
             "-c",
-            "import sys; from bench.api_load import serve_with_replicas; "
-            "serve_with_replicas(int(sys.argv[1]), '127.0.0.1', int(sys.argv[2]), 'warning')",
+            "import sys, json; from bench.api_load import serve_with_replicas; "
+            "serve_with_replicas(int(sys.argv[1]), '127.0.0.1', int(sys.argv[2]), 'warning', *json.loads(sys.argv[3]))",
             str(workers),
             str(port),
+            json.dumps([job_port, max_rss_mb]),
         ]
     elif workers > 1:  # as `costopt serve --workers N`: a listening socket per worker (api/replicas.py)
         cmd = [sys.executable, "-m", "api.replicas", "bench.api_load:make_app", "--host", "127.0.0.1"]
@@ -606,7 +619,9 @@ def server(
                 raise RuntimeError(f"the server exited ({proc.returncode}); see {log}:\n{log.read_text()[-3000:]}")
             try:
                 # every worker answering: a few consecutive OKs
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200 and (
+                    job_port is None or httpx.get(f"http://127.0.0.1:{job_port}/readyz", timeout=2).status_code == 200
+                ):
                     ready += 1
                     if ready >= 3 * workers:
                         break
@@ -643,6 +658,8 @@ class RawConnection:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.served = 0  # answers read on the connection open now
+        self.retried = 0  # requests sent again after the server closed a kept-alive connection (see request)
 
     async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.reader is None or self.writer is None:
@@ -656,9 +673,28 @@ class RawConnection:
         if self.writer is not None:
             self.writer.close()
         self.reader = self.writer = None
+        self.served = 0
 
     async def request(self, raw: bytes) -> tuple[int, bytes]:
-        """Send ``raw`` (a whole request) and return (status, body)."""
+        """Send ``raw`` (a whole request) and return (status, body). A kept-alive connection the server has
+        closed (a replica stopping: it closes its idle connections) is opened again before sending; when the
+        server closes it as the request goes out (no byte of an answer read), the request is sent once more on
+        a new connection if it is safe to repeat (GET or HEAD, or a POST with an ``Idempotency-Key``: RFC 9110
+        9.2.2), counted in ``retried``; anything else is an error."""
+        if self.reader is not None and self.reader.at_eof():
+            self.close()
+        reused = self.served > 0
+        try:
+            return await self._exchange(raw)
+        except HttpError as exc:
+            eof = isinstance(exc.__cause__, (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError))
+            partial = getattr(exc.__cause__, "partial", b"")
+            if not (reused and eof and not partial and _repeatable(raw)):
+                raise
+        self.retried += 1
+        return await self._exchange(raw)
+
+    async def _exchange(self, raw: bytes) -> tuple[int, bytes]:
         try:
             reader, writer = await self._open()
             writer.write(raw)
@@ -680,12 +716,20 @@ class RawConnection:
                 body = b"".join(p[:-2] for p in parts)
             else:
                 body = b""
+            self.served += 1
             if b"\r\nconnection: close" in lower:
                 self.close()
             return status, body
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as exc:
             self.close()
             raise HttpError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _repeatable(raw: bytes) -> bool:
+    """Whether the request ``raw`` may be sent again without doing its work twice: GET, HEAD, or a request
+    with an ``Idempotency-Key`` (the service answers a repeat with the first result)."""
+    head = raw.split(b"\r\n\r\n", 1)[0]
+    return head.startswith((b"GET ", b"HEAD ")) or b"\r\nidempotency-key:" in head.lower()
 
 
 def http_request(

@@ -454,6 +454,7 @@ async def soak(srv: Server, secret: str, args: argparse.Namespace, url: str) -> 
     finally:
         for c in conns:
             c.close()
+    retried = sum(c.retried for c in conns)
     wall = time.perf_counter() - start
     rss = rss_mb(srv.proc.pid)
     samples.append(
@@ -481,6 +482,7 @@ async def soak(srv: Server, secret: str, args: argparse.Namespace, url: str) -> 
         "requests": total,
         "req_per_s": round(total / wall, 1),
         "errors": sum(r.errors for r in routes.values()),
+        "retried": retried,
         "routes": {name: routes[name].row(wall) for name in sorted(routes)},
         "fleet_changes": tr.changes,
         "jobs_submitted": len(tr.jobs),
@@ -611,6 +613,12 @@ def log_errors(log: Path) -> list[str]:
     return out
 
 
+def replaced_in_log(path: Path) -> int:
+    """How many serving replicas the supervisor replaced for their memory (its log lines)."""
+    lines = Path(path).read_text(errors="replace").splitlines()
+    return sum(1 for line in lines if "over the" in line and "replaced by" in line)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     backend = args.backend
     workers = args.workers if args.workers is not None else (2 if backend == "postgres" else 1)
@@ -646,7 +654,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 env["BENCH_GC_TYPES"] = "1"
         load_before = os.getloadavg()
         with server(
-            url, workers=workers, job_work=True, log_dir=Path(logs), extra_env=env, serving_replicas=not args.split_sim
+            url,
+            workers=workers,
+            job_work=True,
+            log_dir=Path(logs),
+            extra_env=env,
+            serving_replicas=not args.split_sim,
+            private_job_work=args.private_job_work,
+            max_rss_mb=args.max_rss_mb,
         ) as srv:
             result = run_async(soak(srv, secret, args, url))
             errors_in_log = log_errors(srv.log)
@@ -656,6 +671,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result.update(
             backend=backend,
             workers=workers,
+            private_job_work=args.private_job_work,
+            max_rss_mb=args.max_rss_mb,
+            replicas_replaced=replaced_in_log(srv.log),
             load_avg_before=[round(x, 2) for x in load_before],
             load_avg_after=[round(x, 2) for x in load_after],
             collector_page_fetches=prices.hits,
@@ -697,6 +715,10 @@ def render(r: dict[str, Any]) -> None:
         f"{m.get('slope_mb_per_min')} MB/min, peak {m.get('peak_rss_mb')} MB: {'flat' if m['flat'] else 'GROWING'}"
     )
     console.print(
+        f"replicas replaced for their memory {r.get('replicas_replaced', 0)} (limit {r.get('max_rss_mb')} MB); "
+        f"requests sent again on a new connection after the server closed a kept-alive one {r.get('retried', 0)}"
+    )
+    console.print(
         f"fleet changes {r['fleet_changes']}; jobs submitted {r['jobs_submitted']}, by state at the end "
         f"{r['job_states']}; scheduled runs {r['scheduled_runs']}; fleet rounds {r['fleet_rounds']}; "
         f"collector page fetches {r['collector_page_fetches']}; server log error lines "
@@ -731,6 +753,20 @@ def main(argv: list[str] | None = None) -> int:
         "simulated cloud of its own and the one database, so each worker's engine, reconciler and watcher take the "
         "others' copies for lost (copy_lost events, recoveries ping-ponging between the clouds, failed jobs, engine "
         'races in the log); `costopt serve --workers N` refuses it (docs/reliability.md "Soak")',
+    )
+    ap.add_argument(
+        "--private-job-work",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the job-work process listens on a port of its own, so the traffic goes to the serving replicas only "
+        "(a worker tier beside the API tier; needs --workers 2 or more)",
+    )
+    ap.add_argument(
+        "--max-rss-mb",
+        type=float,
+        default=None,
+        help="the serving replicas run under api.replicas' supervisor, which replaces one whose resident memory "
+        "passed this many MB, its replacement serving first (COSTOPT_WORKER_MAX_RSS_MB); default: never",
     )
     ap.add_argument("--rate", type=float, default=100.0, help="requests per second, all routes together")
     ap.add_argument("--concurrency", type=int, default=8, help="requests in flight at most")

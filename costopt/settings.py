@@ -452,6 +452,16 @@ class Settings(BaseSettings):
     http_timeout_s: float = 30.0
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    worker_max_rss_mb: float | None = Field(
+        default=None,
+        ge=64,
+        description="`costopt serve --workers N` (N >= 2): a worker process whose resident memory passes this "
+        "many MB (after its first minute) is replaced: its replacement starts and serves first, then the old "
+        "one answers its in-flight requests and exits, one worker at a time (as uWSGI's reload-on-rss). Bounds "
+        "the allocators' growth under sustained traffic (docs/reliability.md, Soak); set it above a worker's "
+        "size after start-up (~300 MB with the simulated cloud's seeded prices). None: never. Ignored, with "
+        "a warning, by one process (nothing would take its place).",
+    )
     job_id_seed: str | None = Field(
         default=None,
         description="Drills only (bench/kill_drill.py): a job submitted with an Idempotency-Key gets an id "

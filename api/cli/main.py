@@ -98,6 +98,11 @@ def serve(
     if workers == 1:
         from api.app import create_app
 
+        if settings.worker_max_rss_mb is not None:
+            note(
+                "warning: COSTOPT_WORKER_MAX_RSS_MB is ignored by one process (nothing would take its place): "
+                "recycling needs --workers 2 or more"
+            )
         with failures():
             application = create_app(settings)
         uvicorn.run(application, host=host or settings.api_host, port=port or settings.api_port, log_level="info")
@@ -122,7 +127,9 @@ def serve(
 
     # a listening socket per worker (SO_REUSEPORT): connections opened together spread over the workers
     bind_host, bind_port = host or settings.api_host, port or settings.api_port
-    serve_replicas("api.app:create_app", workers=workers, host=bind_host, port=bind_port)
+    serve_replicas(
+        "api.app:create_app", workers=workers, host=bind_host, port=bind_port, max_rss_mb=settings.worker_max_rss_mb
+    )
 
 
 def _prepare_replicas(settings: Settings) -> None:

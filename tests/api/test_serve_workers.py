@@ -104,3 +104,17 @@ def test_two_workers_on_postgresql_share_one_admin_key(tmp_path: Path) -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
             log.close()
+
+
+def test_one_process_ignores_worker_recycling_and_says_so(
+    clean_settings: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COSTOPT_DATABASE_URL", f"sqlite:///{tmp_path / 'one.db'}")
+    monkeypatch.setenv("COSTOPT_WORKER_MAX_RSS_MB", "500")
+    monkeypatch.setenv("COSTOPT_SEED_ON_START", "false")
+    ran: list[object] = []
+    monkeypatch.setattr("uvicorn.run", lambda application, **kw: ran.append(kw))
+    result = runner.invoke(app, ["serve", "--no-collect"])
+    assert result.exit_code == 0, result.output
+    assert ran  # served, by one process
+    assert "COSTOPT_WORKER_MAX_RSS_MB is ignored by one process" in result.stderr
