@@ -32,6 +32,11 @@ log = logging.getLogger("uvicorn.error")
 RECYCLE_MIN_AGE_S = 60.0
 """A worker younger than this is never recycled for its memory (a limit set below a fresh worker's size
 would otherwise replace workers without end: the supervisor says so instead)."""
+RECYCLE_READY_S = 180.0
+"""How long a replacement has to finish its start-up (imports, the app's start) before it is given up
+(a loaded 2-core machine took over 10 s)."""
+RECYCLE_RETRY_S = 60.0
+"""After a replacement that was not ready in time, the next try waits this long."""
 
 LOOP = "api.replicas:ReusePortLoop"
 """uvicorn's ``loop`` setting for a worker that binds its own socket."""
@@ -70,23 +75,22 @@ def _supervisor(config: Any, max_rss_mb: float | None) -> Any:
     class Recycling(Multiprocess):
         def __init__(self) -> None:
             super().__init__(config, sockets=cast(list[socket.socket], None))
-            self.born: dict[int, float] = {}
+            self.born: dict[int, float] = {}  # pid -> when this supervisor first saw it (within 0.5 s of its start)
             self.recycled = 0
             self.warned = False
-
-        def _age(self, process: Process) -> float:
-            pid = process.pid or 0
-            return time.monotonic() - self.born.setdefault(pid, time.monotonic())
+            self.not_before = 0.0
 
         def keep_subprocess_alive(self) -> None:
             super().keep_subprocess_alive()
-            if max_rss_mb is None or self.should_exit.is_set():
+            now = time.monotonic()
+            self.born = {p.pid or 0: self.born.get(p.pid or 0, now) for p in self.processes}
+            if max_rss_mb is None or self.should_exit.is_set() or now < self.not_before:
                 return
             for idx, process in enumerate(self.processes):
                 rss = resident_mb(process.pid)
                 if rss is None or rss <= max_rss_mb:
                     continue
-                if self._age(process) < RECYCLE_MIN_AGE_S:
+                if now - self.born[process.pid or 0] < RECYCLE_MIN_AGE_S:
                     if not self.warned:
                         self.warned = True
                         log.warning(
@@ -104,10 +108,22 @@ def _supervisor(config: Any, max_rss_mb: float | None) -> Any:
         def _replace(self, idx: int, old: Process, rss: float) -> None:
             new = Process(self.config, self.sockets)
             new.start()
-            if not new.wait_until_ready(self.config.timeout_worker_healthcheck, self.should_exit):
+            deadline, ready = time.monotonic() + RECYCLE_READY_S, False
+            while not ready and time.monotonic() < deadline and not self.signal_queue:  # a stop is not held up
+                ready = new.wait_until_ready(min(1.0, max(deadline - time.monotonic(), 0.0)), self.should_exit)
+                if not new.process.is_alive():
+                    break
+            if not ready:
                 new.kill()
                 new.join()
-                log.error("worker [%s]'s replacement was not ready in time: keeping it", old.pid)
+                if not self.should_exit.is_set():
+                    self.not_before = time.monotonic() + RECYCLE_RETRY_S
+                    log.error(
+                        "worker [%s]'s replacement was not ready within %.0f s: keeping it, trying again in %.0f s",
+                        old.pid,
+                        RECYCLE_READY_S,
+                        RECYCLE_RETRY_S,
+                    )
                 return
             self.processes[idx] = new
             self.recycled += 1

@@ -25,6 +25,13 @@ watcher, rebalancer, fleets' rounds or collector; :func:`bench.api_load.serve_wi
 the workers alike (``--split-sim``): each ran its own simulated cloud over the one database, so each engine,
 reconciler and watcher took the other cloud's copies for lost, which made most of those runs' failed jobs.
 
+``--private-job-work`` puts the job-work process on a port of its own, so that all the traffic goes to the
+serving replicas (a worker tier beside an API tier); ``--max-rss-mb`` runs the replicas under
+``api.replicas``' supervisor, which replaces a replica whose resident memory passed the limit
+(``COSTOPT_WORKER_MAX_RSS_MB``), its replacement serving first. A request that meets a kept-alive connection
+closed by a replica on its way out is sent again on a new one when repeating it is safe (GET, or a POST
+with an ``Idempotency-Key``), and counted (``retried``).
+
 Every answer must have its route's success status (anything else, or a failed connection, is an error).
 The server tree's RSS (``/proc/<pid>/status``) and the load average are sampled every ``--sample-s``;
 the table gives per-route throughput and p50/p99 latency (from send to answer: an open-loop schedule's
@@ -183,8 +190,13 @@ def growth(samples: list[Sample], warmup_s: float) -> dict[str, Any]:
     """RSS at the first sample at or after ``warmup_s`` and at the last sample: growth in MB and %, the
     least-squares slope (MB/min) over the samples from the warm-up's end on, and whether it is flat
     (growth <= RSS_GROWTH_MAX_PCT % and <= RSS_GROWTH_MAX_MB MB). None values when no sample is after the
-    warm-up."""
+    warm-up. Samples taken while a serving replica was being replaced (``--max-rss-mb``: the old and the new
+    process both alive for the seconds the new one takes to start, so the tree counts one process more than
+    usual) are left out of the growth and the slope (counted in ``replacing_samples``; the peak keeps them)."""
     after = [s for s in samples if s.t_s >= warmup_s]
+    usual = Counter(s.processes for s in after).most_common(1)[0][0] if after else 0
+    replacing = [s for s in after if s.processes > usual]
+    after = [s for s in after if s.processes <= usual]
     if len(after) < 2:
         return {"warmup_rss_mb": None, "end_rss_mb": None, "growth_mb": None, "growth_pct": None, "flat": None}
     first, last = after[0], after[-1]
@@ -202,6 +214,7 @@ def growth(samples: list[Sample], warmup_s: float) -> dict[str, Any]:
         "growth_mb": round(grew, 1),
         "growth_pct": round(pct, 2),
         "slope_mb_per_min": round(slope, 2),
+        "replacing_samples": len(replacing),
         "flat": pct <= RSS_GROWTH_MAX_PCT and grew <= RSS_GROWTH_MAX_MB,
     }
 

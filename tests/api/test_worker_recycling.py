@@ -74,3 +74,47 @@ def test_a_worker_over_the_memory_limit_is_replaced_without_a_failed_request(tmp
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_a_replacement_not_ready_in_time_keeps_the_worker_and_waits_before_trying_again(tmp_path: Path) -> None:
+    """Soak X2's failure: a replacement that could not start within the supervisor's bound (5 s then, on a
+    loaded machine) was killed and tried again every half second, 90 times in 10 minutes. Now the old worker
+    keeps serving and the next try waits RECYCLE_RETRY_S."""
+    port = free_port()
+    code = (
+        "import sys, api.replicas as r; r.RECYCLE_MIN_AGE_S = 1.0; r.RECYCLE_READY_S = 0.01; "
+        "r.RECYCLE_RETRY_S = 3600.0; r.main(['tests.api.recycle_app:make', '--workers', '1', '--port', sys.argv[1], "
+        "'--max-rss-mb', '100', '--no-access-log'])"
+    )
+    out = tmp_path / "serve.log"
+    with out.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, str(port)], cwd=PROJECT_ROOT, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        first = None
+        while first is None:
+            assert proc.poll() is None and time.monotonic() < deadline, out.read_text()
+            try:
+                first = int(httpx.get(url, timeout=5).text)
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        time.sleep(1.5)
+        assert int(httpx.get(f"{url}/grow", timeout=10).text) == first
+        end = time.monotonic() + 30
+        while "not ready within" not in out.read_text() and time.monotonic() < end:
+            time.sleep(0.1)
+        time.sleep(3)  # six more of the supervisor's passes
+        text = out.read_text()
+        assert text.count("not ready within") == 1, text  # one try, then the wait
+        assert int(httpx.get(url, timeout=5).text) == first  # the old worker serves on
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -52,3 +52,17 @@ def test_a_serving_replica_runs_none_of_the_background_work(monkeypatch: pytest.
     replica = Settings()
     assert not replica.migration_jobs_enabled and not replica.collectors_enabled
     assert replica.fleet_executor_enabled is False  # not None: None follows the migration jobs
+
+
+def test_growth_leaves_out_the_samples_taken_while_a_replica_was_being_replaced() -> None:
+    from bench.soak import Sample, growth
+
+    def at(t: float, rss: float, procs: int) -> Sample:
+        return Sample(t, rss, rss, procs, 0.0)
+
+    samples = [at(0, 800, 4), at(60, 900, 4), at(120, 1180, 5), at(180, 910, 4), at(240, 1200, 5)]
+    got = growth(samples, 60)
+    assert (got["warmup_rss_mb"], got["end_rss_mb"], got["growth_mb"]) == (900, 910, 10)
+    assert got["replacing_samples"] == 2 and got["peak_rss_mb"] == 1200 and got["flat"] is True
+    grown = growth([*samples, at(300, 990, 4)], 60)  # a steady sample that grew is judged as before
+    assert grown["growth_mb"] == 90 and grown["flat"] is False
