@@ -127,10 +127,11 @@ _SUCCESSOR = (
 )
 
 
-def write_copy_start(conn: Connection, provider: str, start: CopyStart, now: datetime) -> None:
+def write_copy_start(conn: Connection, provider: str, start: CopyStart, now: datetime) -> bool:
+    """Insert the copy's row (idempotent: a copy already recorded is left as it is). False when it was there."""
     key = interval_key(provider, start.job_id, start.epoch, start.instance_id)
     if conn.execute(_KEY_EXISTS, {"b_key": key}).first():
-        return
+        return False
     conn.execute(
         _INSERT_COPY,
         {
@@ -150,6 +151,7 @@ def write_copy_start(conn: Connection, provider: str, start: CopyStart, now: dat
             "updated_at": now,
         },
     )
+    return True
 
 
 def write_copy_end(conn: Connection, provider: str, end: CopyEnd, now: datetime) -> bool:
@@ -181,10 +183,12 @@ def write_copy_end(conn: Connection, provider: str, end: CopyEnd, now: datetime)
     return write_copy_end(conn, provider, end, now)
 
 
-def write_verified(conn: Connection, provider: str, job_id: str, instance_id: str, at: datetime, now: datetime) -> None:
-    conn.execute(
+def write_verified(conn: Connection, provider: str, job_id: str, instance_id: str, at: datetime, now: datetime) -> bool:
+    """Record when the copy was first seen progressing (the first time wins). False when it was recorded."""
+    done = conn.execute(
         _VERIFIED, {"b_job_id": job_id, "b_instance_id": instance_id, "b_provider": provider, "b_at": at, "b_now": now}
     )
+    return bool(done.rowcount)
 
 
 def copies(

@@ -13,7 +13,13 @@ copy is gone) skips the checkpoint request: ``planned`` terminates whatever is l
 Every state is a row in ``migrations`` (:mod:`costopt.db.migration_schema`; the records, states and
 keys are in :mod:`costopt.migration.records`); every transition is a compare-and-set on that row,
 committed *before* the next side effect, and every side effect is idempotent, so
-:meth:`Migrator.resume` continues from whatever state a crash left:
+:meth:`Migrator.resume` continues from whatever state a crash left. Two states are passed through in
+the transition that follows them, not written on their own (one compare-and-set instead of two, nothing
+learned left uncommitted): ``checkpointed`` (nothing happens in it but choosing the launch token, which
+is derived from the row: ``checkpointing``/``planned`` -> ``launching`` is one commit, with the old
+copy's end) and ``launched`` (``launching`` -> ``verifying`` is one commit after the launch returned and
+the epoch was claimed: a crash before it launches again with the stored token and gets the same
+instance). A row left in one of them by an older version is still resumed from it:
 
 - ``planned``: the checkpoint request id is stored in the row; repeating the request is a no-op for
   the agent;
@@ -22,9 +28,10 @@ committed *before* the next side effect, and every side effect is idempotent, so
   again with the same token, and the provider returns the same instance. Before a new attempt (next
   offer) every instance left by an earlier attempt of the same epoch is terminated, so an ambiguous
   failure never leaves two copies of one epoch;
-- ``launched``: :func:`costopt.agent.control.claim_epoch` (idempotent) raises the fencing marker, in
-  the same transaction the job's epoch and instance move to the new copy. From then on the old copy
-  cannot publish a checkpoint (the agent's fencing), so two copies never both write;
+- ``launched`` (passed through): :func:`costopt.agent.control.claim_epoch` (idempotent) raises the fencing
+  marker; the new copy's id and start are written in the same transaction the job's epoch and instance
+  move to the new copy. From then on the old copy cannot publish a checkpoint (the agent's fencing), so
+  two copies never both write;
 - ``verifying``: the new copy restored and is progressing (``control.progress(uri, epoch)``);
 - ``terminating_old``: ``terminate`` is idempotent.
 
@@ -34,7 +41,7 @@ the job is marked ``recovering`` (its old copy is fenced by then).
 
 Billing (optional ``ledger``): every copy's facts (launch, end and its reason, verification) are
 written to ``migration_copies`` in the same transaction as the transition that learned them, then synced
-to the ledger after every transition, on :meth:`Migrator.resume` and by the reconciler
+to the ledger after every transition that wrote one, on :meth:`Migrator.resume` and by the reconciler
 (:mod:`costopt.migration.ledger_sync`). A ledger failure never stops a migration.
 
 Unavailable offers (optional ``unavailable``, :mod:`costopt.migration.unavailable`): a launch refused
@@ -44,8 +51,10 @@ marked, they are all tried anyway, in order, and the migration's reason says so.
 
 The reconciler is :mod:`costopt.migration.reconcile`.
 
-Fault injection: ``hook(point)`` is called after each committed transition (``"enter:<state>"``),
-right after ``launch`` returned (``"launch:returned"``), and right after each ledger write, before its
+Fault injection: ``hook(point)`` is called after each committed transition (``"enter:<state>"``; of
+the states passed through, ``checkpointed`` after the commit to ``launching``, before its hook, and
+``launched`` right after ``"launch:returned"``, before the epoch is claimed), right after ``launch``
+returned (``"launch:returned"``), and right after each ledger write, before its
 flag is committed (``"ledger:opened"``, ``"ledger:closed"``). The default hook SIGKILLs this process
 when ``COSTOPT_MIGRATOR_KILL_AT`` names the point (the crash tests run the migrator in a subprocess).
 """
@@ -469,11 +478,14 @@ class Migrator:
         started: CopyStart | None = None,
         ended: Sequence[CopyEnd] = (),
         verified: str | None = None,
+        through: Sequence[State] = (),
         **values: Any,
     ) -> MigrationRecord:
         """Compare-and-set the row from ``mig.state`` to ``state``; in the same transaction update the job
         and write the copies' facts (``started``, ``ended``, ``verified``: the instance seen progressing).
-        Then the hook, then the ledger sync. Returns the row as the transition wrote it."""
+        Then the hooks (``through``: the states this commit passes through without writing them, each
+        ``enter:`` hook in order, then ``state``'s), then the ledger sync when a fact was written. Returns the
+        row as the transition wrote it."""
         values = {k: (v.value if isinstance(v, StrEnum) else v) for k, v in values.items()}
         pname = self.provider.name
         with self.engine.begin() as conn:
@@ -489,24 +501,50 @@ class Migrator:
                     self._running.pop(mig.job_id, None)
                 else:
                     self._running[mig.job_id] = written
+            wrote = False
             if started is not None:
-                write_copy_start(conn, pname, started, now)
+                wrote |= write_copy_start(conn, pname, started, now)
             for end in ended:
-                write_copy_end(conn, pname, end, now)
+                wrote |= write_copy_end(conn, pname, end, now)
             if verified is not None:
-                write_verified(conn, pname, mig.job_id, verified, now, now)
+                wrote |= write_verified(conn, pname, mig.job_id, verified, now, now)
         log.info("migration %d (%s): %s -> %s %s", mig.id, mig.job_id, mig.state.value, state.value, values or "")
+        for passed in through:
+            self.hook(f"enter:{passed.value}")
         if state is not mig.state:
             self.hook(f"enter:{state.value}")
-        if started is not None or ended or verified is not None:
+        if wrote:  # nothing new (e.g. a recovery's old copy, closed when it was stopped): nothing to sync
             self.sync_ledger(mig.job_id)
         return MigrationRecord.of(row)
 
     def _rollback(
-        self, mig: MigrationRecord, reason: str, *, job: Mapping[str, Any], ended: Sequence[CopyEnd] = ()
+        self,
+        mig: MigrationRecord,
+        reason: str,
+        *,
+        job: Mapping[str, Any],
+        ended: Sequence[CopyEnd] = (),
+        started: CopyStart | None = None,
+        **values: Any,
     ) -> MigrationRecord:
         log.warning("migration %d (%s) rolled back: %s", mig.id, mig.job_id, reason)
-        return self._advance(mig, State.ROLLED_BACK, reason=reason, job={**job, "reason": reason}, ended=ended)
+        return self._advance(
+            mig, State.ROLLED_BACK, reason=reason, job={**job, "reason": reason}, ended=ended, started=started, **values
+        )
+
+    def _to_launching(self, mig: MigrationRecord, **values: Any) -> MigrationRecord:
+        """The old copy checkpointed (a move) or stopped (a recovery): ``checkpointed`` and ``launching`` in
+        one compare-and-set, with the first attempt's token (nothing happens between the two states: the
+        token is derived from the row). The facts learned (``values``: the old copy's end, a reason) are
+        committed with it, before any launch; ``enter:checkpointed`` and ``enter:launching`` fire after it."""
+        return self._advance(
+            mig,
+            State.LAUNCHING,
+            through=(State.CHECKPOINTED,),
+            token=launch_token(mig.job_id, mig.to_epoch, mig.attempts),
+            deadline_at=None,
+            **values,
+        )
 
     def _deadline(self, seconds: float) -> datetime:
         return self.now() + timedelta(seconds=seconds)
@@ -552,9 +590,7 @@ class Migrator:
             ended = []
             if mig.old_instance_id is not None:
                 ended.append(self._stop(job, mig.from_epoch, mig.old_instance_id, alive_reason=EndReason.REPLACED))
-            return self._advance(
-                mig, State.CHECKPOINTED, reason=_join(mig.reason, "recovery: old copy gone"), ended=ended
-            )
+            return self._to_launching(mig, reason=_join(mig.reason, "recovery: old copy gone"), ended=ended)
         assert mig.request_id is not None
         control.request_checkpoint(
             job.checkpoint_uri,
@@ -572,7 +608,7 @@ class Migrator:
         deadline = mig.deadline_at or self._deadline(self.checkpoint_timeout)
         while True:
             if control.request_served(job.checkpoint_uri, mig.request_id):
-                return self._advance(mig, State.CHECKPOINTED, deadline_at=None)
+                return self._to_launching(mig)
             if control.progress(job.checkpoint_uri, mig.from_epoch).done:
                 ended = []
                 if mig.old_instance_id is not None and not self._alive(mig.old_instance_id):
@@ -593,9 +629,7 @@ class Migrator:
                             job, mig.from_epoch, mig.old_instance_id, alive_reason=EndReason.GONE, terminate=False
                         )
                     )
-                return self._advance(
-                    mig, State.CHECKPOINTED, deadline_at=None, reason="old copy gone while checkpointing", ended=ended
-                )
+                return self._to_launching(mig, reason="old copy gone while checkpointing", ended=ended)
             if self.now() >= deadline:
                 return self._rollback(
                     mig,
@@ -605,7 +639,8 @@ class Migrator:
                 )
             self.sleep(self.poll_seconds)
 
-    # checkpointed: choose the attempt's token and store it before any launch call.
+    # checkpointed (a row written before the two states were one transition, see _to_launching): choose the
+    # attempt's token and store it before any launch call.
     def _step_checkpointed(self, mig: MigrationRecord) -> MigrationRecord:
         return self._advance(
             mig, State.LAUNCHING, token=launch_token(mig.job_id, mig.to_epoch, mig.attempts), deadline_at=None
@@ -697,19 +732,38 @@ class Migrator:
             source_offer=job.offer,  # the job's offer until the new copy takes over (launched -> verifying)
             egress_gb=mig.checkpoint_gb,
         )
-        return self._advance(mig, State.LAUNCHED, new_instance_id=inst.instance_id, started=started)
+        # ``launched`` is passed through, not written: the launch is recorded by its token (a crash before the
+        # commit below launches again with it and gets this instance back), and the new copy's id and start
+        # are committed with the hand-over, one compare-and-set instead of two.
+        self.hook(f"enter:{State.LAUNCHED.value}")
+        return self._hand_over(mig, job, inst.instance_id, started=started)
 
-    # launched: fence (claim the new epoch) and hand the job to the new copy, atomically in the row.
+    # launched (a row written before launching and launched were one transition, see _step_launching): fence
+    # (claim the new epoch) and hand the job to the new copy, atomically in the row.
     def _step_launched(self, mig: MigrationRecord) -> MigrationRecord:
-        job = self._job(mig.job_id)
+        return self._hand_over(mig, self._job(mig.job_id), mig.new_instance_id)
+
+    def _hand_over(
+        self, mig: MigrationRecord, job: JobRecord, instance_id: str | None, *, started: CopyStart | None = None
+    ) -> MigrationRecord:
+        """Claim the new epoch (the fence: the old copy can no longer publish a checkpoint), then move the job's
+        epoch, instance and offer to the new copy in the transition to ``verifying`` (with the copy's start,
+        ``started``, and its id when the row does not hold them yet). A newer epoch owning the job rolls back,
+        the new copy stopped."""
+        recorded: dict[str, Any] = {} if started is None else {"new_instance_id": instance_id}
         try:
             control.claim_epoch(job.checkpoint_uri, mig.to_epoch, at=self.now().timestamp())
         except StaleEpoch as exc:
             ended = []
-            if mig.new_instance_id:
-                ended.append(self._stop(job, mig.to_epoch, mig.new_instance_id, alive_reason=EndReason.ROLLBACK))
+            if instance_id:
+                ended.append(self._stop(job, mig.to_epoch, instance_id, alive_reason=EndReason.ROLLBACK))
             return self._rollback(
-                mig, f"a newer epoch owns the job ({exc})", job={"status": JobStatus.RECOVERING}, ended=ended
+                mig,
+                f"a newer epoch owns the job ({exc})",
+                job={"status": JobStatus.RECOVERING},
+                ended=ended,
+                started=started,
+                **recorded,
             )
         offer = mig.offers[mig.offer_index]
         return self._advance(
@@ -718,9 +772,11 @@ class Migrator:
             deadline_at=self._deadline(self.verify_timeout),
             job={
                 "epoch": mig.to_epoch,
-                "instance_id": mig.new_instance_id,
+                "instance_id": instance_id,
                 "offer": json.dumps(offer.to_doc()),
             },
+            started=started,
+            **recorded,
         )
 
     # verifying: the new copy restored and is progressing (or finished the job).
