@@ -152,6 +152,8 @@ class UnavailableOffers:
         self.engine = engine
         self.ttl: Mapping[str, timedelta] = MappingProxyType(merged)
         self.clock: Callable[[], datetime] = clock or _utcnow
+        self._marked: dict[OfferKey, tuple[str, datetime, datetime]] = {}
+        """Per offer, the last mark this object wrote or found covered: ``(reason, since, until)``."""
 
     # -- helpers -----------------------------------------------------------------------------------------
 
@@ -170,12 +172,23 @@ class UnavailableOffers:
     def mark(self, offer: OfferKey, reason: str, *, at: datetime | None = None, detail: str = "") -> None:
         """Keep ``offer`` out of plans from ``at`` (default now) for ``reason``'s TTL.
 
-        Idempotent; extends an active entry to the later expiry (never shortens it).
+        Idempotent; extends an active entry to the later expiry (never shortens it). A repeat of the last
+        mark this object made of the offer (same reason and time: a preemption seen by the watcher, then by
+        the migrator stopping the copy) is not read or written again while that entry is active by the
+        clock: the row holds it, since another mark can only widen it (a new entry replaces one only once
+        expired, at a later time than now).
         """
         if not reason or len(reason) > _MAX_REASON:
             raise ValueError(f"reason must be 1..{_MAX_REASON} characters (e.g. 'capacity'), got {reason!r}")
         since = self._at(at)
         until = since + self.ttl_for(reason)
+        last = self._marked.get(offer)
+        if last is not None and last[:2] == (reason, since) and self._at(None) < last[2]:
+            return
+        self._write_mark(offer, reason, since, until, detail)
+        self._marked[offer] = (reason, since, until)
+
+    def _write_mark(self, offer: OfferKey, reason: str, since: datetime, until: datetime, detail: str) -> None:
         for _ in range(3):  # an insert race with another process: read again and merge
             try:
                 with self.engine.begin() as conn:
@@ -214,6 +227,7 @@ class UnavailableOffers:
 
     def purge(self, *, at: datetime | None = None) -> int:
         """Delete entries expired at ``at`` (housekeeping; readers ignore them anyway). Returns the count."""
+        self._marked.clear()
         with self.engine.begin() as conn:
             return int(conn.execute(delete(_t).where(_t.c.until <= self._at(at))).rowcount)
 

@@ -256,3 +256,36 @@ def test_a_recovery_tries_marked_offers_last_and_a_preempted_copy_marks_its_offe
     assert {(e.offer, e.reason) for e in cache.active()} == {(OFFER_A, "preempted"), (OFFER_B, "quota")}
     assert mig.job("job-1").offer == OFFER_A
     assert_one_copy(mig, local)
+
+
+def test_a_repeat_of_the_last_mark_is_not_read_or_written_again_while_its_entry_is_active(engine: Engine) -> None:
+    """A preemption is marked by the watcher, then by the migrator stopping the copy (same offer, reason and
+    time): the repeat costs no statement while the entry is active by the clock, and changes nothing."""
+    from sqlalchemy import event
+
+    now = [T0 + timedelta(minutes=5)]
+    cache = UnavailableOffers(engine, clock=lambda: now[0])
+    statements: list[str] = []
+
+    def count(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        cache.mark(A, "preempted", at=T0, detail="i-1 preempted (job j)")
+        first = len(statements)
+        assert first >= 2  # the entry read, then written
+        cache.mark(A, "preempted", at=T0, detail="i-1 preempted")
+        assert len(statements) == first  # the repeat: nothing read or written
+        cache.mark(A, "capacity", at=T0)  # another reason, another time, another offer: as before
+        cache.mark(A, "preempted", at=T0 + timedelta(minutes=1))
+        cache.mark(B, "preempted", at=T0)
+        assert len(statements) >= first + 3
+        now[0] = T0 + timedelta(hours=1)  # the entry expired by the clock: a repeat is looked at again
+        before = len(statements)
+        cache.mark(B, "preempted", at=T0)
+        assert len(statements) > before
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    (entry,) = [e for e in cache.active(at=T0 + timedelta(minutes=30)) if e.offer == A]
+    assert (entry.reason, entry.since, entry.until) == ("preempted", T0, T0 + timedelta(hours=1, minutes=1))
