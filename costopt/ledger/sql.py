@@ -62,6 +62,7 @@ _CLOSE = (
         updated_at=bindparam("b_now"),
     )
 )
+_INSERT_SEGMENTS = ledger_segments.insert()
 _CHARGE = select(ledger_charges).where(ledger_charges.c.charge_key == bindparam("b_key"))
 _CHARGES_BY_KEY = (
     select(ledger_charges)
@@ -165,10 +166,18 @@ class SqlLedger:
         return row.id, _interval_line(row, segs)
 
     def record_interval(self, record: IntervalRecord) -> IntervalLine:
-        """Record (or close) an interval idempotently (module docstring); returns the stored line."""
-        for _ in range(_ATTEMPTS):
-            with self.engine.connect() as conn:
-                found = self._load_interval(conn, record.interval_key)
+        """Record (or close) an interval idempotently (module docstring); returns the stored line.
+
+        An open interval is inserted first, without reading (a copy's interval is opened once, when it
+        launched): only when its key is taken is the stored line read and merged."""
+        first = record.ended_at is None
+        for _ in range(_ATTEMPTS + first):
+            if first:
+                first = False
+                found = None
+            else:
+                with self.engine.connect() as conn:
+                    found = self._load_interval(conn, record.interval_key)
             stored = None if found is None else found[1]
             to_store, closes = merge_interval(stored, record)
             if to_store is None:
@@ -228,7 +237,7 @@ class SqlLedger:
         if not line.segments:
             return
         conn.execute(
-            ledger_segments.insert(),
+            _INSERT_SEGMENTS,
             [
                 {
                     "interval_id": interval_id,

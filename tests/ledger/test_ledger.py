@@ -159,6 +159,18 @@ def test_an_open_interval_is_closed_once_and_a_late_open_changes_nothing(engine:
         assert conn.execute(select(func.count()).select_from(ledger_segments)).scalar_one() == 3
 
 
+def test_an_open_interval_opened_again_is_read_back_and_other_facts_are_a_conflict(engine: Engine) -> None:
+    """An open interval is inserted without a read first: a key already taken falls back to the read and
+    the merge (the same facts: the stored line; other facts: a conflict)."""
+    for ledger in both(engine):
+        first = ledger.record_interval(rec("a", 0.5, None))
+        again = ledger.record_interval(rec("a", 0.5, None))
+        assert again == first
+        with pytest.raises(LedgerConflict):
+            ledger.record_interval(rec("a", 0.5, None, offer=K2))
+        assert len(ledger.costs(job_id="job-1", as_of=at(3.0)).lines) == 1
+
+
 @pytest.mark.parametrize(
     "change",
     [
