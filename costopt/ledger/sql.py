@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,6 +33,7 @@ from costopt.ledger.model import (
     CostReport,
     IntervalLine,
     IntervalRecord,
+    LedgerConflict,
     LedgerError,
     Segment,
     micro_to_usd,
@@ -61,6 +63,17 @@ _CLOSE = (
         amount_micro_usd=bindparam("b_amount"),
         updated_at=bindparam("b_now"),
     )
+)
+_CLOSE_OPEN = (
+    update(ledger_intervals)
+    .where(ledger_intervals.c.interval_key == bindparam("b_key"), ledger_intervals.c.ended_at.is_(None))
+    .values(
+        ended_at=bindparam("b_ended_at"),
+        end_reason=bindparam("b_end_reason"),
+        amount_micro_usd=bindparam("b_amount"),
+        updated_at=bindparam("b_now"),
+    )
+    .returning(*ledger_intervals.c)
 )
 _INSERT_SEGMENTS = ledger_segments.insert()
 _CHARGE = select(ledger_charges).where(ledger_charges.c.charge_key == bindparam("b_key"))
@@ -168,8 +181,14 @@ class SqlLedger:
     def record_interval(self, record: IntervalRecord) -> IntervalLine:
         """Record (or close) an interval idempotently (module docstring); returns the stored line.
 
-        An open interval is inserted first, without reading (a copy's interval is opened once, when it
-        launched): only when its key is taken is the stored line read and merged."""
+        Neither an open interval nor the close of a stored open one reads first (a copy's interval is
+        opened once, at its launch, and closed once): an open one is inserted, a closed one closes the stored
+        open line by its key in one statement (its facts compared in the same transaction); only when the key
+        is taken (open) or no open line has it (closed) is the stored line read and merged."""
+        if record.ended_at is not None:
+            closed = self._close_open(record)
+            if closed is not None:
+                return closed
         first = record.ended_at is None
         for _ in range(_ATTEMPTS + first):
             if first:
@@ -231,6 +250,38 @@ class SqlLedger:
                 self._write_segments(conn, interval_id, line)
                 return line
         raise LedgerError(f"interval {record.interval_key!r}: could not record it after {_ATTEMPTS} attempts")
+
+    def _close_open(self, record: IntervalRecord) -> IntervalLine | None:
+        """Close the stored open interval of ``record``'s key (``UPDATE ... RETURNING``, its segments in the
+        same transaction); a stored line with other facts is a :class:`LedgerConflict` (nothing written).
+        None: no open line has the key, or no price is known (the read-and-merge path decides: a line
+        closed already needs none)."""
+        try:
+            line = price_interval(self.prices, record)  # prices read outside the write transaction
+        except LedgerError:
+            return None
+        now = _now()
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                _CLOSE_OPEN,
+                {
+                    "b_key": record.interval_key,
+                    "b_ended_at": record.ended_at,
+                    "b_end_reason": record.end_reason,
+                    "b_amount": line.amount_micro_usd,
+                    "b_now": now,
+                },
+            ).first()
+            if row is None:
+                return None
+            old = replace(_interval_record(row), ended_at=None, end_reason=None)
+            if not old.same_facts(record):  # raised inside the transaction: the close is rolled back
+                raise LedgerConflict(
+                    f"interval {record.interval_key!r} is already recorded with other facts: stored {old}, "
+                    f"given {record}"
+                )
+            self._write_segments(conn, int(row.id), line)
+        return line
 
     @staticmethod
     def _write_segments(conn: Connection, interval_id: int, line: IntervalLine) -> None:

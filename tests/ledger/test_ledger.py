@@ -171,6 +171,23 @@ def test_an_open_interval_opened_again_is_read_back_and_other_facts_are_a_confli
         assert len(ledger.costs(job_id="job-1", as_of=at(3.0)).lines) == 1
 
 
+def test_the_close_of_an_open_interval_with_other_facts_is_a_conflict_and_writes_nothing(engine: Engine) -> None:
+    """The close of a stored open line is one statement by its key (no read first): its facts are compared
+    in the same transaction, which a conflict rolls back."""
+    for ledger in both(engine):
+        ledger.record_interval(rec("a", 0.5, None))
+        with pytest.raises(LedgerConflict):
+            ledger.record_interval(rec("a", 0.5, 3.25, offer=K2))
+        with pytest.raises(LedgerConflict):
+            ledger.record_interval(rec("a", 0.25, 3.25))
+        (line,) = ledger.costs(job_id="job-1", as_of=at(3.0)).lines
+        assert line.open
+        closed = ledger.record_interval(rec("a", 0.5, 3.25, end_reason="done"))
+        assert closed.amount_usd == Decimal("3.05") and closed.record.end_reason == "done"
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(ledger_segments)).scalar_one() == 3
+
+
 @pytest.mark.parametrize(
     "change",
     [
