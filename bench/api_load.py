@@ -309,12 +309,16 @@ def database(backend: str) -> Iterator[str]:
     admin = make_engine(PG_ADMIN_URL)
     with admin.begin() as conn:
         conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    keep = os.environ.get("BENCH_KEEP_DB") == "1"  # to study the data a run left (drop the schema yourself)
     try:
         # the schema's name as the connections' application_name: the bench finds its server's backends by it
         yield f"{PG_ADMIN_URL}?options=-csearch_path%3D{schema}&application_name={schema}"
     finally:
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        if keep:
+            sys.stderr.write(f"BENCH_KEEP_DB: kept schema {schema}\n")
+        else:
+            with admin.begin() as conn:
+                conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
         admin.dispose()
 
 

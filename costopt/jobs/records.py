@@ -484,21 +484,28 @@ class JobRepository:
             rows = c.execute(_EVENTS, {"b_job": job_id, "b_after": int(after_id), "b_limit": int(limit)}).all()
         return [JobEvent.of(r) for r in rows]
 
-    def events_of(self, job_ids: Sequence[str], *, conn: Connection | None = None) -> dict[str, list[JobEvent]]:
-        """The events of each of ``job_ids`` in order (the first :data:`MAX_PAGE` of each, as
-        :meth:`events`), in one query: a page of jobs rendered at once. A job without events maps to []."""
+    def events_of(
+        self,
+        job_ids: Sequence[str],
+        *,
+        kinds: Collection[str] | None = None,
+        limit: int | None = MAX_PAGE,
+        conn: Connection | None = None,
+    ) -> dict[str, list[JobEvent]]:
+        """The events of each of ``job_ids`` in order (of ``kinds`` only, when given; the first ``limit`` of
+        each, by default :data:`MAX_PAGE` as :meth:`events`; None: all), in one query: a page of jobs rendered
+        at once. A job without events maps to []."""
         out: dict[str, list[JobEvent]] = {j: [] for j in job_ids}
         if not out:
             return out
+        conds = [job_events.c.job_id.in_(list(out))]
+        if kinds is not None:
+            conds.append(job_events.c.kind.in_(list(kinds)))
         with self._reads(conn) as c:
-            rows = c.execute(
-                select(job_events)
-                .where(job_events.c.job_id.in_(list(out)))
-                .order_by(job_events.c.job_id, job_events.c.id)
-            ).all()
+            rows = c.execute(select(job_events).where(*conds).order_by(job_events.c.job_id, job_events.c.id)).all()
         for r in rows:
             got = out[str(r.job_id)]
-            if len(got) < MAX_PAGE:
+            if limit is None or len(got) < limit:
                 got.append(JobEvent.of(r))
         return out
 

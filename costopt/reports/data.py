@@ -24,6 +24,11 @@ __all__ = ["CopyKind", "ReportData", "load_report_data"]
 
 _CHUNK = 500
 
+EVENT_KINDS = ("move", "preemption", "copy_lost")
+"""The job events a report reads (:mod:`costopt.reports.savings`: the moves and preemptions it counts by day,
+the work lost to preemptions and lost copies): the others (a job's submission, launches, progress, ...) are
+not read, so a report's memory does not grow with every event of every job in scope."""
+
 
 class CopyKind:
     """How a copy was launched: its job's first launch, a move, a recovery, or unknown (no migration)."""
@@ -36,7 +41,8 @@ class CopyKind:
 
 @dataclass(frozen=True, slots=True)
 class ReportData:
-    """The lines and records a report is computed from (``jobs``: by id; ``team_names``: id -> name)."""
+    """The lines and records a report is computed from (``jobs``: by id; ``events``: each job's events of
+    :data:`EVENT_KINDS`, all of them, in order; ``team_names``: id -> name)."""
 
     intervals: Sequence[IntervalLine]
     charges: Sequence[ChargeLine]
@@ -74,5 +80,5 @@ def load_report_data(engine: Engine, ledger: SqlLedger, *, team: str | None) -> 
                 else:  # a recovery; the migrator starts a job as its recovery from epoch 0
                     kinds[r.interval_key] = CopyKind.START if int(r.from_epoch) == 0 else CopyKind.RECOVERY
         names = {r.id: r.name for r in conn.execute(select(teams.c.id, teams.c.name))}
-    events = JobRepository(engine).events_of(sorted(found))
+    events = JobRepository(engine).events_of(sorted(found), kinds=EVENT_KINDS, limit=None)
     return ReportData(intervals, charges, found, events, kinds, names)

@@ -63,6 +63,10 @@ SPIKE_RATIO = Decimal("1.2")
 price spike in the reasons."""
 
 LOSS_EVENTS = ("preemption", "copy_lost")
+"""The job events whose ``cost_usd`` is work lost."""
+ACTIVITY_EVENTS = ("move", "preemption")
+"""The job events counted by day (``activity``). With :data:`LOSS_EVENTS`, every kind a report reads
+(:data:`costopt.reports.data.EVENT_KINDS`)."""
 
 
 def _half_even_ratio(amount: int, num: int, den: int) -> int:
@@ -479,7 +483,7 @@ def build_report(
         if job_id not in in_scope:
             continue
         for e in events:
-            if query.start <= e.at < query.end and e.kind in ("move", "preemption"):
+            if query.start <= e.at < query.end and e.kind in ACTIVITY_EVENTS:
                 activity[e.at.date().isoformat()][0 if e.kind == "move" else 1] += 1
     return SavingsReport(
         query=query,

@@ -141,3 +141,22 @@ def test_bad_queries_say_what_to_fix() -> None:
     with pytest.raises(ReportError, match="tz-aware UTC"):
         ReportQuery(start=h(0).replace(tzinfo=None), end=h(1))
     assert ReportQuery(start=h(0), end=h(0) + timedelta(microseconds=1)).top == 10
+
+
+def test_a_report_reads_only_the_events_it_counts_and_all_of_them(sc: Scenario) -> None:
+    """Every event of every job in scope was read (a report's memory grew with all of them: soak X3), and only
+    each job's first 500: a preemption after 500 other events was left out of the lost work."""
+    from costopt.jobs.records import MAX_PAGE, JobRepository
+    from costopt.reports.data import EVENT_KINDS
+    from costopt.reports.savings import ACTIVITY_EVENTS, LOSS_EVENTS
+
+    assert set(LOSS_EVENTS) | set(ACTIVITY_EVENTS) == set(EVENT_KINDS)
+    repo = JobRepository(sc.engine, now=lambda: m(199))
+    for k in range(MAX_PAGE + 100):
+        repo.add_event(sc.j, "checkpoint", f"checkpoint {k}", at=m(199))
+    repo.add_event(sc.j, "preemption", "6 min lost", cost_usd=Decimal("0.10"), at=m(200))
+    data = load_report_data(sc.engine, sc.ledger, team=None)
+    assert {e.kind for evs in data.events.values() for e in evs} <= set(EVENT_KINDS)
+    assert [e.kind for e in data.events[sc.j]] == ["move", "preemption", "preemption"]
+    j = _report(sc).job(sc.j)
+    assert micro_to_usd(j.lost_work_micro) == D("0.55")  # 0.45 + the late 0.10
