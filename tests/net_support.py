@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import socket
 import ssl
+import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -68,3 +71,17 @@ class LoopbackServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextmanager
+def stopped(proc: subprocess.Popen[bytes]) -> Iterator[subprocess.Popen[bytes]]:
+    """``proc``, sent SIGTERM on the way out and killed if it has not exited 20 s later."""
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

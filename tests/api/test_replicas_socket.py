@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from costopt.settings import PROJECT_ROOT
-from tests.net_support import free_port
+from tests.net_support import free_port, stopped
 
 LISTEN = "0A"  # the TCP state's code in /proc/net/tcp
 
@@ -45,15 +45,8 @@ def replicas(port: int, workers: int, log: Path) -> Iterator[subprocess.Popen[by
     cmd += ["--port", str(port), "--log-level", "warning"]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT)
-    try:
+    with stopped(proc):
         yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_each_worker_listens_on_its_own_socket_and_connections_opened_together_spread(tmp_path: Path) -> None:

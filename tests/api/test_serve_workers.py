@@ -18,7 +18,7 @@ from api.cli.main import app
 from costopt.settings import PROJECT_ROOT, get_settings
 from tests.api.test_replicas_socket import listening_sockets
 from tests.conftest import PG_ADMIN_URL, pg_schema
-from tests.net_support import free_port
+from tests.net_support import free_port, stopped
 
 runner = CliRunner()
 
@@ -77,7 +77,7 @@ def test_two_workers_on_postgresql_share_one_admin_key(tmp_path: Path) -> None:
         out = tmp_path / "serve.log"
         log = out.open("w+b")
         proc = subprocess.Popen(cmd, cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        try:
+        with log, stopped(proc):
             deadline = time.monotonic() + 300  # a hang's bound: two workers' imports took > 90 s at load 15
             while time.monotonic() < deadline and b"admin key (shown once)" not in out.read_bytes():
                 assert proc.poll() is None, out.read_text()
@@ -97,13 +97,6 @@ def test_two_workers_on_postgresql_share_one_admin_key(tmp_path: Path) -> None:
             assert len(_children(proc.pid)) >= 2  # the workers (uvicorn's supervisor is the parent)
             assert listening_sockets(port) == 2  # each worker on its own socket (api/replicas.py)
             assert out.read_text().count("admin key (shown once)") == 1
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            log.close()
 
 
 def test_one_process_ignores_worker_recycling_and_says_so(
