@@ -566,7 +566,7 @@ class JobEngine:
         last = snap.last_migration.get(job.id)
         unseen = last is not None and self._history_mark.get(job.id) != last
         if (active is not None or unseen) and self._record_history(job, migrator):
-            job = self.repo.get(job.id)
+            job = self.repo.get(job.id)  # failed by a lost copy's exit (events alone leave its row as read)
         if job.state.terminal:
             return
         prog = self._follow_progress(job, migrator, mj)
@@ -836,7 +836,8 @@ class JobEngine:
 
     def _record_history(self, job: JobRecord, migrator: Migrator) -> bool:
         """Record, once each, the preemptions, recoveries and moves the migrator ran for the job (keyed by
-        migration id: a restarted engine records nothing twice). True when it wrote (or failed the job).
+        migration id: a restarted engine records nothing twice). True when it failed the job (a lost copy's
+        exit code): the caller re-reads the job; events alone leave the job's row as it was read.
 
         Reads the history and the job's events; the copies (and the cloud, for a loss's kind) only when there
         is something to record, so a tick during a recovery that is recorded already costs two reads."""
@@ -846,7 +847,6 @@ class JobEngine:
             return False
         if all(m.finished for m in history) and self._history_mark.get(job.id) == history[-1].id:
             return False  # nothing new since the last look
-        wrote = False
         seen = self._seen(job.id)
         read: list[list[CopyRecord]] = []
 
@@ -861,7 +861,6 @@ class JobEngine:
                 if ("preemption", mig.id) not in seen and ("copy_lost", mig.id) not in seen:
                     lost_kind = self._lost_kind(migrator, mig, copies())
                     self._record_loss(job, migrator, mig, lost_kind, copies())
-                    wrote = True
                     if lost_kind == "copy_lost" and self._failed_copy(
                         self.repo.get(job.id), migrator, mig.old_instance_id
                     ):
@@ -881,12 +880,10 @@ class JobEngine:
                         },
                         at=self.now(),
                     )
-                    wrote = True
                 elif mig.state is State.ROLLED_BACK and ("recovery_failed", mig.id) not in seen:
                     self.repo.add_event(
                         job.id, "recovery_failed", mig.reason, detail={"migration_id": mig.id}, at=self.now()
                     )
-                    wrote = True
             elif (
                 mig.kind is Kind.MOVE
                 and mig.finished
@@ -894,7 +891,6 @@ class JobEngine:
                 and ("move_rolled_back", mig.id) not in seen
             ):
                 self._record_move(job, migrator, mig, reason=f"moved (migration {mig.id})", expected=None)
-                wrote = True
         for mig in history:  # every finished migration of the prefix is recorded now: never read again
             if not mig.finished:
                 break
@@ -902,7 +898,7 @@ class JobEngine:
         self._history_done[job.id] = done
         if all(m.finished for m in history):
             self._history_mark[job.id] = history[-1].id
-        return wrote
+        return False
 
     def _record_move(
         self, job: JobRecord, migrator: Migrator, mig: MigrationRecord, *, reason: str, expected: Decimal | None
