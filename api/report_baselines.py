@@ -12,8 +12,10 @@ depends only on the job's submission, so it is cached per job for the life of th
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
+from typing import Any
 
 from api.job_planning import JobInfeasible, JobPlanner, UnknownJobType
 from costopt.domain import Cloud, Market, OfferKey
@@ -34,18 +36,48 @@ _EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 class PlannerBaselines:
     """Baselines of the service's jobs (module docstring). ``team_names``: team id -> name (rules may
-    name a team by either)."""
+    name a team by either). ``quote_of``: a job's quote by id, for a job read without it (:meth:`needs_quote`
+    said no) whose static-spot choice was evicted since (None: such a job has no static-spot baseline)."""
 
-    def __init__(self, planner: JobPlanner, rules: ReferenceRules, team_names: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        planner: JobPlanner,
+        rules: ReferenceRules,
+        team_names: Mapping[str, str],
+        quote_of: Callable[[str], Mapping[str, Any] | None] | None = None,
+    ) -> None:
         self.planner = planner
+        self.quote_of = quote_of
         self.rules = rules
         self.team_names = dict(team_names)
         self._cache: dict[str, BaselineChoice | NoBaseline] = {}
+        self._spot: dict[str, BaselineChoice | NoBaseline] = {}
         self._firsts: dict[tuple[Cloud, str, str | None], datetime | None] = {}
         self._lock = threading.Lock()
 
     def static_spot(self, job: JobRecord) -> BaselineChoice | NoBaseline:
-        return static_spot_from_quote(job)
+        """From the job's quote, cached per job (the quote is the one at submission: it never changes). A
+        job whose choice is cached may come without its quote (:meth:`needs_quote`)."""
+        with self._lock:
+            hit = self._spot.get(job.id)
+        if hit is not None:
+            return hit
+        if job.quote is None and self.quote_of is not None:  # read without it, and evicted since: read it now
+            quote = self.quote_of(job.id)
+            if quote is not None:
+                job = replace(job, quote=quote)
+        choice = static_spot_from_quote(job)
+        with self._lock:
+            if len(self._spot) >= _CACHE_SIZE:
+                self._spot.clear()
+            self._spot[job.id] = choice
+        return choice
+
+    def needs_quote(self, job_id: str) -> bool:
+        """Whether a report must read the job's quote (False: its static-spot baseline is cached; such a
+        job's record may come with ``quote`` None, :func:`costopt.reports.data.load_report_data`)."""
+        with self._lock:
+            return job_id not in self._spot
 
     def on_demand(self, job: JobRecord) -> BaselineChoice | NoBaseline:
         with self._lock:

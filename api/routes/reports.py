@@ -75,14 +75,16 @@ def _job_ids(values: list[str] | None) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(ids)) or None
 
 
-def _baselines(request: Request, planner: Any, settings: Settings, teams: TeamRepository) -> Any:
+def _baselines(request: Request, planner: Any, settings: Settings, teams: TeamRepository, jobs: JobRepository) -> Any:
     from api.report_baselines import PlannerBaselines
     from costopt.reports.references import ReferenceRules
 
     names = {t.id: t.name for t in teams.teams()}
     current = getattr(request.app.state, "report_baselines", None)
     if current is None or current.planner is not planner:
-        current = PlannerBaselines(planner, ReferenceRules(settings.report_baselines), names)
+        current = PlannerBaselines(
+            planner, ReferenceRules(settings.report_baselines), names, quote_of=lambda job_id: jobs.get(job_id).quote
+        )
         request.app.state.report_baselines = current
     current.team_names = names
     return current
@@ -121,8 +123,9 @@ def build_savings(
         query = ReportQuery(start=t_start, end=t_end, team=scope, group_by=dims, job_ids=ids, top=top)
     except ReportError as exc:
         raise ApiError(422, "invalid_request", str(exc)) from exc
-    baselines = _baselines(request, planner, settings, teams)
-    data = load_report_data(ledger.engine, ledger, team=scope)
+    baselines = _baselines(request, planner, settings, teams, jobs)
+    # a job whose static-spot baseline is cached is read without its quote (~2 KB of JSON a job)
+    data = load_report_data(ledger.engine, ledger, team=scope, needs_quote=baselines.needs_quote)
     from costopt.reports.standing import StandingOnDemand
 
     # the on-demand baseline reads an on-demand list price as standing back in time (docs/ledger.md)

@@ -9,10 +9,10 @@ ledger's ``team``: a managed job's team id, see docs/ledger.md) and its own jobs
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, case, null, select
 
 from costopt.db.jobs_schema import jobs, teams
 from costopt.db.migration_schema import migration_copies, migrations
@@ -52,8 +52,12 @@ class ReportData:
     team_names: Mapping[str, str] = field(default_factory=dict)
 
 
-def load_report_data(engine: Engine, ledger: SqlLedger, *, team: str | None) -> ReportData:
-    """Every ledger line of ``team`` (None: all), the jobs they bill, those jobs' events and copy kinds."""
+def load_report_data(
+    engine: Engine, ledger: SqlLedger, *, team: str | None, needs_quote: Callable[[str], bool] | None = None
+) -> ReportData:
+    """Every ledger line of ``team`` (None: all), the jobs they bill, those jobs' events and copy kinds.
+    ``needs_quote``: whether a job's quote must be read (None: every one's); a job it says no for comes
+    with ``quote`` None (its baselines' source answers it from what it keeps)."""
     intervals = ledger.intervals(team=team)
     charges = ledger.charges(team=team)
     ids = sorted({ln.record.job_id for ln in intervals} | {c.record.job_id for c in charges})
@@ -62,7 +66,10 @@ def load_report_data(engine: Engine, ledger: SqlLedger, *, team: str | None) -> 
     with engine.connect() as conn:
         for lo in range(0, len(ids), _CHUNK):
             chunk = ids[lo : lo + _CHUNK]
-            query = select(jobs).where(jobs.c.id.in_(chunk))
+            quoted = chunk if needs_quote is None else [j for j in chunk if needs_quote(j)]
+            cols = [c for c in jobs.c if c.name != "quote"]
+            quote = case((jobs.c.id.in_(quoted), jobs.c.quote), else_=null()) if quoted else null()
+            query = select(*cols, quote.label("quote")).where(jobs.c.id.in_(chunk))
             if team is not None:
                 query = query.where(jobs.c.team_id == team)
             found.update({r.id: JobRecord.of(r) for r in conn.execute(query)})

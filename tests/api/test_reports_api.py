@@ -152,3 +152,43 @@ def test_the_cli_prints_and_writes_every_format(
     assert runner.invoke(app, [*base, "--format", "png"]).exit_code == 2  # binary without --output
     assert runner.invoke(app, [*base, "--job", "job-0000000000000000"]).exit_code == 4
     assert runner.invoke(app, [*base, "--group-by", "colour"]).exit_code == 2
+
+
+def test_a_job_whose_baseline_is_kept_is_read_without_its_quote_and_reports_the_same(
+    svc: Service, billed: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The static-spot choice depends only on the quote at submission: kept per job after the first report,
+    so the next reports read the job without its quote (~2 KB of JSON a job, every request); they say the
+    same. A choice dropped from the cache meanwhile is made again from the quote read then."""
+    import costopt.reports.data as data_mod
+
+    first = _get(svc, svc.alpha, **{"from": billed["from"]}).json()
+    job_id = billed["a"]["id"]
+    baselines = svc.app.state.report_baselines
+    assert baselines.needs_quote(job_id) is False
+    read: list[Any] = []
+    load = data_mod.load_report_data
+    evict = False
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        got = load(*args, **kw)
+        read.append(got.jobs[job_id].quote)
+        if evict:  # dropped from the cache between the read and the report
+            baselines._spot.clear()
+        return got
+
+    monkeypatch.setattr("costopt.reports.load_report_data", spy)
+    again = _get(svc, svc.alpha, **{"from": billed["from"]}).json()
+    assert read == [None]  # read without it
+    assert again["jobs"] == first["jobs"] and again["totals"] == first["totals"]
+    evict = True  # then the quote is read for that job alone and the choice is the same
+    evicted = _get(svc, svc.alpha, **{"from": billed["from"]}).json()
+    assert read[-1] is None and evicted["jobs"] == first["jobs"]
+    assert first["jobs"][0]["baselines"]["static_spot"]["available"]
+    baselines.quote_of = None  # without a way to read it, the baseline would be lost: the test can fail
+    baselines._spot.clear()
+    evict = False
+    _get(svc, svc.alpha, **{"from": billed["from"]})  # reads the quote (not cached), caches the choice
+    evict = True
+    lost = _get(svc, svc.alpha, **{"from": billed["from"]}).json()
+    assert not lost["jobs"][0]["baselines"]["static_spot"]["available"]
