@@ -137,6 +137,7 @@ def test_the_soaks_figures_are_derived_and_memory_is_judged_in_percent_and_megab
         "errors": 0,
         "server_log_errors": 0,
         "req_per_s": 42.0,
+        "replicas_replaced": 3,
         "memory": {"growth_pct": 6.0, "growth_mb": 60.0, "flat": False},
         "routes": {"get": {"requests": 10, "p99_ms": 12.0}, "report": {"requests": 2, "p99_ms": 900.0}},
         "samples": [{"t_s": 0.0, "rss_mb": 1000.0}],
@@ -150,5 +151,7 @@ def test_the_soaks_figures_are_derived_and_memory_is_judged_in_percent_and_megab
         "memory.growth_pct": "pass",
         "memory.growth_mb": "FAIL",  # 6% of a large server is still 60 MB: over the soak's 50 MB
         "req_per_s": "-",
+        "replicas_replaced": "-",
         "p99_ms_worst_route": "-",
     }
+    assert got["replicas_replaced"] == 3.0
