@@ -13,7 +13,7 @@ Prices are read (``prices.steps``) before the write transaction opens, never ins
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -50,6 +50,12 @@ _IN_CHUNK = 500
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+Then = Callable[[Connection], None]
+"""What a caller writes with a ledger line (``then=`` of :meth:`SqlLedger.record_interval` and
+:meth:`SqlLedger.record_charge`): run on the transaction that wrote the line, before its commit, or, when the
+line was stored already (nothing written), in a transaction of its own; never when the call raises."""
 
 
 # The hot statements, built once (SQLAlchemy then reuses their cache keys; values are parameters).
@@ -178,15 +184,21 @@ class SqlLedger:
         segs = self._segments(conn, [] if row.ended_at is None else [row.id])
         return row.id, _interval_line(row, segs)
 
-    def record_interval(self, record: IntervalRecord) -> IntervalLine:
+    def _then_alone(self, then: Then | None) -> None:
+        if then is not None:
+            with self.engine.begin() as conn:
+                then(conn)
+
+    def record_interval(self, record: IntervalRecord, *, then: Then | None = None) -> IntervalLine:
         """Record (or close) an interval idempotently (module docstring); returns the stored line.
 
         Neither an open interval nor the close of a stored open one reads first (a copy's interval is
         opened once, at its launch, and closed once): an open one is inserted, a closed one closes the stored
         open line by its key in one statement (its facts compared in the same transaction); only when the key
-        is taken (open) or no open line has it (closed) is the stored line read and merged."""
+        is taken (open) or no open line has it (closed) is the stored line read and merged. ``then``: what
+        the caller writes with the line, in the same transaction (:data:`Then`)."""
         if record.ended_at is not None:
-            closed = self._close_open(record)
+            closed = self._close_open(record, then)
             if closed is not None:
                 return closed
         first = record.ended_at is None
@@ -202,6 +214,7 @@ class SqlLedger:
             if to_store is None:
                 if stored is None:  # pragma: no cover - merge_interval never returns None without a stored line
                     raise LedgerError("nothing stored")
+                self._then_alone(then)
                 return stored
             line = price_interval(self.prices, to_store)  # prices read outside the write transaction
             now = _now()
@@ -231,6 +244,8 @@ class SqlLedger:
                     if new_id is None:
                         continue  # another writer inserted it first: re-read and merge again
                     self._write_segments(conn, int(new_id), line)
+                    if then is not None:
+                        then(conn)
                     return line
                 interval_id = found[0]
                 if not closes:  # pragma: no cover - merge_interval only writes a stored line to close it
@@ -248,10 +263,12 @@ class SqlLedger:
                 if res.rowcount != 1:
                     continue  # closed meanwhile by another writer: re-read and compare
                 self._write_segments(conn, interval_id, line)
+                if then is not None:
+                    then(conn)
                 return line
         raise LedgerError(f"interval {record.interval_key!r}: could not record it after {_ATTEMPTS} attempts")
 
-    def _close_open(self, record: IntervalRecord) -> IntervalLine | None:
+    def _close_open(self, record: IntervalRecord, then: Then | None) -> IntervalLine | None:
         """Close the stored open interval of ``record``'s key (``UPDATE ... RETURNING``, its segments in the
         same transaction); a stored line with other facts is a :class:`LedgerConflict` (nothing written).
         None: no open line has the key, or no price is known (the read-and-merge path decides: a line
@@ -281,6 +298,8 @@ class SqlLedger:
                     f"given {record}"
                 )
             self._write_segments(conn, int(row.id), line)
+            if then is not None:
+                then(conn)
         return line
 
     @staticmethod
@@ -304,8 +323,9 @@ class SqlLedger:
 
     # --- charges --------------------------------------------------------------------------------------
 
-    def record_charge(self, record: ChargeRecord) -> ChargeLine:
-        """Record a charge once per key (module docstring); returns the stored line."""
+    def record_charge(self, record: ChargeRecord, *, then: Then | None = None) -> ChargeLine:
+        """Record a charge once per key (module docstring); returns the stored line. ``then``: what the caller
+        writes with the line, in the same transaction (:data:`Then`)."""
         amount = charge_micro_usd(self.prices, record)
         offer = record.offer
         span = record.span
@@ -334,10 +354,13 @@ class SqlLedger:
         with self.engine.begin() as conn:
             inserted = conn.execute(self._insert_charge, values).scalar_one_or_none()
             if inserted is not None:
+                if then is not None:
+                    then(conn)
                 return ChargeLine(record, amount)
             row = conn.execute(_CHARGE, {"b_key": record.charge_key}).one()
         stored = ChargeLine(_charge_record(row), int(row.amount_micro_usd))
         check_charge(stored, record, amount)
+        self._then_alone(then)
         return stored
 
     # --- reads ----------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ provider's end time when it knows it, else now), with an end reason
 the migrator and the reconciler write them in the same transaction as what they learned), so a crash
 never changes them: the table is the ledger's outbox. :func:`sync_ledger` then copies them to the ledger,
 and the copy row's flags record what the ledger holds. Ledger writes are idempotent by key, so a crash
-between a ledger write and its flag repeats nothing.
+between a ledger write and its flag repeats nothing; with a :class:`~costopt.ledger.sql.SqlLedger` on the
+same database the flag is written in the transaction of the ledger write it records (one commit, not two).
 
 A copy given the checkpoint's size (a move's ``checkpoint_gb``) records its egress when it is launched
 (an additive charge keyed by the migration id: GB x the ``egress`` rate from the old copy's place to the
@@ -41,6 +42,7 @@ from costopt.db.jobs_schema import jobs
 from costopt.db.migration_schema import migration_copies
 from costopt.ledger.book import Ledger
 from costopt.ledger.model import ChargeKind, ChargeRecord, IntervalRecord, LedgerError
+from costopt.ledger.sql import SqlLedger
 from costopt.migration.records import CopyEnd, CopyRecord, CopyStart, EndReason, interval_key
 from costopt.migration.unavailable import REASON_PREEMPTED, UnavailableOffers
 from costopt.planning.model import DEFAULT_EGRESS, EgressRates
@@ -292,6 +294,37 @@ def _set_flags(engine: Engine, key: str, **flags: bool) -> None:
         conn.execute(_SET_FLAGS, {"b_key": key, "ledger_error": None, "updated_at": _utcnow(), **flags})
 
 
+@dataclass(frozen=True, slots=True)
+class _Flag:
+    """A copy's ledger flag, committed after its ledger write(s): in the transaction of the last write when the
+    ledger is a :class:`SqlLedger` on the copies' database (one commit instead of two; a crash loses both,
+    and the next sync writes both), else in one of its own. ``point``: the hook's fault-injection point,
+    called right after the write(s), before the flag."""
+
+    engine: Engine
+    key: str
+    flags: dict[str, bool]
+    point: str | None
+    hook: Callable[[str], None] | None
+    inline: bool
+
+    def then(self) -> Callable[[Connection], None] | None:
+        """What the last ledger write runs in its transaction (None: not inline, see :meth:`after`)."""
+        return self._write if self.inline else None
+
+    def after(self) -> None:
+        """After the last ledger write returned: the hook and the flag's own transaction (not inline)."""
+        if not self.inline:
+            if self.point is not None and self.hook is not None:
+                self.hook(self.point)
+            _set_flags(self.engine, self.key, **self.flags)
+
+    def _write(self, conn: Connection) -> None:
+        if self.point is not None and self.hook is not None:
+            self.hook(self.point)
+        conn.execute(_SET_FLAGS, {"b_key": self.key, "ledger_error": None, "updated_at": _utcnow(), **self.flags})
+
+
 def _sync_copy(
     engine: Engine,
     ledger: Ledger,
@@ -301,6 +334,11 @@ def _sync_copy(
     hook: Callable[[str], None] | None,
 ) -> int:
     written = 0
+    inline = isinstance(ledger, SqlLedger) and ledger.engine is engine
+
+    def flag(point: str | None, **flags: bool) -> _Flag:
+        return _Flag(engine, copy.interval_key, flags, point, hook, inline)
+
     interval = IntervalRecord(
         interval_key=copy.interval_key,
         job_id=copy.job_id,
@@ -311,19 +349,22 @@ def _sync_copy(
         provider=copy.provider,
     )
     if not copy.ledger_opened:
-        ledger.record_interval(interval)
+        opened = flag("ledger:opened", ledger_opened=True)
         charge = _egress_charge(copy, egress, team)
-        if charge is not None:
-            ledger.record_charge(charge)
+        if charge is None:
+            _record_interval(ledger, interval, opened.then())
+        else:
+            ledger.record_interval(interval)
+            _record_charge(ledger, charge, opened.then())
+        opened.after()
         written += 1
-        if hook is not None:
-            hook("ledger:opened")
-        _set_flags(engine, copy.interval_key, ledger_opened=True)
     memo_end = copy.verified_at or copy.ended_at
     if not copy.ledger_memo and memo_end is not None:
+        memo = flag(None, ledger_memo=True)
         if memo_end > copy.started_at:
             progressed = copy.verified_at is not None
-            ledger.record_charge(
+            _record_charge(
+                ledger,
                 ChargeRecord(
                     charge_key=f"{copy.interval_key}:restart",
                     job_id=copy.job_id,
@@ -336,20 +377,41 @@ def _sync_copy(
                     note="boot and restore, before the copy progressed"
                     if progressed
                     else "boot, the copy never progressed",
-                )
+                ),
+                memo.then(),
             )
+            memo.after()
             written += 1
-        _set_flags(engine, copy.interval_key, ledger_memo=True)
+        else:
+            _set_flags(engine, copy.interval_key, ledger_memo=True)
     if not copy.ledger_closed and copy.ended_at is not None:
-        ledger.record_interval(replace(interval, ended_at=copy.ended_at, end_reason=copy.end_reason))
+        closed = flag("ledger:closed", ledger_closed=True)
+        final = replace(interval, ended_at=copy.ended_at, end_reason=copy.end_reason)
         overlap = _overlap_charge(engine, copy, team)
-        if overlap is not None:
-            ledger.record_charge(overlap)
+        if overlap is None:
+            _record_interval(ledger, final, closed.then())
+        else:
+            ledger.record_interval(final)
+            _record_charge(ledger, overlap, closed.then())
+        closed.after()
         written += 1
-        if hook is not None:
-            hook("ledger:closed")
-        _set_flags(engine, copy.interval_key, ledger_closed=True)
     return written
+
+
+def _record_interval(ledger: Ledger, record: IntervalRecord, then: Callable[[Connection], None] | None) -> None:
+    if then is None:
+        ledger.record_interval(record)
+    else:
+        assert isinstance(ledger, SqlLedger)
+        ledger.record_interval(record, then=then)
+
+
+def _record_charge(ledger: Ledger, record: ChargeRecord, then: Callable[[Connection], None] | None) -> None:
+    if then is None:
+        ledger.record_charge(record)
+    else:
+        assert isinstance(ledger, SqlLedger)
+        ledger.record_charge(record, then=then)
 
 
 def _egress_charge(copy: CopyRecord, egress: EgressRates, team: str) -> ChargeRecord | None:

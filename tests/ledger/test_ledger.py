@@ -11,6 +11,7 @@ from decimal import Decimal
 import pandas as pd
 import pytest
 from sqlalchemy import Engine, func, select
+from sqlalchemy.engine import Connection
 
 from costopt.db.ledger_schema import ledger_charges, ledger_intervals, ledger_segments
 from costopt.domain import Cloud, Market, OfferKey, PricePoint
@@ -400,3 +401,34 @@ def test_costs_of_a_set_of_jobs_read_only_their_lines(engine: Engine) -> None:
         assert ledger.costs(job_ids=[]).lines == () and ledger.costs(job_ids=[]).total_usd == 0
         assert ledger.costs(job_id="job-1", job_ids=["job-2"]).total_usd == 0  # both filters hold
         assert ledger.costs(team="other", job_ids=["job-2"]).total_usd == 0
+
+
+def test_what_a_caller_writes_with_a_line_commits_with_it_alone_when_stored_and_never_on_a_conflict(
+    engine: Engine,
+) -> None:
+    """``then=``: run in the transaction that wrote the line (its failure rolls the line back), in one of its
+    own when the line was stored already, not at all when the call raises."""
+    ledger = SqlLedger(engine, PRICES)
+    ran: list[str] = []
+
+    def then(what: str, fail: bool = False) -> Callable[[Connection], None]:
+        def run(conn: Connection) -> None:
+            assert conn.in_transaction()
+            ran.append(what)
+            if fail:
+                raise RuntimeError(what)
+
+        return run
+
+    with pytest.raises(RuntimeError):
+        ledger.record_interval(rec("a", 0.5, None), then=then("open", fail=True))
+    assert ledger.costs(job_id="job-1", as_of=at(3.0)).lines == ()  # rolled back with it
+    ledger.record_interval(rec("a", 0.5, None), then=then("open"))
+    ledger.record_interval(rec("a", 0.5, None), then=then("stored"))
+    with pytest.raises(RuntimeError):
+        ledger.record_interval(rec("a", 0.5, 3.25), then=then("close", fail=True))
+    assert ledger.costs(job_id="job-1", as_of=at(3.0)).lines[0].open
+    ledger.record_interval(rec("a", 0.5, 3.25), then=then("close"))
+    with pytest.raises(LedgerConflict):
+        ledger.record_interval(rec("a", 0.5, 3.0), then=then("conflict"))
+    assert ran == ["open", "open", "stored", "close", "close"]
