@@ -60,25 +60,21 @@ line was stored already (nothing written), in a transaction of its own; never wh
 
 # The hot statements, built once (SQLAlchemy then reuses their cache keys; values are parameters).
 _INTERVAL = select(ledger_intervals).where(ledger_intervals.c.interval_key == bindparam("b_key"))
+_CLOSING: dict[str, Any] = {
+    "ended_at": bindparam("b_ended_at"),
+    "end_reason": bindparam("b_end_reason"),
+    "amount_micro_usd": bindparam("b_amount"),
+    "updated_at": bindparam("b_now"),
+}
 _CLOSE = (
     update(ledger_intervals)
     .where(ledger_intervals.c.id == bindparam("b_id"), ledger_intervals.c.ended_at.is_(None))
-    .values(
-        ended_at=bindparam("b_ended_at"),
-        end_reason=bindparam("b_end_reason"),
-        amount_micro_usd=bindparam("b_amount"),
-        updated_at=bindparam("b_now"),
-    )
+    .values(**_CLOSING)
 )
 _CLOSE_OPEN = (
     update(ledger_intervals)
     .where(ledger_intervals.c.interval_key == bindparam("b_key"), ledger_intervals.c.ended_at.is_(None))
-    .values(
-        ended_at=bindparam("b_ended_at"),
-        end_reason=bindparam("b_end_reason"),
-        amount_micro_usd=bindparam("b_amount"),
-        updated_at=bindparam("b_now"),
-    )
+    .values(**_CLOSING)
     .returning(*ledger_intervals.c)
 )
 _INSERT_SEGMENTS = ledger_segments.insert()

@@ -15,6 +15,7 @@ from costopt.migration.ledger_sync import write_copy_start
 from costopt.migration.records import CopyStart, State
 from providers.local import LocalProvider
 from tests.migration.test_machine import (
+    CRASH_POINTS,
     ENDLESS,
     OFFERS,
     Crash,
@@ -56,17 +57,7 @@ def test_a_move_writes_five_states_and_fires_every_hook_in_order(
     rec = billed_migrator(engine, local, ledger, hook=hook).move("job-1", OFFERS)
     assert rec.state is State.DONE, rec.reason
     points = [p for p, _, _ in seen]
-    assert points == [
-        "enter:planned",
-        "enter:checkpointing",
-        "enter:checkpointed",
-        "enter:launching",
-        "launch:returned",
-        "enter:launched",
-        "enter:verifying",
-        "enter:terminating_old",
-        "enter:done",
-    ]
+    assert points == list(CRASH_POINTS)  # every fault-injection point, in order
     rows = {p: (state, new) for p, state, new in seen}
     # checkpointed is committed as launching (with the token); launched is not committed at all: the row
     # learns the new copy with the hand-over to verifying
