@@ -72,6 +72,10 @@ def _supervisor(config: Any, max_rss_mb: float | None) -> Any:
     the port is never left unserved. A worker younger than :data:`RECYCLE_MIN_AGE_S` is left alone."""
     from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
+    if max_rss_mb is None:
+        return Multiprocess(config, sockets=cast(list[socket.socket], None))
+    limit: float = max_rss_mb
+
     class Recycling(Multiprocess):
         def __init__(self) -> None:
             super().__init__(config, sockets=cast(list[socket.socket], None))
@@ -84,11 +88,11 @@ def _supervisor(config: Any, max_rss_mb: float | None) -> Any:
             super().keep_subprocess_alive()
             now = time.monotonic()
             self.born = {p.pid or 0: self.born.get(p.pid or 0, now) for p in self.processes}
-            if max_rss_mb is None or self.should_exit.is_set() or now < self.not_before:
+            if self.should_exit.is_set() or now < self.not_before:
                 return
             for idx, process in enumerate(self.processes):
                 rss = resident_mb(process.pid)
-                if rss is None or rss <= max_rss_mb:
+                if rss is None or rss <= limit:
                     continue
                 if now - self.born[process.pid or 0] < RECYCLE_MIN_AGE_S:
                     if not self.warned:
@@ -99,7 +103,7 @@ def _supervisor(config: Any, max_rss_mb: float | None) -> Any:
                             process.pid,
                             rss,
                             RECYCLE_MIN_AGE_S,
-                            max_rss_mb,
+                            limit,
                         )
                     continue
                 self._replace(idx, process, rss)
@@ -131,11 +135,10 @@ def _supervisor(config: Any, max_rss_mb: float | None) -> Any:
                 "worker [%s] holds %.0f MB, over the %.0f MB limit: replaced by [%s] (%d replaced so far)",
                 old.pid,
                 rss,
-                max_rss_mb,
+                limit,
                 new.pid,
                 self.recycled,
             )
-            self.born.pop(old.pid or 0, None)
             old.terminate()
             old.join()
 

@@ -68,7 +68,7 @@ from costopt.fleets.model import (
 from costopt.fleets.rounds import decayed_received, history_since, owed_through, plan_round
 from costopt.fleets.store import FleetRepository, NewFleetJob
 from costopt.fleets.sync import hash_token, new_token
-from costopt.gavel.mechanism import mechanism_rule
+from costopt.gavel.mechanism import MechanismRule, mechanism_rule
 from costopt.gavel.policies import Policy
 from costopt.jobs.model import JobState
 from costopt.jobs.records import ConcurrentUpdate, IllegalTransition, JobNotFound, JobRecord, JobRepository
@@ -291,8 +291,7 @@ class FleetExecutor:
         if fleet.state is FleetState.RELEASED and fleet.round and fleet.released_at is not None:
             current = self.repo.round(fleet.id, fleet.round)
             if current is not None and current.ended_at is None:  # the last round ends with the fleet
-                at = max(current.started_at, min(fleet.released_at, current.ends_at))
-                self.repo.end_round(fleet, at, self._closing(fleet, current, at, ()))
+                self._end_round(fleet, current, fleet.released_at)
         if fleet.state is FleetState.ACTIVE:
             self._launch(
                 fleet, [i for i in instances if i.state in (InstanceState.PENDING, InstanceState.LAUNCHING)], now, out
@@ -690,8 +689,7 @@ class FleetExecutor:
         live = [i for i in self.repo.instances(fleet.id) if i.state is InstanceState.RUNNING]
         if not jobs or not live:
             if open_round and current is not None:
-                at = max(current.started_at, min(start, current.ends_at))
-                self.repo.end_round(fleet, at, self._closing(fleet, current, at, ()))
+                self._end_round(fleet, current, start)
             return
         received: dict[str, dict[str, float]] = {j.job_id: dict(j.received) for j in jobs}
         held = 0.0
@@ -752,7 +750,7 @@ class FleetExecutor:
             active=[j.job_id for j in jobs],
             previous_ended_at=start if open_round else None,
             owed=owed,
-            closing=self._closing(fleet, current, start, received) if open_round and current is not None else None,
+            closing=None if current is None or not open_round else self._closing(fleet, current, start, received, rule),
         ):
             if decayed is not None:  # every round up to fleet.round is now closed and folded in, to start
                 self._folded[fleet.id] = _Folded(fleet.round, start, decayed)
@@ -767,8 +765,19 @@ class FleetExecutor:
                 " (policy solved)" if allocation is not None else "",
             )
 
+    def _end_round(self, fleet: FleetRecord, current: RoundRecord, until: datetime) -> None:
+        """Close ``current`` (no round follows) at ``until``, within its span, crediting its leases."""
+        at = max(current.started_at, min(until, current.ends_at))
+        rule = mechanism_rule(self._policy(fleet).heterogeneity_aware, self.restart_overhead_s, fleet.round_s)
+        self.repo.end_round(fleet, at, self._closing(fleet, current, at, (), rule))
+
     def _closing(
-        self, fleet: FleetRecord, current: RoundRecord, at: datetime, credited: Collection[str]
+        self,
+        fleet: FleetRecord,
+        current: RoundRecord,
+        at: datetime,
+        credited: Collection[str],
+        rule: MechanismRule,
     ) -> RoundCredits | None:
         """The credits of the round ``current``, ending at ``at``, to the jobs leased in it other than
         ``credited`` (those the boundary folds itself): each job's ``received`` gains the seconds from the
@@ -780,7 +789,6 @@ class FleetExecutor:
         leased = {a.job_id for a in current.assignment} - set(credited)
         if not leased:
             return None
-        rule = mechanism_rule(self._policy(fleet).heterogeneity_aware, self.restart_overhead_s, fleet.round_s)
         received: dict[str, dict[str, float]] = {}
         owed: dict[str, dict[str, float]] = {}
         for job in self.repo.jobs(fleet.id, job_ids=leased):

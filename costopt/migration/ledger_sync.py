@@ -291,7 +291,11 @@ def sync_ledger(
 
 def _set_flags(engine: Engine, key: str, **flags: bool) -> None:
     with engine.begin() as conn:
-        conn.execute(_SET_FLAGS, {"b_key": key, "ledger_error": None, "updated_at": _utcnow(), **flags})
+        _flags_on(conn, key, flags)
+
+
+def _flags_on(conn: Connection, key: str, flags: dict[str, bool]) -> None:
+    conn.execute(_SET_FLAGS, {"b_key": key, "ledger_error": None, "updated_at": _utcnow(), **flags})
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,7 +326,7 @@ class _Flag:
     def _write(self, conn: Connection) -> None:
         if self.point is not None and self.hook is not None:
             self.hook(self.point)
-        conn.execute(_SET_FLAGS, {"b_key": self.key, "ledger_error": None, "updated_at": _utcnow(), **self.flags})
+        _flags_on(conn, self.key, self.flags)
 
 
 def _sync_copy(
@@ -349,14 +353,7 @@ def _sync_copy(
         provider=copy.provider,
     )
     if not copy.ledger_opened:
-        opened = flag("ledger:opened", ledger_opened=True)
-        charge = _egress_charge(copy, egress, team)
-        if charge is None:
-            _record_interval(ledger, interval, opened.then())
-        else:
-            ledger.record_interval(interval)
-            _record_charge(ledger, charge, opened.then())
-        opened.after()
+        _record_flagged(ledger, interval, _egress_charge(copy, egress, team), flag("ledger:opened", ledger_opened=True))
         written += 1
     memo_end = copy.verified_at or copy.ended_at
     if not copy.ledger_memo and memo_end is not None:
@@ -385,17 +382,20 @@ def _sync_copy(
         else:
             _set_flags(engine, copy.interval_key, ledger_memo=True)
     if not copy.ledger_closed and copy.ended_at is not None:
-        closed = flag("ledger:closed", ledger_closed=True)
         final = replace(interval, ended_at=copy.ended_at, end_reason=copy.end_reason)
-        overlap = _overlap_charge(engine, copy, team)
-        if overlap is None:
-            _record_interval(ledger, final, closed.then())
-        else:
-            ledger.record_interval(final)
-            _record_charge(ledger, overlap, closed.then())
-        closed.after()
+        _record_flagged(ledger, final, _overlap_charge(engine, copy, team), flag("ledger:closed", ledger_closed=True))
         written += 1
     return written
+
+
+def _record_flagged(ledger: Ledger, interval: IntervalRecord, charge: ChargeRecord | None, flag: _Flag) -> None:
+    """The interval, then the charge when there is one; the flag commits with the last of them (or after)."""
+    if charge is None:
+        _record_interval(ledger, interval, flag.then())
+    else:
+        ledger.record_interval(interval)
+        _record_charge(ledger, charge, flag.then())
+    flag.after()
 
 
 def _record_interval(ledger: Ledger, record: IntervalRecord, then: Callable[[Connection], None] | None) -> None:

@@ -142,6 +142,17 @@ def step_prices(offers: Sequence[OfferKey] = tuple(USD_PER_HOUR)) -> StepPrices:
     )
 
 
+def billed_started_job(
+    engine: Engine, local: CloudProvider, tmp_path: Path, offers: Sequence[OfferKey] = OFFERS
+) -> tuple[SqlLedger, Migrator]:
+    """A billed migrator with ``job-1`` (:data:`ENDLESS`) registered and started on one of ``offers``."""
+    ledger = SqlLedger(engine, step_prices())
+    mig = billed_migrator(engine, local, ledger)
+    mig.register_job("job-1", ENDLESS, str(tmp_path / "ckpt" / "job-1"))
+    assert mig.start("job-1", offers).state is State.DONE
+    return ledger, mig
+
+
 def billed_migrator(engine: Engine, provider: CloudProvider, ledger: SqlLedger | None, **kw: Any) -> Migrator:
     """A migrator billing into ``ledger`` (None: not billed), with the test egress rates."""
     return Migrator(
@@ -383,10 +394,7 @@ def test_a_crash_at_every_state_resumes_to_exactly_one_copy_with_no_orphans_or_s
     """A raised exception at each transition and after each ledger write (one move per point, same job),
     then a fresh migrator's resume(): the move completes, one copy runs, the token launched nothing
     twice, and the ledger bills each copy once."""
-    ledger = SqlLedger(engine, step_prices())
-    mig = billed_migrator(engine, local, ledger)
-    mig.register_job("job-1", ENDLESS, str(tmp_path / "ckpt" / "job-1"))
-    assert mig.start("job-1", OFFERS).state is State.DONE
+    ledger, mig = billed_started_job(engine, local, tmp_path)
     uri = mig.job("job-1").checkpoint_uri
     for n, point in enumerate(CRASH_POINTS + LEDGER_POINTS, start=2):
 

@@ -27,6 +27,7 @@ from tests.migration.test_machine import (
     assert_ledger_consistent,
     assert_one_copy,
     billed_migrator,
+    billed_started_job,
     epoch_of,
     ledger_snapshot,
     step_prices,
@@ -96,10 +97,7 @@ def test_moves_and_a_recovery_tile_the_jobs_lifetime_one_interval_per_epoch(
 def test_failed_verification_orphans_and_a_rolled_back_launch_are_billed_with_their_reasons(
     engine: Engine, local: LocalProvider, tmp_path: Path
 ) -> None:
-    ledger = SqlLedger(engine, step_prices())
-    mig = billed_migrator(engine, local, ledger)
-    mig.register_job("job-1", ENDLESS, str(tmp_path / "ckpt" / "job-1"))
-    assert mig.start("job-1", OFFERS).state is State.DONE
+    ledger, mig = billed_started_job(engine, local, tmp_path)
     # A move whose launches all fail: no copy of epoch 2, nothing billed for it (nor claimed: the next
     # move launches epoch 2 again).
     flaky = FlakyProvider(local, failing=set(OFFERS))

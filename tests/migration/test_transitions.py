@@ -10,19 +10,17 @@ import pytest
 from sqlalchemy import Engine, select, update
 
 from costopt.db.migration_schema import migrations
-from costopt.ledger.sql import SqlLedger
 from costopt.migration.ledger_sync import write_copy_start
 from costopt.migration.records import CopyStart, State
 from providers.local import LocalProvider
 from tests.migration.test_machine import (
     CRASH_POINTS,
-    ENDLESS,
     OFFERS,
     Crash,
     assert_ledger_consistent,
     assert_one_copy,
     billed_migrator,
-    step_prices,
+    billed_started_job,
 )
 
 pytestmark = pytest.mark.one_backend_each
@@ -44,10 +42,7 @@ def _latest_id(engine: Engine) -> int:
 def test_a_move_writes_five_states_and_fires_every_hook_in_order(
     engine: Engine, local: LocalProvider, tmp_path: Path
 ) -> None:
-    ledger = SqlLedger(engine, step_prices())
-    mig = billed_migrator(engine, local, ledger)
-    mig.register_job("job-1", ENDLESS, str(tmp_path / "ckpt" / "job-1"))
-    assert mig.start("job-1", OFFERS).state is State.DONE
+    ledger, mig = billed_started_job(engine, local, tmp_path)
     seen: list[tuple[str, str, str | None]] = []
 
     def hook(point: str) -> None:
@@ -72,10 +67,7 @@ def test_a_move_writes_five_states_and_fires_every_hook_in_order(
 def test_a_row_left_in_a_passed_through_state_by_an_older_version_is_resumed(
     engine: Engine, local: LocalProvider, tmp_path: Path, legacy: State
 ) -> None:
-    ledger = SqlLedger(engine, step_prices())
-    mig = billed_migrator(engine, local, ledger)
-    mig.register_job("job-1", ENDLESS, str(tmp_path / "ckpt" / "job-1"))
-    assert mig.start("job-1", OFFERS).state is State.DONE
+    ledger, mig = billed_started_job(engine, local, tmp_path)
     point = "enter:checkpointing" if legacy is State.CHECKPOINTED else "enter:launched"
 
     def hook(p: str) -> None:
