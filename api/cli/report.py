@@ -89,11 +89,7 @@ def _table(doc: dict[str, Any]) -> None:
         OutputFormat.table,
         title="By " + ", ".join(dims),
     )
-    by_id = {j["job_id"]: j for j in doc["jobs"]}
-    top = [
-        {"job": t["job_id"], "name": by_id[t["job_id"]]["name"], **by_id[t["job_id"]]["period"]}
-        for t in doc["top_savers"]
-    ]
+    top = [{"job": t["job_id"], "name": t["name"], **t["period"]} for t in doc["top_savers"]]
     if top:
         emit(
             _money_rows(top),
@@ -151,6 +147,12 @@ def savings(
     ] = "team",
     job: Annotated[list[str] | None, typer.Option("--job", help="Only this job (repeat for several).")] = None,
     top: Annotated[int, typer.Option(help="How many top savers to list.")] = 10,
+    sort: Annotated[
+        str,
+        typer.Option(help="json, html: the jobs' order (job_id, savings, actual_cost, ...; '-' first: descending)."),
+    ] = "job_id",
+    offset: Annotated[int, typer.Option(help="json, html: jobs skipped before the page.")] = 0,
+    limit: Annotated[int, typer.Option(help="json, html: jobs listed (1-1000; the totals count every job).")] = 100,
     fmt: Annotated[ReportFormat, typer.Option("--format", "-f")] = ReportFormat.table,
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write to this file (needed for parquet, png).")
@@ -160,6 +162,8 @@ def savings(
     if fmt in (ReportFormat.parquet, ReportFormat.png) and output is None:
         raise typer.BadParameter(f"--format {fmt.value} is binary: give --output FILE", param_hint="--output")
     params: dict[str, Any] = {"team": team, "from": start, "to": end, "group_by": group_by, "top": top, "job": job}
+    if fmt not in (ReportFormat.csv, ReportFormat.parquet):  # the exports hold every line
+        params.update(sort=sort, offset=offset, limit=limit)
     with _api() as api:
         if fmt in (ReportFormat.csv, ReportFormat.parquet):
             data = api.download("/v1/reports/savings", params={**params, "format": fmt.value})

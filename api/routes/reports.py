@@ -12,6 +12,7 @@ How every figure is made: docs/ledger.md, "Reports".
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, cast
@@ -27,11 +28,16 @@ from costopt.errors import BadRecord
 from costopt.jobs.records import JobRepository
 from costopt.jobs.teams import TeamRepository
 from costopt.ledger.prices import PriceView
+from costopt.reports.model import JOB_SORTS
 from costopt.settings import Settings
 
 log = logging.getLogger("costopt.api")
 
 router = APIRouter(prefix="/v1/reports", tags=["reports"])
+
+DEFAULT_JOBS_PAGE = 100
+MAX_JOBS_PAGE = 1000
+"""The JSON report lists a page of its jobs (default and largest): its memory and size follow the page."""
 
 
 class ReportFormat(StrEnum):
@@ -104,9 +110,13 @@ def build_savings(
     group_by: str | None,
     job: list[str] | None,
     top: int,
+    page: Any = None,
 ) -> tuple[Any, dict[str, str]]:
-    """The report the caller asked for, and the team names (id -> name) of its scope."""
-    from costopt.reports import ReportError, ReportQuery, build_report, load_report_data
+    """The report the caller asked for, and the team names (id -> name) of its scope. ``page``: the
+    :class:`~costopt.reports.model.JobPage` of jobs to list, folded without keeping the rows (the JSON
+    answer); None: every job and every row (the exports)."""
+    from costopt.reports import ReportError, ReportQuery, build_report
+    from costopt.reports.data import iter_report_data, report_scope
 
     ledger = getattr(request.app.state, "ledger", None)
     if ledger is None:
@@ -124,15 +134,25 @@ def build_savings(
     except ReportError as exc:
         raise ApiError(422, "invalid_request", str(exc)) from exc
     baselines = _baselines(request, planner, settings, teams, jobs)
-    # a job whose static-spot baseline is cached is read without its quote (~2 KB of JSON a job)
-    data = load_report_data(ledger.engine, ledger, team=scope, needs_quote=baselines.needs_quote)
+    covered = report_scope(ledger, team=scope)
+    if ids is not None:  # only the jobs asked for are read
+        wanted = set(ids)
+        covered = replace(covered, job_ids=tuple(j for j in covered.job_ids if j in wanted))
+    # read and folded a batch of jobs at a time; a job whose static-spot baseline is cached is read
+    # without its quote (~2 KB of JSON a job)
+    batches = iter_report_data(ledger.engine, ledger, covered, team=scope, needs_quote=baselines.needs_quote)
     from costopt.reports.standing import StandingOnDemand
 
     # the on-demand baseline reads an on-demand list price as standing back in time (docs/ledger.md)
     prices = StandingOnDemand(cast(PriceView, ledger.prices))
-    report = build_report(data, query, prices=prices, baselines=baselines, now=now)
-    names = {t: data.team_names.get(t, t) for t in {j.team for j in report.jobs}}
-    return report, names
+    window = None
+    if covered.first_start is not None and covered.last_start is not None:
+        window = (covered.first_start, covered.last_start)
+    report = build_report(
+        batches, query, prices=prices, baselines=baselines, now=now, window=window, keep_rows=page is None, page=page
+    )
+    names = {t.id: t.name for t in teams.teams() if t.id in set(report.teams)}
+    return report, {t: names.get(t, t) for t in report.teams}
 
 
 @router.get(
@@ -172,18 +192,37 @@ def savings(
     ] = None,
     job: Annotated[list[str] | None, Query(description="Only these job ids (repeat, or comma-separated).")] = None,
     top: Annotated[int, Query(ge=1, le=1000, description="How many top savers to list.")] = 10,
+    sort: Annotated[
+        str,
+        Query(
+            max_length=64,
+            description="JSON: the jobs' order, one of " + ", ".join(JOB_SORTS) + "; '-' first for descending.",
+        ),
+    ] = "job_id",
+    offset: Annotated[int, Query(ge=0, le=10_000_000, description="JSON: jobs skipped before the page.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=MAX_JOBS_PAGE, description="JSON: jobs listed (the totals count all).")] = (
+        DEFAULT_JOBS_PAGE
+    ),
     fmt: Annotated[ReportFormat, Query(alias="format", description="json, or a FOCUS export: csv, parquet.")] = (
         ReportFormat.json
     ),
 ) -> Any:
     """Actual cost from the ledger, the on-demand and static-spot baselines priced over each job's run,
-    savings and rates, grouped as asked; or the same lines as a FOCUS export."""
-    from costopt.reports import report_doc
+    savings and rates, grouped as asked, with a page of the jobs (``sort``, ``offset``, ``limit``; the
+    answer's ``jobs_page`` says how many there are); or every line as a FOCUS export."""
+    from costopt.reports import ReportError, report_doc
     from costopt.reports.focus import focus_records, to_csv, to_parquet
+    from costopt.reports.model import JobPage
 
+    page = None
+    if fmt is ReportFormat.json:
+        try:
+            page = JobPage.parse(sort, offset=offset, limit=limit)
+        except ReportError as exc:
+            raise ApiError(422, "invalid_request", str(exc), [{"field": "query.sort", "problem": str(exc)}]) from exc
     report, names = build_savings(
         request, caller, jobs=jobs, teams=teams, planner=planner, settings=settings, team=team, start=start,
-        end=end, group_by=group_by, job=job, top=top,
+        end=end, group_by=group_by, job=job, top=top, page=page,
     )  # fmt: skip
     if fmt is ReportFormat.json:
         return report_doc(report, team_names=names)

@@ -18,7 +18,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Engine, Row, and_, bindparam, or_, select, update
+from sqlalchemy import Engine, Row, and_, bindparam, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
@@ -368,14 +368,16 @@ class SqlLedger:
         team: str | None = None,
         start: datetime | None = None,
         end: datetime | None = None,
+        job_ids: Collection[str] | None = None,
         conn: Connection | None = None,
     ) -> list[IntervalLine]:
-        """Stored intervals of a job and/or team overlapping ``[start, end)`` (None: unbounded); ``conn``:
-        read on that connection (a request's), else on one of its own."""
+        """Stored intervals of a job and/or team overlapping ``[start, end)`` (None: unbounded); ``job_ids``:
+        of these jobs only (None: any; empty: none); ``conn``: read on that connection (a request's), else
+        on one of its own."""
         if conn is not None:
-            return self._intervals(conn, job_id=job_id, team=team, start=start, end=end)
+            return self._intervals(conn, job_id=job_id, team=team, start=start, end=end, job_ids=job_ids)
         with self.engine.connect() as own:
-            return self._intervals(own, job_id=job_id, team=team, start=start, end=end)
+            return self._intervals(own, job_id=job_id, team=team, start=start, end=end, job_ids=job_ids)
 
     def _intervals(
         self,
@@ -426,13 +428,33 @@ class SqlLedger:
         team: str | None = None,
         start: datetime | None = None,
         end: datetime | None = None,
+        job_ids: Collection[str] | None = None,
         conn: Connection | None = None,
     ) -> list[ChargeLine]:
-        """Stored charges of a job and/or team dated within ``[start, end)`` (``conn``: as :meth:`intervals`)."""
+        """Stored charges of a job and/or team dated within ``[start, end)`` (``job_ids``, ``conn``: as
+        :meth:`intervals`)."""
         if conn is not None:
-            return self._charges(conn, job_id=job_id, team=team, start=start, end=end)
+            return self._charges(conn, job_id=job_id, team=team, start=start, end=end, job_ids=job_ids)
         with self.engine.connect() as own:
-            return self._charges(own, job_id=job_id, team=team, start=start, end=end)
+            return self._charges(own, job_id=job_id, team=team, start=start, end=end, job_ids=job_ids)
+
+    def billed_jobs(self, *, team: str | None = None) -> tuple[list[str], datetime | None, datetime | None]:
+        """The ids of the jobs with a stored line billed to ``team`` (None: any), sorted, and the first and
+        last start of their intervals (None: no interval): what a report over them reads, without the lines."""
+        iv, ch = ledger_intervals.c, ledger_charges.c
+        jobs_iv = select(iv.job_id).distinct()
+        jobs_ch = select(ch.job_id).distinct()
+        span = select(func.min(iv.started_at), func.max(iv.started_at))
+        if team is not None:
+            jobs_iv, jobs_ch, span = (
+                jobs_iv.where(iv.team == team),
+                jobs_ch.where(ch.team == team),
+                span.where(iv.team == team),
+            )
+        with self.engine.connect() as conn:
+            ids = {str(r[0]) for r in conn.execute(jobs_iv)} | {str(r[0]) for r in conn.execute(jobs_ch)}
+            first, last = conn.execute(span).one()
+        return sorted(ids), first, last  # min/max keep the column type: tz-aware UTC
 
     def charges_by_key(self, keys: Sequence[str], *, conn: Connection | None = None) -> list[ChargeLine]:
         """The stored charges among ``keys`` (a migration's lines, without reading the job's whole bill),

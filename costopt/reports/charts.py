@@ -96,6 +96,19 @@ def _pct(value: Any) -> str:
     return "-" if value is None else f"{Decimal(str(value)) * 100:.1f} %"
 
 
+def _listed(doc: Mapping[str, Any]) -> str:
+    """Which of the report's jobs the table lists (the JSON answer's ``jobs_page``)."""
+    page = doc.get("jobs_page")
+    total = doc["totals"]["jobs"]
+    if not page or len(doc["jobs"]) >= total:
+        return f"All {total} job(s)."
+    first = page["offset"] + 1
+    return (
+        f"Jobs {first} to {page['offset'] + len(doc['jobs'])} of {total}, by {page['sort']} "
+        "(--sort, --offset and --limit list others)."
+    )
+
+
 def report_html(doc: Mapping[str, Any]) -> str:
     """A self-contained HTML page of the report (for mail or a file): headline figures, the charts as an
     inline PNG, and the jobs."""
@@ -148,6 +161,7 @@ On the cheapest spot offer at submission, never moved: {_usd(t["baseline_static_
 <p>Moves cost {_usd(t["move_cost"])} and preemptions {_usd(t["preemption_cost"])} (already in what was spent).
 Amounts are exact to the micro-dollar in the JSON and CSV exports; shown here to the cent.</p>
 <img alt="charts" src="data:image/png;base64,{png}" style="max-width:100%">
+<p>{html.escape(_listed(doc))}</p>
 <table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>
 </body></html>
 """

@@ -9,8 +9,9 @@ ledger's ``team``: a managed job's team id, see docs/ledger.md) and its own jobs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import Engine, case, null, select
 
@@ -20,9 +21,19 @@ from costopt.jobs.records import JobEvent, JobRecord, JobRepository
 from costopt.ledger.model import ChargeLine, IntervalLine
 from costopt.ledger.sql import SqlLedger
 
-__all__ = ["CopyKind", "ReportData", "load_report_data"]
+__all__ = [
+    "BATCH_JOBS",
+    "CopyKind",
+    "ReportData",
+    "ReportScope",
+    "iter_report_data",
+    "load_report_data",
+    "report_scope",
+]
 
 _CHUNK = 500
+BATCH_JOBS = 200
+"""How many jobs a report reads and folds at a time (:func:`iter_report_data`)."""
 
 EVENT_KINDS = ("move", "preemption", "copy_lost")
 """The job events a report reads (:mod:`costopt.reports.savings`: the moves and preemptions it counts by day,
@@ -52,14 +63,36 @@ class ReportData:
     team_names: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class ReportScope:
+    """What a report covers, read without its lines: the ids of the jobs billed in scope (sorted) and the
+    first and last start of their intervals (tz-aware UTC; None: no interval), which bound its price memo."""
+
+    job_ids: tuple[str, ...]
+    first_start: datetime | None
+    last_start: datetime | None
+
+
+def report_scope(ledger: SqlLedger, *, team: str | None) -> ReportScope:
+    """The jobs billed to ``team`` (None: every team) and the span of their intervals' starts."""
+    ids, first, last = ledger.billed_jobs(team=team)
+    return ReportScope(tuple(ids), first, last)
+
+
 def load_report_data(
-    engine: Engine, ledger: SqlLedger, *, team: str | None, needs_quote: Callable[[str], bool] | None = None
+    engine: Engine,
+    ledger: SqlLedger,
+    *,
+    team: str | None,
+    needs_quote: Callable[[str], bool] | None = None,
+    job_ids: Sequence[str] | None = None,
 ) -> ReportData:
     """Every ledger line of ``team`` (None: all), the jobs they bill, those jobs' events and copy kinds.
-    ``needs_quote``: whether a job's quote must be read (None: every one's); a job it says no for comes
-    with ``quote`` None (its baselines' source answers it from what it keeps)."""
-    intervals = ledger.intervals(team=team)
-    charges = ledger.charges(team=team)
+    ``job_ids``: only these jobs' lines (None: every job's; a report reads its scope a batch at a time:
+    :func:`iter_report_data`). ``needs_quote``: whether a job's quote must be read (None: every one's);
+    a job it says no for comes with ``quote`` None (its baselines' source answers it from what it keeps)."""
+    intervals = ledger.intervals(team=team, job_ids=job_ids)
+    charges = ledger.charges(team=team, job_ids=job_ids)
     ids = sorted({ln.record.job_id for ln in intervals} | {c.record.job_id for c in charges})
     found: dict[str, JobRecord] = {}
     kinds: dict[str, str] = {}
@@ -89,3 +122,22 @@ def load_report_data(
         names = {r.id: r.name for r in conn.execute(select(teams.c.id, teams.c.name))}
     events = JobRepository(engine).events_of(sorted(found), kinds=EVENT_KINDS, limit=None)
     return ReportData(intervals, charges, found, events, kinds, names)
+
+
+def iter_report_data(
+    engine: Engine,
+    ledger: SqlLedger,
+    scope: ReportScope,
+    *,
+    team: str | None,
+    needs_quote: Callable[[str], bool] | None = None,
+    batch: int = BATCH_JOBS,
+) -> Iterator[ReportData]:
+    """``scope``'s jobs' data, ``batch`` jobs at a time (each a :class:`ReportData` of those jobs only, in
+    job-id order), read as the caller asks for it: a report folds one batch before the next is read, so its
+    memory follows the batch, not the team's history."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    for lo in range(0, len(scope.job_ids), batch):
+        chunk = scope.job_ids[lo : lo + batch]
+        yield load_report_data(engine, ledger, team=team, needs_quote=needs_quote, job_ids=chunk)

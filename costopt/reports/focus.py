@@ -200,6 +200,8 @@ def _record(r: Row, team_names: Mapping[str, str], job_names: Mapping[str, str])
 
 def focus_records(report: SavingsReport, team_names: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     """One FOCUS record per report row (columns :data:`FOCUS_COLUMNS` then :data:`X_COLUMNS`)."""
+    if report.rows is None:
+        raise ValueError("the report was folded without its rows: build it with keep_rows=True for an export")
     names = dict(team_names or {})
     jobs = {j.job_id: j.name for j in report.jobs}
     return [_record(r, names, jobs) for r in report.rows]

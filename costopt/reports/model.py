@@ -18,20 +18,25 @@ from costopt.ledger.model import Segment, micro_to_usd
 from costopt.reports.errors import ReportError
 
 __all__ = [
+    "BREAKDOWNS",
     "DIMENSIONS",
+    "JOB_SORTS",
     "BaselineKind",
     "BaselineRun",
     "DayActivity",
     "Figures",
     "Group",
     "JobFigures",
+    "JobPage",
     "MoveCheck",
     "NoBaseline",
     "OverBaseline",
+    "OverJob",
     "Reason",
     "ReportError",
     "ReportQuery",
     "Row",
+    "Saver",
     "SavingsReport",
     "rate",
     "usd",
@@ -39,6 +44,8 @@ __all__ = [
 
 DIMENSIONS: tuple[str, ...] = ("team", "job", "cloud", "region", "accelerator", "market", "day", "month")
 """What a report can be grouped by (several at once: ``("team", "month")``)."""
+BREAKDOWNS: tuple[str, ...] = ("team", "cloud", "accelerator", "market", "region")
+"""The groupings every report carries besides its own ``group_by`` (the page's and the PNG's charts)."""
 
 
 def usd(micro: int) -> Decimal:
@@ -302,6 +309,75 @@ class JobFigures:
         return self.on_demand if kind is BaselineKind.ON_DEMAND else self.static_spot
 
 
+JOB_SORTS: tuple[str, ...] = (
+    "job_id",
+    "name",
+    "team",
+    "state",
+    "actual_cost",
+    "baseline_on_demand_cost",
+    "baseline_static_spot_cost",
+    "savings",
+    "savings_rate",
+    "moves",
+    "preemptions",
+    "excess",
+)
+"""What a report's job list can be sorted by: the job's id, name, team, state; its figures in the period
+(``actual_cost`` ... ``savings_rate``, as in its ``period``); its moves and preemptions over its run;
+``excess``: by how much it cost more than a baseline over its run (its largest excess)."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    """Which of a report's jobs it lists: sorted by ``sort`` (one of :data:`JOB_SORTS`; ``descending``
+    flips it; jobs without a value, e.g. no baseline, come last either way; ties by job id), then
+    ``offset`` jobs skipped and at most ``limit`` listed. Every job still counts in the totals."""
+
+    sort: str = "job_id"
+    descending: bool = False
+    offset: int = 0
+    limit: int = 100
+
+    def __post_init__(self) -> None:
+        if self.sort not in JOB_SORTS:
+            raise ReportError(f"cannot sort jobs by {self.sort!r}; choose from {', '.join(JOB_SORTS)}")
+        if self.offset < 0:
+            raise ReportError(f"offset must be >= 0, got {self.offset}")
+        if self.limit < 1:
+            raise ReportError(f"limit must be >= 1, got {self.limit}")
+
+    @classmethod
+    def parse(cls, sort: str, *, offset: int = 0, limit: int = 100) -> JobPage:
+        """``sort`` as the API takes it: a key of :data:`JOB_SORTS`, ``-`` first for descending."""
+        key = sort.strip()
+        return cls(key.removeprefix("-"), key.startswith("-"), offset, limit)
+
+    @property
+    def label(self) -> str:
+        return ("-" if self.descending else "") + self.sort
+
+
+@dataclass(frozen=True, slots=True)
+class Saver:
+    """One of a report's top savers: the job and its figures in the period."""
+
+    job_id: str
+    name: str
+    period: Figures
+
+
+@dataclass(frozen=True, slots=True)
+class OverJob:
+    """A job that cost more than a baseline over its run: which baselines, the largest excess, and the
+    largest part of why (a :class:`Reason` kind; None: not explained)."""
+
+    job_id: str
+    baselines: tuple[BaselineKind, ...]
+    excess_micro: int
+    reason: str | None
+
+
 @dataclass(frozen=True, slots=True)
 class DayActivity:
     """Moves and preemptions of one UTC day of the period (from the jobs' events)."""
@@ -313,23 +389,31 @@ class DayActivity:
 
 @dataclass(frozen=True, slots=True)
 class SavingsReport:
-    """A report: the query, ``now`` (open intervals priced up to it), every row, the totals, the groups,
-    each day's figures, each job's figures (jobs with cost in the period), the top savers and the jobs
-    that cost more than a baseline (ids, best first), moves and preemptions per day, the period's memo
-    costs, and warnings (money that could not be priced)."""
+    """A report: the query, ``now`` (open intervals priced up to it), the totals, the groups, each day's
+    figures, the sums by each of :data:`BREAKDOWNS`, the jobs with cost in the period (``job_count`` of them,
+    over ``teams``), the top savers and the jobs that cost more than a baseline (best first), moves and
+    preemptions per day, the period's memo costs, and warnings (money that could not be priced).
+
+    ``rows``: every row, sorted by start, job and ledger key (the exports' lines); None when the report was
+    folded without keeping them (the JSON report: its memory does not grow with the rows). ``jobs``: each
+    listed job's figures, all of them (``page`` None) or the page asked for, in its order."""
 
     query: ReportQuery
     now: datetime
-    rows: tuple[Row, ...]
+    rows: tuple[Row, ...] | None
     totals: Figures
     groups: tuple[Group, ...]
     days: tuple[Group, ...]
+    breakdowns: dict[str, tuple[Group, ...]]
     jobs: tuple[JobFigures, ...]
-    top_savers: tuple[str, ...]
-    over_baseline: tuple[str, ...]
+    job_count: int
+    teams: tuple[str, ...]
+    top_savers: tuple[Saver, ...]
+    over_baseline: tuple[OverJob, ...]
     activity: tuple[DayActivity, ...]
     move_cost_micro: int
     preemption_cost_micro: int
+    page: JobPage | None = None
     warnings: tuple[str, ...] = ()
 
     def job(self, job_id: str) -> JobFigures:

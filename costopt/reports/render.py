@@ -143,26 +143,29 @@ def _job(j: JobFigures, link: str) -> dict[str, Any]:
     }
 
 
-BREAKDOWNS = ("team", "cloud", "accelerator", "market", "region")
-"""The groupings every report carries besides its own ``group_by`` (the page's and the PNG's charts)."""
-
-
-def _by(report: SavingsReport, dim: str) -> list[dict[str, Any]]:
-    sums: dict[str, Figures] = {}
-    for r in report.rows:
-        key = r.value(dim)
-        sums[key] = sums.get(key, Figures()).add(r)
-    return [{"key": k, **figures_doc(f)} for k, f in sorted(sums.items())]
+def _page(report: SavingsReport) -> dict[str, Any] | None:
+    page = report.page
+    if page is None:
+        return None
+    end = page.offset + len(report.jobs)
+    return {
+        "sort": page.label,
+        "offset": page.offset,
+        "limit": page.limit,
+        "total": report.job_count,
+        "next_offset": end if end < report.job_count else None,
+    }
 
 
 def report_doc(
     report: SavingsReport, *, team_names: Mapping[str, str] | None = None, job_link: str = "/v1/jobs"
 ) -> dict[str, Any]:
-    """The report as JSON (see the module docstring): query, totals, groups, days, jobs, top savers,
-    jobs over a baseline, moves and preemptions per day, warnings."""
+    """The report as JSON (see the module docstring): query, totals, groups, days, sums by
+    :data:`BREAKDOWNS`, jobs (the page asked for, and ``jobs_page``: its sort, offset, limit, how many jobs
+    in all and the next page's offset, None on the last), top savers, jobs over a baseline, moves and
+    preemptions per day, warnings."""
     q = report.query
     names = dict(team_names or {})
-    by_id = {j.job_id: j for j in report.jobs}
     return {
         "from": iso(q.start),
         "to": iso(q.end),
@@ -174,25 +177,35 @@ def report_doc(
             **figures_doc(report.totals),
             "move_cost": money(report.move_cost_micro),
             "preemption_cost": money(report.preemption_cost_micro),
-            "jobs": len(report.jobs),
+            "jobs": report.job_count,
         },
         "groups": [{"key": dict(zip(q.group_by, g.key, strict=True)), **figures_doc(g.figures)} for g in report.groups],
         "days": [{"day": g.key[0], **figures_doc(g.figures)} for g in report.days],
-        "by": {dim: _by(report, dim) for dim in BREAKDOWNS},
+        "by": {
+            dim: [{"key": g.key[0], **figures_doc(g.figures)} for g in groups]
+            for dim, groups in report.breakdowns.items()
+        },
         "activity": [{"day": a.day, "moves": a.moves, "preemptions": a.preemptions} for a in report.activity],
-        "teams": {t: names.get(t, t) for t in sorted({j.team for j in report.jobs})},
+        "teams": {t: names.get(t, t) for t in report.teams},
         "jobs": [_job(j, job_link) for j in report.jobs],
+        "jobs_page": _page(report),
         "top_savers": [
-            {"job_id": i, "savings": money(by_id[i].period.savings_on_demand_micro)} for i in report.top_savers
+            {
+                "job_id": s.job_id,
+                "name": s.name,
+                "savings": money(s.period.savings_on_demand_micro),
+                "period": figures_doc(s.period),
+            }
+            for s in report.top_savers
         ],
         "over_baseline": [
             {
-                "job_id": i,
-                "baselines": [o.kind.value for o in by_id[i].over],
-                "excess": money(max(o.excess_micro for o in by_id[i].over)),
-                "reason": by_id[i].over[0].reasons[0].kind if by_id[i].over[0].reasons else None,
+                "job_id": o.job_id,
+                "baselines": [k.value for k in o.baselines],
+                "excess": money(o.excess_micro),
+                "reason": o.reason,
             }
-            for i in report.over_baseline
+            for o in report.over_baseline
         ],
         "warnings": list(report.warnings),
     }

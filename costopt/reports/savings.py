@@ -22,7 +22,7 @@ How the figures are made (docs/ledger.md, "Reports"):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -36,24 +36,28 @@ from costopt.reports.apportion import largest_remainder, split_by_days
 from costopt.reports.baselines import BaselineChoice, BaselineSource, price_baseline
 from costopt.reports.data import CopyKind, ReportData
 from costopt.reports.model import (
+    BREAKDOWNS,
     BaselineKind,
     BaselineRun,
     DayActivity,
     Figures,
     Group,
     JobFigures,
+    JobPage,
     MoveCheck,
     NoBaseline,
     OverBaseline,
+    OverJob,
     Reason,
     ReportQuery,
     Row,
+    Saver,
     SavingsReport,
     usd,
 )
 from costopt.reports.price_memo import MemoSteps
 
-__all__ = ["build_report"]
+__all__ = ["ReportFold", "build_report", "ordered_jobs"]
 
 MEMO_AHEAD = timedelta(days=3660)
 """How far past the report's time its price memo reaches (a baseline's run may end after ``now``: it runs
@@ -333,170 +337,284 @@ def _figures(rows: Iterable[Row]) -> Figures:
     return f
 
 
+def _sort_value(j: JobFigures, sort: str) -> str | int | Decimal | None:
+    """A job's value of a :data:`JOB_SORTS` key (None: it has none, e.g. no such baseline)."""
+    p = j.period
+    od, st = isinstance(j.on_demand, BaselineRun), isinstance(j.static_spot, BaselineRun)
+    values: dict[str, Callable[[], str | int | Decimal | None]] = {
+        "job_id": lambda: j.job_id,
+        "name": lambda: j.name,
+        "team": lambda: j.team,
+        "state": lambda: j.state,
+        "actual_cost": lambda: p.actual_micro,
+        "baseline_on_demand_cost": lambda: p.baseline_on_demand_micro if od else None,
+        "baseline_static_spot_cost": lambda: p.baseline_static_spot_micro if st else None,
+        "savings": lambda: p.savings_on_demand_micro if od else None,
+        "savings_rate": lambda: p.savings_rate if od else None,
+        "moves": lambda: j.moves,
+        "preemptions": lambda: j.preemptions,
+        "excess": lambda: max(o.excess_micro for o in j.over) if j.over else None,
+    }
+    return values[sort]()
+
+
+def ordered_jobs(jobs: Iterable[JobFigures], page: JobPage) -> list[JobFigures]:
+    """``jobs`` in ``page``'s order (:class:`JobPage`: jobs without a value last, ties by job id)."""
+    keyed = [(_sort_value(j, page.sort), j) for j in jobs]
+    present = sorted((kv for kv in keyed if kv[0] is not None), key=lambda kv: kv[1].job_id)
+    present.sort(key=lambda kv: kv[0], reverse=page.descending)  # type: ignore[arg-type,return-value]  # stable: ties keep the id order
+    absent = sorted((j for v, j in keyed if v is None), key=lambda j: j.job_id)
+    return [j for _, j in present] + absent
+
+
+class ReportFold:
+    """A report folded a batch of jobs at a time (:func:`costopt.reports.data.iter_report_data`): each
+    :meth:`add` prices its jobs, adds their rows to the sums and keeps only what the report lists (the
+    page's jobs, the top savers, the jobs over a baseline; every row only with ``keep_rows``), so its memory
+    follows a batch and the page, not the scope. Folding every job in one batch or in many gives the same
+    report. ``window``: the first and last interval start of the whole scope (the price memo's window;
+    None: the first batch's). ``page`` None: every job is listed (the exports)."""
+
+    def __init__(
+        self,
+        query: ReportQuery,
+        *,
+        prices: PriceView,
+        baselines: BaselineSource,
+        now: datetime,
+        window: tuple[datetime, datetime] | None = None,
+        keep_rows: bool = True,
+        page: JobPage | None = None,
+    ) -> None:
+        self.query, self.baselines, self.now, self.page = query, baselines, now, page
+        self._view = prices
+        self._prices: PriceView | None = None
+        if window is not None:
+            self._memo(*window)
+        self._rows: list[Row] | None = [] if keep_rows else None
+        self._totals = Figures()
+        self._groups: dict[tuple[str, ...], Figures] = {}
+        self._days: dict[tuple[str, ...], Figures] = {}
+        self._by: dict[str, dict[str, Figures]] = {dim: {} for dim in BREAKDOWNS}
+        self._jobs: list[JobFigures] = []
+        self._savers: list[JobFigures] = []
+        self._over: list[OverJob] = []
+        self._teams: set[str] = set()
+        self._count = 0
+        self._activity: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        self._moves = self._preempt = 0
+        self._warnings: list[str] = []
+
+    def _memo(self, first: datetime, last: datetime) -> None:
+        # each offer's history read once for the report (baselines may run past now: MEMO_AHEAD)
+        self._prices = MemoSteps(self._view, first, max(self.now, last) + MEMO_AHEAD)
+
+    def add(self, data: ReportData) -> None:
+        """Fold the jobs of ``data`` (each job's lines in one batch only: a job split over two is wrong)."""
+        query, now = self.query, self.now
+        if self._prices is None and data.intervals:
+            starts = [ln.record.started_at for ln in data.intervals]
+            self._memo(min(starts), max(starts))
+        prices = self._prices or self._view
+        by_job_iv: dict[str, list[IntervalLine]] = defaultdict(list)
+        by_job_ch: dict[str, list[ChargeLine]] = defaultdict(list)
+        for ln in data.intervals:
+            by_job_iv[ln.record.job_id].append(ln)
+        for c in data.charges:
+            by_job_ch[c.record.job_id].append(c)
+        ids = sorted(set(by_job_iv) | set(by_job_ch))
+        if query.job_ids is not None:
+            wanted = set(query.job_ids)
+            ids = [j for j in ids if j in wanted]
+        if query.team is not None:
+            ids = [j for j in ids if (data.jobs[j].team_id if j in data.jobs else None) in (query.team, None)]
+        for job_id in ids:
+            job = _Job(job_id, by_job_iv.get(job_id, []), by_job_ch.get(job_id, []), data, prices, now)
+            self._add_job(job)
+            for e in data.events.get(job_id, ()):
+                if query.start <= e.at < query.end and e.kind in ACTIVITY_EVENTS:
+                    self._activity[e.at.date().isoformat()][0 if e.kind == "move" else 1] += 1
+
+    def _add_job(self, job: _Job) -> None:
+        query = self.query
+        self._warnings.extend(job.warnings)
+        for c in job.charges:
+            if query.start <= c.record.at < query.end:
+                cls = job.charge_class(c)
+                if cls == "move":
+                    self._moves += c.amount_micro_usd
+                elif cls == "preemption":
+                    self._preempt += c.amount_micro_usd
+        self._preempt += job.lost_work(e for e in job.events if query.start <= e.at < query.end)
+        figures, rows = _job_figures(job, query, self.baselines)
+        if figures is None:
+            return
+        for r in rows:
+            self._totals = self._totals.add(r)
+            key = tuple(r.value(d) for d in query.group_by)
+            self._groups[key] = self._groups.get(key, Figures()).add(r)
+            day = (r.value("day"),)
+            self._days[day] = self._days.get(day, Figures()).add(r)
+            for dim, sums in self._by.items():
+                k = r.value(dim)
+                sums[k] = sums.get(k, Figures()).add(r)
+        if self._rows is not None:
+            self._rows.extend(rows)
+        self._count += 1
+        self._teams.add(figures.team)
+        self._jobs.append(figures)
+        if self.page is not None and len(self._jobs) > 2 * (self.page.offset + self.page.limit):
+            self._jobs = ordered_jobs(self._jobs, self.page)[: self.page.offset + self.page.limit]
+        if isinstance(figures.on_demand, BaselineRun):
+            self._savers.append(figures)
+            if len(self._savers) > 2 * query.top:
+                self._savers = self._top_savers()
+        if figures.over:
+            first = figures.over[0]
+            self._over.append(
+                OverJob(
+                    figures.job_id,
+                    tuple(o.kind for o in figures.over),
+                    max(o.excess_micro for o in figures.over),
+                    first.reasons[0].kind if first.reasons else None,
+                )
+            )
+
+    def _top_savers(self) -> list[JobFigures]:
+        ranked = sorted(self._savers, key=lambda j: (-j.period.savings_on_demand_micro, j.job_id))
+        return ranked[: self.query.top]
+
+    def report(self) -> SavingsReport:
+        """The report of every job folded so far."""
+        rows = None
+        if self._rows is not None:
+            rows = tuple(sorted(self._rows, key=lambda r: (r.starts_at, r.job_id, r.ref)))
+        jobs = sorted(self._jobs, key=lambda j: j.job_id)
+        if self.page is not None:
+            jobs = ordered_jobs(jobs, self.page)[self.page.offset : self.page.offset + self.page.limit]
+        return SavingsReport(
+            query=self.query,
+            now=self.now,
+            rows=rows,
+            totals=self._totals,
+            groups=tuple(Group(k, f) for k, f in sorted(self._groups.items())),
+            days=tuple(Group(k, f) for k, f in sorted(self._days.items())),
+            breakdowns={dim: tuple(Group((k,), f) for k, f in sorted(s.items())) for dim, s in self._by.items()},
+            jobs=tuple(jobs),
+            job_count=self._count,
+            teams=tuple(sorted(self._teams)),
+            top_savers=tuple(Saver(j.job_id, j.name, j.period) for j in self._top_savers()),
+            over_baseline=tuple(sorted(self._over, key=lambda o: (-o.excess_micro, o.job_id))),
+            activity=tuple(DayActivity(d, m, p) for d, (m, p) in sorted(self._activity.items())),
+            move_cost_micro=self._moves,
+            preemption_cost_micro=self._preempt,
+            page=self.page,
+            warnings=tuple(self._warnings),
+        )
+
+
+def _job_figures(job: _Job, query: ReportQuery, baselines: BaselineSource) -> tuple[JobFigures | None, list[Row]]:
+    """A job's figures and its rows in the period, its baselines spread over them (None, []: no row)."""
+    rows = job.rows(query)
+    if not rows:
+        return None, []
+    record = job.record
+    first = job.intervals[0].record.started_at if job.intervals else None
+    ends = [ln.record.ended_at for ln in job.intervals]
+    last_end = max(e for e in ends if e is not None) if ends and all(e is not None for e in ends) else None
+    od: BaselineRun | NoBaseline
+    st: BaselineRun | NoBaseline
+    if record is None:
+        why = "not a managed job (no submission to take a baseline from)"
+        od, st = NoBaseline(BaselineKind.ON_DEMAND, why), NoBaseline(BaselineKind.STATIC_SPOT, why)
+    elif first is None:
+        why = "the job has no instance interval (only charges)"
+        od, st = NoBaseline(BaselineKind.ON_DEMAND, why), NoBaseline(BaselineKind.STATIC_SPOT, why)
+    else:
+        steps = _work_steps(record)
+        od = _baseline(job, BaselineKind.ON_DEMAND, baselines.on_demand(record), first, steps)
+        st = _baseline(job, BaselineKind.STATIC_SPOT, baselines.static_spot(record), first, steps)
+    run_actual = job.run_instances_micro + job.run_egress_micro
+    move_cost = sum(c.amount_micro_usd for c in job.charges if job.charge_class(c) == "move")
+    lost = job.lost_work(job.events)
+    pre_cost = lost + sum(c.amount_micro_usd for c in job.charges if job.charge_class(c) == "preemption")
+    boot = sum(
+        c.amount_micro_usd for c in job.charges if c.record.kind is ChargeKind.RESTART and job.charge_class(c) == "boot"
+    )
+    n_moves = sum(1 for ln in job.intervals if ln.record.end_reason == "moved")
+    n_pre = sum(1 for ln in job.intervals if ln.record.end_reason == "preempted")
+    checks = job.move_checks()
+    over: list[OverBaseline] = []
+    for base in (od, st):
+        if isinstance(base, BaselineRun) and run_actual > base.amount_micro:
+            excess = run_actual - base.amount_micro
+            reasons = _reasons(job, excess, base, (n_moves, move_cost), (n_pre, lost, pre_cost), checks)
+            over.append(OverBaseline(base.kind, excess, reasons))
+    # the job's baselines in the period, spread over its rows
+    period_actual = sum(r.amount_micro for r in rows)
+    weights = [r.amount_micro for r in rows]
+    shares: dict[BaselineKind, list[int] | None] = {}
+    for base in (od, st):
+        if not isinstance(base, BaselineRun):
+            shares[base.kind] = None
+            continue
+        if run_actual > 0:
+            in_period = _half_even_ratio(base.amount_micro, period_actual, run_actual)
+        else:
+            in_period = base.amount_micro if first is not None and query.start <= first < query.end else 0
+        shares[base.kind] = largest_remainder(in_period, weights)
+    od_parts, st_parts = shares[BaselineKind.ON_DEMAND], shares[BaselineKind.STATIC_SPOT]
+    rows = [
+        replace(
+            r,
+            baseline_on_demand_micro=None if od_parts is None else od_parts[i],
+            baseline_static_spot_micro=None if st_parts is None else st_parts[i],
+        )
+        for i, r in enumerate(rows)
+    ]
+    figures = JobFigures(
+        job_id=job.job_id,
+        team=job.team,
+        name=record.name if record else "",
+        state=record.state.value if record else "unmanaged",
+        managed=record is not None,
+        steps_done=record.steps_done if record else 0,
+        steps_total=record.steps_total if record else 0,
+        created_at=record.created_at if record else None,
+        first_launch=first,
+        last_end=last_end,
+        run_actual_micro=run_actual,
+        run_egress_micro=job.run_egress_micro,
+        on_demand=od,
+        static_spot=st,
+        moves=n_moves,
+        preemptions=n_pre,
+        move_cost_micro=move_cost,
+        preemption_cost_micro=pre_cost,
+        lost_work_micro=lost,
+        boot_micro=boot,
+        move_checks=tuple(checks),
+        over=tuple(over),
+        period=_figures(rows),
+        warnings=tuple(job.warnings),
+    )
+    return figures, rows
+
+
 def build_report(
-    data: ReportData,
+    data: ReportData | Iterable[ReportData],
     query: ReportQuery,
     *,
     prices: PriceView,
     baselines: BaselineSource,
     now: datetime,
+    window: tuple[datetime, datetime] | None = None,
+    keep_rows: bool = True,
+    page: JobPage | None = None,
 ) -> SavingsReport:
-    """The report of ``data`` for ``query`` (module docstring); open intervals priced up to ``now``."""
-    starts = [ln.record.started_at for ln in data.intervals]
-    if starts:  # each offer's history read once for the report (baselines may run past now: MEMO_AHEAD)
-        prices = MemoSteps(prices, min(starts), max(now, *starts) + MEMO_AHEAD)
-    by_job_iv: dict[str, list[IntervalLine]] = defaultdict(list)
-    by_job_ch: dict[str, list[ChargeLine]] = defaultdict(list)
-    for ln in data.intervals:
-        by_job_iv[ln.record.job_id].append(ln)
-    for c in data.charges:
-        by_job_ch[c.record.job_id].append(c)
-    ids = sorted(set(by_job_iv) | set(by_job_ch))
-    if query.job_ids is not None:
-        wanted = set(query.job_ids)
-        ids = [j for j in ids if j in wanted]
-    if query.team is not None:
-        ids = [j for j in ids if (data.jobs[j].team_id if j in data.jobs else None) in (query.team, None)]
-
-    all_rows: list[Row] = []
-    jobs: list[JobFigures] = []
-    warnings: list[str] = []
-    period_moves = period_preempt = 0
-    for job_id in ids:
-        job = _Job(job_id, by_job_iv.get(job_id, []), by_job_ch.get(job_id, []), data, prices, now)
-        rows = job.rows(query)
-        warnings.extend(job.warnings)
-        for c in job.charges:
-            if query.start <= c.record.at < query.end:
-                cls = job.charge_class(c)
-                if cls == "move":
-                    period_moves += c.amount_micro_usd
-                elif cls == "preemption":
-                    period_preempt += c.amount_micro_usd
-        period_preempt += job.lost_work(e for e in job.events if query.start <= e.at < query.end)
-        if not rows:
-            continue
-        record = job.record
-        first = job.intervals[0].record.started_at if job.intervals else None
-        ends = [ln.record.ended_at for ln in job.intervals]
-        last_end = max(e for e in ends if e is not None) if ends and all(e is not None for e in ends) else None
-        od: BaselineRun | NoBaseline
-        st: BaselineRun | NoBaseline
-        if record is None:
-            why = "not a managed job (no submission to take a baseline from)"
-            od, st = NoBaseline(BaselineKind.ON_DEMAND, why), NoBaseline(BaselineKind.STATIC_SPOT, why)
-        elif first is None:
-            why = "the job has no instance interval (only charges)"
-            od, st = NoBaseline(BaselineKind.ON_DEMAND, why), NoBaseline(BaselineKind.STATIC_SPOT, why)
-        else:
-            steps = _work_steps(record)
-            od = _baseline(job, BaselineKind.ON_DEMAND, baselines.on_demand(record), first, steps)
-            st = _baseline(job, BaselineKind.STATIC_SPOT, baselines.static_spot(record), first, steps)
-        run_actual = job.run_instances_micro + job.run_egress_micro
-        move_cost = sum(c.amount_micro_usd for c in job.charges if job.charge_class(c) == "move")
-        lost = job.lost_work(job.events)
-        pre_cost = lost + sum(c.amount_micro_usd for c in job.charges if job.charge_class(c) == "preemption")
-        boot = sum(
-            c.amount_micro_usd
-            for c in job.charges
-            if c.record.kind is ChargeKind.RESTART and job.charge_class(c) == "boot"
-        )
-        n_moves = sum(1 for ln in job.intervals if ln.record.end_reason == "moved")
-        n_pre = sum(1 for ln in job.intervals if ln.record.end_reason == "preempted")
-        checks = job.move_checks()
-        over: list[OverBaseline] = []
-        for base in (od, st):
-            if isinstance(base, BaselineRun) and run_actual > base.amount_micro:
-                excess = run_actual - base.amount_micro
-                reasons = _reasons(job, excess, base, (n_moves, move_cost), (n_pre, lost, pre_cost), checks)
-                over.append(OverBaseline(base.kind, excess, reasons))
-        # the job's baselines in the period, spread over its rows
-        period_actual = sum(r.amount_micro for r in rows)
-        weights = [r.amount_micro for r in rows]
-        shares: dict[BaselineKind, list[int] | None] = {}
-        for base in (od, st):
-            if not isinstance(base, BaselineRun):
-                shares[base.kind] = None
-                continue
-            if run_actual > 0:
-                in_period = _half_even_ratio(base.amount_micro, period_actual, run_actual)
-            else:
-                in_period = base.amount_micro if first is not None and query.start <= first < query.end else 0
-            shares[base.kind] = largest_remainder(in_period, weights)
-        od_parts, st_parts = shares[BaselineKind.ON_DEMAND], shares[BaselineKind.STATIC_SPOT]
-        rows = [
-            replace(
-                r,
-                baseline_on_demand_micro=None if od_parts is None else od_parts[i],
-                baseline_static_spot_micro=None if st_parts is None else st_parts[i],
-            )
-            for i, r in enumerate(rows)
-        ]
-        all_rows.extend(rows)
-        jobs.append(
-            JobFigures(
-                job_id=job_id,
-                team=job.team,
-                name=record.name if record else "",
-                state=record.state.value if record else "unmanaged",
-                managed=record is not None,
-                steps_done=record.steps_done if record else 0,
-                steps_total=record.steps_total if record else 0,
-                created_at=record.created_at if record else None,
-                first_launch=first,
-                last_end=last_end,
-                run_actual_micro=run_actual,
-                run_egress_micro=job.run_egress_micro,
-                on_demand=od,
-                static_spot=st,
-                moves=n_moves,
-                preemptions=n_pre,
-                move_cost_micro=move_cost,
-                preemption_cost_micro=pre_cost,
-                lost_work_micro=lost,
-                boot_micro=boot,
-                move_checks=tuple(checks),
-                over=tuple(over),
-                period=_figures(rows),
-                warnings=tuple(job.warnings),
-            )
-        )
-
-    all_rows.sort(key=lambda r: (r.starts_at, r.job_id, r.ref))
-    groups: dict[tuple[str, ...], Figures] = {}
-    days: dict[tuple[str, ...], Figures] = {}
-    totals = Figures()
-    for r in all_rows:
-        totals = totals.add(r)
-        key = tuple(r.value(d) for d in query.group_by)
-        groups[key] = groups.get(key, Figures()).add(r)
-        day = (r.value("day"),)
-        days[day] = days.get(day, Figures()).add(r)
-    savers = sorted(
-        (j for j in jobs if isinstance(j.on_demand, BaselineRun)),
-        key=lambda j: (-j.period.savings_on_demand_micro, j.job_id),
-    )
-    over_ids = sorted((j for j in jobs if j.over), key=lambda j: (-max(o.excess_micro for o in j.over), j.job_id))
-    activity: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    in_scope = set(ids)
-    for job_id, events in data.events.items():
-        if job_id not in in_scope:
-            continue
-        for e in events:
-            if query.start <= e.at < query.end and e.kind in ACTIVITY_EVENTS:
-                activity[e.at.date().isoformat()][0 if e.kind == "move" else 1] += 1
-    return SavingsReport(
-        query=query,
-        now=now,
-        rows=tuple(all_rows),
-        totals=totals,
-        groups=tuple(Group(k, f) for k, f in sorted(groups.items())),
-        days=tuple(Group(k, f) for k, f in sorted(days.items())),
-        jobs=tuple(jobs),
-        top_savers=tuple(j.job_id for j in savers[: query.top]),
-        over_baseline=tuple(j.job_id for j in over_ids),
-        activity=tuple(DayActivity(d, m, p) for d, (m, p) in sorted(activity.items())),
-        move_cost_micro=period_moves,
-        preemption_cost_micro=period_preempt,
-        warnings=tuple(warnings),
-    )
+    """The report of ``data`` (one batch, or batches of distinct jobs: :class:`ReportFold`) for ``query``
+    (module docstring); open intervals priced up to ``now``."""
+    fold = ReportFold(query, prices=prices, baselines=baselines, now=now, window=window, keep_rows=keep_rows, page=page)
+    for batch in [data] if isinstance(data, ReportData) else data:
+        fold.add(batch)
+    return fold.report()

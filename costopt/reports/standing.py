@@ -50,15 +50,18 @@ class StandingOnDemand(WrappedView):
         return [PriceStep(start, first.usd_per_hour), *got]
 
     def _earliest(self, key: OfferKey, start: datetime) -> PriceStep | None:
+        """The offer's earliest step when it starts after ``start`` (None: none, or one is in effect then)."""
         with self._lock:
-            if key in self._first:
-                hit = self._first[key]
-                return hit if hit is None or hit.valid_from > start else None
-        later = list(self.view.steps(key, start, start + LOOKAHEAD))
-        first = later[0] if later else None
-        with self._lock:
-            self._first[key] = first
-        return first
+            known = key in self._first
+            hit = self._first.get(key)
+        if not known:
+            later = list(self.view.steps(key, start, start + LOOKAHEAD))
+            hit = later[0] if later else None
+            if hit is not None and hit.valid_from <= start:
+                return None  # a price in effect at start (an empty range before it asked): not the earliest
+            with self._lock:
+                self._first[key] = hit
+        return hit if hit is None or hit.valid_from > start else None
 
 
 def earliest_on_demand(

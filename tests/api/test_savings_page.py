@@ -109,14 +109,55 @@ def test_the_page_shows_the_apis_totals_and_draws_its_charts(
                 assert sizes and max(sizes) > 5, f"{chart} drew nothing"
             rows = page.eval_on_selector_all("#jobs tbody tr", "trs => trs.map(t => t.cells[0].innerText)")
             assert sorted(rows) == sorted([billed["a"]["id"], billed["b"]["id"]])
-            page.click("#jobs thead th[data-col='0']")  # sort by job id
+            by_savings = [j["job_id"] for j in api_jobs(svc, query, "-savings")]
+            assert rows == by_savings  # the page's default order: most saved first, sorted by the server
+            page.click("#jobs thead th[data-col='0']")  # sort by job id (the server sorts and answers again)
+            page.wait_for_selector("body[data-ready='1']", timeout=20_000)
             after = page.eval_on_selector_all("#jobs tbody tr", "trs => trs.map(t => t.cells[0].innerText)")
-            assert after == sorted(after)
+            assert after == sorted(rows) and "\u25bc" not in page.inner_text("#jobs thead th[data-col='0']")
             page.click(f"a[data-job='{billed['a']['id']}']")
             page.wait_for_function("document.getElementById('job-events').textContent.includes('succeeded')")
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / f"savings-page-{request.node.callspec.id}.png"), full_page=True)
             assert problems == []
+        finally:
+            browser.close()
+
+
+def api_jobs(svc: Service, query: str, sort: str) -> list[dict[str, Any]]:
+    got = svc.client.get(f"/v1/reports/savings?{query}&sort={sort}", headers=svc.admin)
+    assert got.status_code == 200, got.text
+    return list(got.json()["jobs"])
+
+
+def test_the_page_lists_a_page_of_jobs_and_moves_between_pages(served: tuple[Service, str]) -> None:
+    """With a page of one job the table lists one, says how many there are, and Next/Previous move."""
+    chromium = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    svc, base = served
+    billed = bill(svc)
+    key = svc.admin["Authorization"].removeprefix("Bearer ")
+    query = f"from={billed['from']}&limit=1&sort=job_id"
+    ids = sorted([billed["a"]["id"], billed["b"]["id"]])
+    cells = "trs => trs.map(t => t.cells[0].innerText)"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(f"{base}/reports/savings?{query}#key={key}")
+            page.wait_for_selector("body[data-ready='1']", timeout=20_000)
+            assert page.eval_on_selector_all("#jobs tbody tr", cells) == ids[:1]
+            assert page.inner_text("#jobs-range") == "Jobs 1 to 1 of 2."
+            assert page.is_disabled("#jobs-prev") and not page.is_disabled("#jobs-next")
+            page.click("#jobs-next")
+            page.wait_for_selector("body[data-ready='1']", timeout=20_000)
+            assert page.eval_on_selector_all("#jobs tbody tr", cells) == ids[1:]
+            assert page.inner_text("#jobs-range") == "Jobs 2 to 2 of 2."
+            assert page.is_disabled("#jobs-next") and not page.is_disabled("#jobs-prev")
+            page.click("#jobs-prev")
+            page.wait_for_selector("body[data-ready='1']", timeout=20_000)
+            assert page.eval_on_selector_all("#jobs tbody tr", cells) == ids[:1]
         finally:
             browser.close()
 

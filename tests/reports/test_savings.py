@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 
 from costopt.ledger.model import micro_to_usd
 from costopt.reports import BaselineRun, ReportQuery, SavingsReport, build_report, load_report_data, report_doc
-from costopt.reports.model import BaselineKind, ReportError
+from costopt.reports.model import BaselineKind, OverJob, ReportError, Saver
 from tests.reports.scenario import NOW, OD, PRICES, A, FixedBaselines, Scenario, build, h, m
 
 D = Decimal
@@ -81,14 +81,15 @@ def test_a_preempted_job_that_cost_more_than_static_spot_says_why(sc: Scenario) 
     [reason] = over.reasons
     assert reason.kind == "preemptions" and micro_to_usd(reason.amount_micro) == D("1.30")
     assert "work lost since the last checkpoint 1.000000 USD" in reason.detail
-    assert report.over_baseline == (sc.k,)
-    assert report.top_savers == (sc.j, sc.k, sc.l)
+    assert report.over_baseline == (OverJob(sc.k, (BaselineKind.STATIC_SPOT,), 1_300_000, "preemptions"),)
+    assert [s.job_id for s in report.top_savers] == [sc.j, sc.k, sc.l]
+    assert report.top_savers[1] == Saver(sc.k, k.name, k.period)
 
 
 def test_a_running_job_is_priced_up_to_now_and_its_baselines_cover_the_work_done(sc: Scenario) -> None:
     lj = _report(sc).job(sc.l)
     assert micro_to_usd(lj.run_actual_micro) == D("0.90")
-    assert lj.last_end is None and any(r.open for r in _report(sc).rows if r.job_id == sc.l)
+    assert lj.last_end is None and any(r.open for r in _report(sc).rows or () if r.job_id == sc.l)
     assert isinstance(lj.on_demand, BaselineRun) and micro_to_usd(lj.on_demand.amount_micro) == D("1.53")
     assert isinstance(lj.static_spot, BaselineRun) and micro_to_usd(lj.static_spot.amount_micro) == D("1.50")
 
