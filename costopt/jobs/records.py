@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, false, func, insert, or_, select, update
+from sqlalchemy import Engine, and_, bindparam, false, func, insert, null, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
@@ -209,7 +209,7 @@ class JobPage:
 
 _GET = select(jobs).where(jobs.c.id == bindparam("b_id"))
 """The engine's hot reads, built once (SQLAlchemy reuses a statement object's cache key)."""
-_IN_STATES: dict[frozenset[str], Any] = {}
+_IN_STATES: dict[tuple[frozenset[str], bool], Any] = {}
 
 
 # The request path's statements, built once: their values are parameters, so SQLAlchemy finds each one's
@@ -240,15 +240,16 @@ _PROGRESS = (
 )
 
 
-def _in_states(values: frozenset[str]) -> Any:
-    stmt = _IN_STATES.get(values)
+def _in_states(values: frozenset[str], with_quote: bool) -> Any:
+    stmt = _IN_STATES.get((values, with_quote))
     if stmt is None:
         # ``state = ? OR state = ? ...`` with plain bound values, not ``IN (...)``: SQLAlchemy expands a list's
         # parameters anew at every execution, and the engine runs this every tick
         cond = or_(*(jobs.c.state == v for v in sorted(values))) if values else false()
-        stmt = select(jobs).where(cond).order_by(jobs.c.created_at, jobs.c.id)
+        cols = [c if with_quote or c.name != "quote" else null().label("quote") for c in jobs.c]
+        stmt = select(*cols).where(cond).order_by(jobs.c.created_at, jobs.c.id)
         if len(_IN_STATES) < 64:
-            _IN_STATES[values] = stmt
+            _IN_STATES[values, with_quote] = stmt
     return stmt
 
 
@@ -469,9 +470,13 @@ class JobRepository:
         next_cursor = make_cursor(items[-1].created_at, items[-1].id) if len(rows) > limit and items else None
         return JobPage(items, next_cursor, total)
 
-    def in_states(self, states: Iterable[JobState], *, conn: Connection | None = None) -> list[JobRecord]:
-        """Every job in ``states`` (the engine's work list), oldest first."""
-        query = _in_states(frozenset(JobState(s).value for s in states))
+    def in_states(
+        self, states: Iterable[JobState], *, with_quote: bool = False, conn: Connection | None = None
+    ) -> list[JobRecord]:
+        """Every job in ``states`` (the engine's and the rebalancer's work lists), oldest first. Their
+        ``quote`` is None unless ``with_quote``: neither reads it, and it is ~2 KB of JSON a job parsed at
+        every tick (the REST views and the reports read it)."""
+        query = _in_states(frozenset(JobState(s).value for s in states), with_quote)
         with self._reads(conn) as c:
             rows = c.execute(query).all()
         return [JobRecord.of(r) for r in rows]

@@ -4,6 +4,7 @@ transitions with their events, stable paging, team scoping, key hashing and revo
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -103,6 +104,18 @@ def test_transitions_are_compare_and_set_and_leave_events(repo):
         ("running", "succeeded"),
     ]
     assert [e.reason for e in events][-1] == "all 100 steps done"
+
+
+def test_the_work_lists_read_jobs_without_their_quote_unless_asked(repo):
+    quote = {"usd_per_hour": 1.0, "candidates": [{"offer": {"cloud": "aws"}}]}
+    with_quote, _ = repo.create(_new(quote=quote))
+    bare, _ = repo.create(_new())
+    listed = repo.in_states([JobState.QUEUED])
+    assert [j.id for j in listed] == [with_quote.id, bare.id] and [j.quote for j in listed] == [None, None]
+    assert listed[0] == replace(repo.get(with_quote.id), quote=None)  # nothing else left out
+    full = repo.in_states([JobState.QUEUED], with_quote=True)
+    assert [j.quote for j in full] == [quote, None] and full[0] == repo.get(with_quote.id)
+    assert repo.in_states([JobState.RUNNING]) == []
 
 
 def test_progress_never_goes_back(repo):
