@@ -60,6 +60,7 @@ from costopt.agent.storage import is_local_uri
 from costopt.clock import submit as clock_submit
 from costopt.cloud import ACTIVE_STATES as ALIVE_STATES
 from costopt.cloud import CloudError, Instance, InstanceState, NotFoundError
+from costopt.db.inlist import InList
 from costopt.db.migration_schema import migrations
 from costopt.domain import OfferKey
 from costopt.errors import CostoptError
@@ -175,7 +176,7 @@ class _Snapshot:
 
 
 _LAST_MIGRATIONS = select(migrations.c.job_id, func.max(migrations.c.id)).group_by(migrations.c.job_id)
-_LAST_MIGRATIONS_IN = _LAST_MIGRATIONS.where(migrations.c.job_id.in_(bindparam("b_ids", expanding=True)))
+_LAST_MIGRATIONS_IN = InList(_LAST_MIGRATIONS.where, migrations.c.job_id, "b_ids")
 _LAST_MIGRATION_OF = _LAST_MIGRATIONS.where(migrations.c.job_id == bindparam("b_id"))
 """Each job's newest migration id, of the jobs among ``b_ids`` or of one job ``b_id`` (built once: a statement
 built per tick costs its construction and cache key at every tick, several times a plain read's)."""
@@ -186,15 +187,15 @@ def _snapshot(migrator: Migrator, job_ids: Collection[str], working: frozenset[s
     the history, each tick reading and parsing every finished job's row; the soak, session 11).
     ``working``: the jobs with a worker in flight, taken before the reads (see :class:`_Snapshot`)."""
     ids = sorted(set(job_ids))
-    mjobs = {j.job_id: j for j in migrator.jobs(ids)}
-    active = {m.job_id: m for m in migrator.active_migrations()}
     rows: Sequence[Any] = []
-    if ids:
-        with migrator.engine.connect() as conn:
-            if len(ids) == 1:
-                rows = conn.execute(_LAST_MIGRATION_OF, {"b_id": ids[0]}).all()
-            else:
-                rows = conn.execute(_LAST_MIGRATIONS_IN, {"b_ids": ids}).all()
+    with migrator.engine.connect() as conn:  # the three reads on one connection (one pool checkout)
+        mjobs = {j.job_id: j for j in migrator.jobs(ids, conn=conn)}
+        active = {m.job_id: m for m in migrator.active_migrations(conn=conn)}
+        if len(ids) == 1:
+            rows = conn.execute(_LAST_MIGRATION_OF, {"b_id": ids[0]}).all()
+        elif ids:
+            query, params = _LAST_MIGRATIONS_IN.bind(ids)
+            rows = conn.execute(query, params).all()
     last = {job_id: int(mid) for job_id, mid in rows}
     return _Snapshot(mjobs, active, last, working)
 

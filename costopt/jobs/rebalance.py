@@ -35,7 +35,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Protocol
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, or_, select
 
 from costopt.db.jobs_schema import job_events
 from costopt.db.migration_schema import migrations
@@ -268,21 +268,23 @@ class Rebalancer:
         is not the service clock: over the simulated cloud it is the wall clock, years after the
         simulated now). None when it never moved."""
         with self.repo.engine.connect() as conn:
-            by_event = conn.execute(
-                select(func.max(job_events.c.at)).where(
-                    job_events.c.job_id == job_id, job_events.c.kind.in_(MOVE_EVENT_KINDS)
-                )
-            ).scalar_one()
+            by_event = conn.execute(_LAST_MOVE_EVENT, {"b_job_id": job_id}).scalar_one()
             if by_event is not None:
                 return _as_time(by_event)
-            by_migration = conn.execute(
-                select(func.max(migrations.c.updated_at)).where(
-                    migrations.c.job_id == job_id, migrations.c.state == "done", migrations.c.from_epoch > 0
-                )
-            ).scalar_one()
+            by_migration = conn.execute(_LAST_MOVE_MIGRATION, {"b_job_id": job_id}).scalar_one()
         if by_migration is not None and _as_time(by_migration) <= now:
             return _as_time(by_migration)
         return None
+
+
+_LAST_MOVE_EVENT = select(func.max(job_events.c.at)).where(
+    job_events.c.job_id == bindparam("b_job_id"), or_(*(job_events.c.kind == k for k in MOVE_EVENT_KINDS))
+)
+_LAST_MOVE_MIGRATION = select(func.max(migrations.c.updated_at)).where(
+    migrations.c.job_id == bindparam("b_job_id"), migrations.c.state == "done", migrations.c.from_epoch > 0
+)
+"""The reads of :meth:`Rebalancer._last_moved_at`, built once (the kinds as plain bound values, not an ``IN``
+list expanded at every execution)."""
 
 
 def _as_time(value: object) -> datetime:

@@ -23,6 +23,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
+from costopt.db.inlist import InList
 from costopt.db.ledger_schema import ledger_charges, ledger_intervals, ledger_segments
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.ledger.book import charge_micro_usd, check_charge, merge_interval, price_interval, report
@@ -79,11 +80,12 @@ _CLOSE_OPEN = (
 )
 _INSERT_SEGMENTS = ledger_segments.insert()
 _CHARGE = select(ledger_charges).where(ledger_charges.c.charge_key == bindparam("b_key"))
-_CHARGES_BY_KEY = (
-    select(ledger_charges)
-    .where(ledger_charges.c.charge_key.in_(bindparam("b_keys", expanding=True)))
-    .order_by(ledger_charges.c.at, ledger_charges.c.charge_key)
+_CHARGES_BY_KEY = InList(
+    lambda among: select(ledger_charges).where(among).order_by(ledger_charges.c.at, ledger_charges.c.charge_key),
+    ledger_charges.c.charge_key,
+    "b_keys",
 )
+"""The charges among some keys (a migration's few): a statement per list length."""
 _JOB_CHARGES = (
     select(ledger_charges)
     .where(ledger_charges.c.job_id == bindparam("b_job_id"))
@@ -461,11 +463,12 @@ class SqlLedger:
         oldest first."""
         if not keys:
             return []
+        query, params = _CHARGES_BY_KEY.bind(list(keys))
         if conn is not None:
-            rows = conn.execute(_CHARGES_BY_KEY, {"b_keys": list(keys)}).fetchall()
+            rows = conn.execute(query, params).fetchall()
         else:
             with self.engine.connect() as own:
-                rows = own.execute(_CHARGES_BY_KEY, {"b_keys": list(keys)}).fetchall()
+                rows = own.execute(query, params).fetchall()
         return [ChargeLine(_charge_record(r), int(r.amount_micro_usd)) for r in rows]
 
     @staticmethod

@@ -34,10 +34,13 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from sqlalchemy import Engine, and_, bindparam, insert, not_, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from costopt.agent import control
 from costopt.cloud import CloudProvider, Instance, InstanceState, NotFoundError
+from costopt.db.inlist import InList
 from costopt.db.jobs_schema import jobs
 from costopt.db.migration_schema import migration_copies
 from costopt.ledger.book import Ledger
@@ -90,6 +93,11 @@ _C = migration_copies.c
 # The hot statements, built once (SQLAlchemy then reuses their cache keys; values are parameters).
 _KEY_EXISTS = select(_C.interval_key).where(_C.interval_key == bindparam("b_key"))
 _INSERT_COPY = insert(migration_copies)
+_INSERT_NEW_COPY = {
+    "sqlite": sqlite_insert(migration_copies).on_conflict_do_nothing(index_elements=["interval_key"]),
+    "postgresql": pg_insert(migration_copies).on_conflict_do_nothing(index_elements=["interval_key"]),
+}
+"""A copy's row unless its key is recorded already (one statement, no read first), per dialect."""
 _COPY_OF = select(_C.interval_key, _C.started_at, _C.ended_at).where(
     _C.job_id == bindparam("b_job_id"),
     _C.instance_id == bindparam("b_instance_id"),
@@ -112,11 +120,12 @@ _VERIFIED = (
 )
 _COPIES_ORDER = (_C.job_id, _C.epoch, _C.started_at, _C.interval_key)
 _COPIES_OF = select(migration_copies).where(_C.job_id == bindparam("b_job_id")).order_by(*_COPIES_ORDER)
-_COPIES_OF_INSTANCES = (
-    select(migration_copies)
-    .where(_C.job_id == bindparam("b_job_id"), _C.instance_id.in_(bindparam("b_ids", expanding=True)))
-    .order_by(*_COPIES_ORDER)
+_COPIES_OF_INSTANCES = InList(
+    lambda among: select(migration_copies).where(_C.job_id == bindparam("b_job_id"), among).order_by(*_COPIES_ORDER),
+    _C.instance_id,
+    "b_ids",
 )
+"""A job's copies among some instances (a recorded migration's two): a statement per list length."""
 _OPEN_COPIES_OF = (
     select(migration_copies).where(_C.job_id == bindparam("b_job_id"), _C.ended_at.is_(None)).order_by(*_COPIES_ORDER)
 )
@@ -130,12 +139,14 @@ _SUCCESSOR = (
 
 
 def write_copy_start(conn: Connection, provider: str, start: CopyStart, now: datetime) -> bool:
-    """Insert the copy's row (idempotent: a copy already recorded is left as it is). False when it was there."""
+    """Insert the copy's row (idempotent: a copy already recorded is left as it is; on SQLite and PostgreSQL by
+    ``ON CONFLICT DO NOTHING``, without a read first). False when it was there."""
     key = interval_key(provider, start.job_id, start.epoch, start.instance_id)
-    if conn.execute(_KEY_EXISTS, {"b_key": key}).first():
+    insert_new = _INSERT_NEW_COPY.get(conn.dialect.name)
+    if insert_new is None and conn.execute(_KEY_EXISTS, {"b_key": key}).first():
         return False
-    conn.execute(
-        _INSERT_COPY,
+    done = conn.execute(
+        _INSERT_COPY if insert_new is None else insert_new,
         {
             "interval_key": key,
             "job_id": start.job_id,
@@ -153,7 +164,7 @@ def write_copy_start(conn: Connection, provider: str, start: CopyStart, now: dat
             "updated_at": now,
         },
     )
-    return True
+    return insert_new is None or bool(done.rowcount)
 
 
 def write_copy_end(conn: Connection, provider: str, end: CopyEnd, now: datetime) -> bool:
@@ -205,9 +216,11 @@ def copies(
     if job_id is not None and instance_ids is not None:
         if not instance_ids:
             return []
-        query = _COPIES_OF_INSTANCES.where(_C.ended_at.is_(None)) if open_only else _COPIES_OF_INSTANCES
+        query, params = _COPIES_OF_INSTANCES.bind(sorted(instance_ids))
+        if open_only:
+            query = query.where(_C.ended_at.is_(None))
         with engine.connect() as conn:
-            rows = conn.execute(query, {"b_job_id": job_id, "b_ids": sorted(instance_ids)}).all()
+            rows = conn.execute(query, {**params, "b_job_id": job_id}).all()
         return [CopyRecord.of(r) for r in rows]
     if job_id is not None:
         with engine.connect() as conn:

@@ -73,7 +73,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, insert, select, update
+from sqlalchemy import Connection, Engine, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from costopt.agent import control
@@ -87,6 +87,7 @@ from costopt.cloud import (
     LaunchSpec,
     ProviderConfigError,
 )
+from costopt.db.inlist import InList
 from costopt.db.migration_schema import migration_jobs, migrations
 from costopt.domain import OfferKey
 from costopt.ledger.book import Ledger
@@ -149,8 +150,9 @@ _MJ = migration_jobs.c
 _M = migrations.c
 _JOB = select(migration_jobs).where(_MJ.job_id == bindparam("b_job_id"))
 _JOBS = select(migration_jobs).order_by(_MJ.job_id)
-_JOBS_IN = _JOBS.where(_MJ.job_id.in_(bindparam("b_ids", expanding=True)))
-"""The jobs among ``b_ids`` (several: a tick's active jobs); one job is read with ``_JOB`` (no list to expand)."""
+_JOBS_IN = InList(_JOBS.where, _MJ.job_id, "b_ids")
+"""The jobs among some ids (several: a tick's active jobs; a statement per list length); one job is read with
+``_JOB``."""
 _SET_JOB = update(migration_jobs).where(_MJ.job_id == bindparam("b_job_id"))
 """Executed with the columns to set as parameters (the SET clause is the parameters' keys)."""
 _SET_JOB_RETURNING = _SET_JOB.returning(*migration_jobs.c)
@@ -267,20 +269,23 @@ class Migrator:
             job = self._running[job_id] = self.job(job_id)
         return job
 
-    def jobs(self, job_ids: Collection[str] | None = None) -> list[JobRecord]:
+    def jobs(self, job_ids: Collection[str] | None = None, *, conn: Connection | None = None) -> list[JobRecord]:
         """Every registered job (``job_ids`` given: only those, e.g. a tick's active jobs instead of every
-        job ever registered), by id."""
-        with self.engine.connect() as conn:
-            if job_ids is None:
-                rows = conn.execute(_JOBS).all()
+        job ever registered), by id; read on ``conn`` when given (a caller's, which reads more on it)."""
+        if conn is None:
+            with self.engine.connect() as own:
+                return self.jobs(job_ids, conn=own)
+        if job_ids is None:
+            rows = conn.execute(_JOBS).all()
+        else:
+            ids = sorted(set(job_ids))
+            if not ids:
+                return []
+            if len(ids) == 1:
+                rows = conn.execute(_JOB, {"b_job_id": ids[0]}).all()
             else:
-                ids = sorted(set(job_ids))
-                if not ids:
-                    return []
-                if len(ids) == 1:
-                    rows = conn.execute(_JOB, {"b_job_id": ids[0]}).all()
-                else:
-                    rows = conn.execute(_JOBS_IN, {"b_ids": ids}).all()
+                query, params = _JOBS_IN.bind(ids)
+                rows = conn.execute(query, params).all()
         return [JobRecord.of(r) for r in rows]
 
     def copies(self, job_id: str | None = None, *, instance_ids: Collection[str] | None = None) -> list[CopyRecord]:
@@ -320,9 +325,13 @@ class Migrator:
             row = conn.execute(_ACTIVE_OF, {"b_job_id": job_id}).first()
         return MigrationRecord.of(row) if row is not None else None
 
-    def active_migrations(self) -> list[MigrationRecord]:
-        with self.engine.connect() as conn:
+    def active_migrations(self, *, conn: Connection | None = None) -> list[MigrationRecord]:
+        """Every migration not finished, by id; read on ``conn`` when given (as :meth:`jobs`)."""
+        if conn is not None:
             rows = conn.execute(_ACTIVE).all()
+        else:
+            with self.engine.connect() as own:
+                rows = own.execute(_ACTIVE).all()
         return [MigrationRecord.of(r) for r in rows]
 
     def history(self, job_id: str, *, after_id: int = 0) -> list[MigrationRecord]:
@@ -373,6 +382,18 @@ class Migrator:
         ``checkpoint_gb``: the checkpoint's size when the decision knows it (the move's egress charge).
         Idempotent per job: while a migration of the job is active, that one is returned.
         """
+        return self._plan(job_id, offers, kind, checkpoint_gb=checkpoint_gb)[0]
+
+    def _plan(
+        self,
+        job_id: str,
+        offers: Sequence[OfferKey],
+        kind: Kind,
+        *,
+        checkpoint_gb: float | Decimal | None = None,
+    ) -> tuple[MigrationRecord, JobRecord | None]:
+        """:meth:`plan`, and the job's record as the plan's own write left it (None: a migration of the job was
+        active already, returned as it is), which the first step of the migration then needs not read."""
         if not offers:
             raise MigrationError("a migration needs at least one candidate offer")
         gb = _gb(checkpoint_gb)
@@ -380,7 +401,7 @@ class Migrator:
         with self.engine.begin() as conn:
             active = conn.execute(_ACTIVE_OF, {"b_job_id": job_id}).first()
             if active is not None:
-                return MigrationRecord.of(active)
+                return MigrationRecord.of(active), None
             row = conn.execute(_JOB, {"b_job_id": job_id}).first()
             if row is None:
                 raise MigrationError(f"unknown job {job_id!r}")
@@ -412,24 +433,26 @@ class Migrator:
                 },
             ).one()
             mid = int(planned.id)
-            self._set_job(conn, job_id, status=JobStatus.MIGRATING if kind is Kind.MOVE else JobStatus.RECOVERING)
+            written = self._set_job(
+                conn, job_id, returning=True, status=JobStatus.MIGRATING if kind is Kind.MOVE else JobStatus.RECOVERING
+            )
         if note:
             log.warning("migration %d (%s): %s", mid, job_id, note)
         self.hook(f"enter:{State.PLANNED.value}")
-        return MigrationRecord.of(planned)
+        return MigrationRecord.of(planned), written
 
     def move(
         self, job_id: str, offers: Sequence[OfferKey], *, checkpoint_gb: float | Decimal | None = None
     ) -> MigrationRecord:
         """Plan and run a move of a running job; returns the finished migration (done or rolled back)."""
-        return self._drive(self.plan(job_id, offers, Kind.MOVE, checkpoint_gb=checkpoint_gb))
+        return self._drive(*self._plan(job_id, offers, Kind.MOVE, checkpoint_gb=checkpoint_gb))
 
     def recover(
         self, job_id: str, offers: Sequence[OfferKey], *, checkpoint_gb: float | Decimal | None = None
     ) -> MigrationRecord:
         """Launch a new epoch from the last checkpoint at once (the old copy is gone, e.g. preempted).
         Also starts a registered job that never ran (epoch 1, from scratch)."""
-        return self._drive(self.plan(job_id, offers, Kind.RECOVER, checkpoint_gb=checkpoint_gb))
+        return self._drive(*self._plan(job_id, offers, Kind.RECOVER, checkpoint_gb=checkpoint_gb))
 
     start = recover
 
@@ -447,12 +470,16 @@ class Migrator:
         """Drive one migration until it is done or rolled back."""
         return self._drive(self.migration(migration_id))
 
-    def _drive(self, mig: MigrationRecord) -> MigrationRecord:
-        """:meth:`run` from the row as just read (or written, by :meth:`plan`)."""
+    def _drive(self, mig: MigrationRecord, job: JobRecord | None = None) -> MigrationRecord:
+        """:meth:`run` from the row as just read (or written, by :meth:`plan`); ``job``: the job's record as the
+        plan just wrote it (None: read afresh at the first step)."""
         if mig.finished:
             return mig
         job_id = mig.job_id
-        self._running.pop(job_id, None)  # read afresh at the first step
+        if job is None:
+            self._running.pop(job_id, None)  # read afresh at the first step
+        else:
+            self._running[job_id] = job
         try:
             while not mig.finished:
                 step = getattr(self, f"_step_{mig.state.value}")

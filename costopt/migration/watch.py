@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Connection, Engine, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from costopt.agent import control
@@ -321,8 +321,8 @@ class InterruptionWatcher:
             last = None
         return (last if last is not None else now) - self.overlap
 
-    def _jobs(self) -> dict[str, JobRecord]:
-        return {j.job_id: j for j in self.migrator.jobs() if j.provider == self.provider.name}
+    def _jobs(self, conn: Connection | None = None) -> dict[str, JobRecord]:
+        return {j.job_id: j for j in self.migrator.jobs(conn=conn) if j.provider == self.provider.name}
 
     def _mark(self, job: JobRecord, at: datetime, detail: str) -> None:
         if job.offer is None:
@@ -358,9 +358,10 @@ class InterruptionWatcher:
         now = self._now()
         since = self._since(now)
         events = self.provider.interruptions(since)
-        jobs = self._jobs()
+        with self.migrator.engine.connect() as conn:  # both reads on one connection (one pool checkout)
+            jobs = self._jobs(conn)
+            running = self.migrator.active_migrations(conn=conn)  # the jobs in migration and the recovery cap's count
         current = {j.instance_id: j for j in jobs.values() if j.instance_id is not None}
-        running = self.migrator.active_migrations()  # one read: the jobs in migration and the recovery cap's count
         active = {m.job_id for m in running}
         busy = sum(1 for m in running if m.kind is Kind.RECOVER and m.job_id in jobs)
 

@@ -13,6 +13,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Connection
 
 from costopt.agent import control
 from costopt.agent.contract import ENV_JOB_STEPS, ENV_JOB_TYPE, ENV_STEPS_PER_SECOND
@@ -100,8 +101,10 @@ def test_a_tick_whose_reads_straddle_a_finishing_start_leaves_the_job_alone(
         reads = Migrator.jobs
         armed = [True]
 
-        def straddling_reads(self: Migrator, job_ids: Collection[str] | None = None) -> list[CopyRecord]:
-            rows = reads(self, job_ids)
+        def straddling_reads(
+            self: Migrator, job_ids: Collection[str] | None = None, *, conn: Connection | None = None
+        ) -> list[CopyRecord]:
+            rows = reads(self, job_ids, conn=conn)
             if not armed[0]:
                 return rows
             armed[0] = False  # the job as the start left it so far: recovering, its migration active

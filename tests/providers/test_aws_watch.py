@@ -119,7 +119,7 @@ def test_a_watcher_that_dies_between_reading_and_acting_leaves_the_notice_for_th
     s.aws_warns(iid)
     crashing = s.watcher()
 
-    def crash(self: Migrator) -> list[Any]:
+    def crash(self: Migrator, **_: Any) -> list[Any]:
         raise RuntimeError("the service died after reading the queue")
 
     monkeypatch.setattr(Migrator, "active_migrations", crash)  # read right after the queue
