@@ -30,6 +30,7 @@ Times are tz-aware UTC; money is Decimal USD.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 from collections.abc import Mapping, Sequence
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, and_, create_engine, event, or_, select
+from sqlalchemy import Delete, Engine, Executable, and_, create_engine, event, exists, literal_column, or_, select
 from sqlalchemy.pool import StaticPool
 
 from costopt.agent.storage import drop_memory
@@ -319,10 +320,23 @@ def _all_events(repo: JobRepository, ids: Sequence[str]) -> dict[str, list[JobEv
 
 
 def reset_database(db: Engine) -> None:
-    """Delete every row of every table (children first): a database reused across runs starts empty."""
+    """Delete every row of every table (children first): a database reused across runs starts empty. One read
+    says which tables hold rows (an offline run writes a few of the schema's tables); only those are emptied."""
+    probe, deletes = _reset_statements()
+    with db.begin() as conn:
+        filled = conn.execute(probe).one()
+        for delete, has_rows in zip(deletes, filled, strict=True):
+            if has_rows:
+                conn.execute(delete)
+
+
+@functools.cache
+def _reset_statements() -> tuple[Executable, tuple[Delete, ...]]:
+    """One read of whether each table holds a row (``EXISTS`` per table, children first) and each table's
+    delete, in that order (built once)."""
     import costopt.db.schema  # noqa: F401  (declares every table)
     from costopt.db.metadata import metadata
 
-    with db.begin() as conn:
-        for table in reversed(metadata.sorted_tables):
-            conn.execute(table.delete())
+    tables = tuple(reversed(metadata.sorted_tables))
+    probe = select(*(exists(select(literal_column("1")).select_from(t)).label(f"t{i}") for i, t in enumerate(tables)))
+    return probe, tuple(t.delete() for t in tables)

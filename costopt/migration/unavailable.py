@@ -30,7 +30,9 @@ from types import MappingProxyType
 from typing import Any
 
 import pandas as pd
-from sqlalchemy import ColumnElement, Engine, and_, bindparam, delete, insert, select, update
+from sqlalchemy import ColumnElement, Engine, and_, bindparam, case, delete, insert, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
@@ -116,6 +118,32 @@ _ACTIVE = (
 )
 
 
+def _upsert(insert_of: Callable[[Any], Any]) -> Any:
+    """A mark in one statement (what :meth:`UnavailableOffers._write_mark` does with a read first): insert the
+    entry, or merge it into the stored one by the same rules, in the same statement: an expired entry is
+    replaced; a later expiry extends the entry (reason, detail and expiry from the mark, the earlier start
+    kept); an earlier start only widens it; anything else leaves the row unwritten. The ``SET`` expressions
+    read the stored row (``t``) and the mark (``x``, the row proposed)."""
+    stmt = insert_of(_t)
+    x = stmt.excluded
+    expired = _t.c.until <= x.since
+    replace = or_(expired, x.until > _t.c.until)
+    return stmt.on_conflict_do_update(
+        index_elements=list(_KEY_COLUMNS),
+        set_={
+            "reason": case((replace, x.reason), else_=_t.c.reason),
+            "detail": case((replace, x.detail), else_=_t.c.detail),
+            "until": case((replace, x.until), else_=_t.c.until),
+            "since": case((expired, x.since), (x.since < _t.c.since, x.since), else_=_t.c.since),
+        },
+        where=or_(replace, x.since < _t.c.since),
+    )
+
+
+_UPSERT = {"sqlite": _upsert(sqlite_insert), "postgresql": _upsert(pg_insert)}
+"""The one-statement mark per dialect (others read the entry first)."""
+
+
 def _key_params(offer: OfferKey) -> dict[str, str]:
     return {
         "b_cloud": offer.cloud.value,
@@ -189,6 +217,24 @@ class UnavailableOffers:
         self._marked[offer] = (reason, since, until)
 
     def _write_mark(self, offer: OfferKey, reason: str, since: datetime, until: datetime, detail: str) -> None:
+        upsert = _UPSERT.get(self.engine.dialect.name)
+        if upsert is not None:  # one statement: the database merges the mark into a stored entry (or a racer's)
+            with self.engine.begin() as conn:
+                conn.execute(
+                    upsert,
+                    {
+                        "cloud": offer.cloud.value,
+                        "region": offer.region,
+                        "zone": offer.zone,
+                        "instance_type": offer.instance_type,
+                        "market": offer.market.value,
+                        "reason": reason,
+                        "since": since,
+                        "until": until,
+                        "detail": detail,
+                    },
+                )
+            return
         for _ in range(3):  # an insert race with another process: read again and merge
             try:
                 with self.engine.begin() as conn:

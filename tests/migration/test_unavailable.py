@@ -274,7 +274,7 @@ def test_a_repeat_of_the_last_mark_is_not_read_or_written_again_while_its_entry_
     try:
         cache.mark(A, "preempted", at=T0, detail="i-1 preempted (job j)")
         first = len(statements)
-        assert first >= 2  # the entry read, then written
+        assert first >= 1  # the entry written (one upsert on SQLite and PostgreSQL; read, then written elsewhere)
         cache.mark(A, "preempted", at=T0, detail="i-1 preempted")
         assert len(statements) == first  # the repeat: nothing read or written
         cache.mark(A, "capacity", at=T0)  # another reason, another time, another offer: as before
