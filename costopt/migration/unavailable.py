@@ -217,23 +217,21 @@ class UnavailableOffers:
         self._marked[offer] = (reason, since, until)
 
     def _write_mark(self, offer: OfferKey, reason: str, since: datetime, until: datetime, detail: str) -> None:
+        entry = {
+            "cloud": offer.cloud.value,
+            "region": offer.region,
+            "zone": offer.zone,
+            "instance_type": offer.instance_type,
+            "market": offer.market.value,
+            "reason": reason,
+            "since": since,
+            "until": until,
+            "detail": detail,
+        }
         upsert = _UPSERT.get(self.engine.dialect.name)
         if upsert is not None:  # one statement: the database merges the mark into a stored entry (or a racer's)
             with self.engine.begin() as conn:
-                conn.execute(
-                    upsert,
-                    {
-                        "cloud": offer.cloud.value,
-                        "region": offer.region,
-                        "zone": offer.zone,
-                        "instance_type": offer.instance_type,
-                        "market": offer.market.value,
-                        "reason": reason,
-                        "since": since,
-                        "until": until,
-                        "detail": detail,
-                    },
-                )
+                conn.execute(upsert, entry)
             return
         for _ in range(3):  # an insert race with another process: read again and merge
             try:
@@ -241,20 +239,7 @@ class UnavailableOffers:
                     key = _key_params(offer)
                     row = conn.execute(_ENTRY, key).first()
                     if row is None:
-                        conn.execute(
-                            _INSERT,
-                            {
-                                "cloud": offer.cloud.value,
-                                "region": offer.region,
-                                "zone": offer.zone,
-                                "instance_type": offer.instance_type,
-                                "market": offer.market.value,
-                                "reason": reason,
-                                "since": since,
-                                "until": until,
-                                "detail": detail,
-                            },
-                        )
+                        conn.execute(_INSERT, entry)
                         return
                     values: dict[str, object]
                     if row.until <= since:  # expired: a new entry
