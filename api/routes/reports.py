@@ -151,7 +151,7 @@ def build_savings(
     report = build_report(
         batches, query, prices=prices, baselines=baselines, now=now, window=window, keep_rows=page is None, page=page
     )
-    names = {t.id: t.name for t in teams.teams() if t.id in set(report.teams)}
+    names = baselines.team_names  # every team's, read once for this request by _baselines
     return report, {t: names.get(t, t) for t in report.teams}
 
 

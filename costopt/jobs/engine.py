@@ -52,7 +52,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import func, select
 
 from costopt.agent import control
 from costopt.agent.contract import job_env as contract_job_env
@@ -177,9 +177,8 @@ class _Snapshot:
 
 _LAST_MIGRATIONS = select(migrations.c.job_id, func.max(migrations.c.id)).group_by(migrations.c.job_id)
 _LAST_MIGRATIONS_IN = InList(_LAST_MIGRATIONS.where, migrations.c.job_id, "b_ids")
-_LAST_MIGRATION_OF = _LAST_MIGRATIONS.where(migrations.c.job_id == bindparam("b_id"))
-"""Each job's newest migration id, of the jobs among ``b_ids`` or of one job ``b_id`` (built once: a statement
-built per tick costs its construction and cache key at every tick, several times a plain read's)."""
+"""Each job's newest migration id, of the jobs among some ids (built once per list length: a statement built
+per tick costs its construction and cache key at every tick, several times a plain read's)."""
 
 
 def _snapshot(migrator: Migrator, job_ids: Collection[str], working: frozenset[str] = frozenset()) -> _Snapshot:
@@ -191,9 +190,7 @@ def _snapshot(migrator: Migrator, job_ids: Collection[str], working: frozenset[s
     with migrator.engine.connect() as conn:  # the three reads on one connection (one pool checkout)
         mjobs = {j.job_id: j for j in migrator.jobs(ids, conn=conn)}
         active = {m.job_id: m for m in migrator.active_migrations(conn=conn)}
-        if len(ids) == 1:
-            rows = conn.execute(_LAST_MIGRATION_OF, {"b_id": ids[0]}).all()
-        elif ids:
+        if ids:
             query, params = _LAST_MIGRATIONS_IN.bind(ids)
             rows = conn.execute(query, params).all()
     last = {job_id: int(mid) for job_id, mid in rows}

@@ -151,8 +151,7 @@ _M = migrations.c
 _JOB = select(migration_jobs).where(_MJ.job_id == bindparam("b_job_id"))
 _JOBS = select(migration_jobs).order_by(_MJ.job_id)
 _JOBS_IN = InList(_JOBS.where, _MJ.job_id, "b_ids")
-"""The jobs among some ids (several: a tick's active jobs; a statement per list length); one job is read with
-``_JOB``."""
+"""The jobs among some ids (a tick's active jobs; a statement per list length)."""
 _SET_JOB = update(migration_jobs).where(_MJ.job_id == bindparam("b_job_id"))
 """Executed with the columns to set as parameters (the SET clause is the parameters' keys)."""
 _SET_JOB_RETURNING = _SET_JOB.returning(*migration_jobs.c)
@@ -281,11 +280,8 @@ class Migrator:
             ids = sorted(set(job_ids))
             if not ids:
                 return []
-            if len(ids) == 1:
-                rows = conn.execute(_JOB, {"b_job_id": ids[0]}).all()
-            else:
-                query, params = _JOBS_IN.bind(ids)
-                rows = conn.execute(query, params).all()
+            query, params = _JOBS_IN.bind(ids)
+            rows = conn.execute(query, params).all()
         return [JobRecord.of(r) for r in rows]
 
     def copies(self, job_id: str | None = None, *, instance_ids: Collection[str] | None = None) -> list[CopyRecord]:
@@ -327,12 +323,10 @@ class Migrator:
 
     def active_migrations(self, *, conn: Connection | None = None) -> list[MigrationRecord]:
         """Every migration not finished, by id; read on ``conn`` when given (as :meth:`jobs`)."""
-        if conn is not None:
-            rows = conn.execute(_ACTIVE).all()
-        else:
+        if conn is None:
             with self.engine.connect() as own:
-                rows = own.execute(_ACTIVE).all()
-        return [MigrationRecord.of(r) for r in rows]
+                return self.active_migrations(conn=own)
+        return [MigrationRecord.of(r) for r in conn.execute(_ACTIVE).all()]
 
     def history(self, job_id: str, *, after_id: int = 0) -> list[MigrationRecord]:
         """The job's migrations in order (those after ``after_id``: the history read so far is immutable

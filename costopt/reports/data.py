@@ -15,7 +15,7 @@ from datetime import datetime
 
 from sqlalchemy import Engine, case, null, select
 
-from costopt.db.jobs_schema import jobs, teams
+from costopt.db.jobs_schema import jobs
 from costopt.db.migration_schema import migration_copies, migrations
 from costopt.jobs.records import JobEvent, JobRecord, JobRepository
 from costopt.ledger.model import ChargeLine, IntervalLine
@@ -53,14 +53,13 @@ class CopyKind:
 @dataclass(frozen=True, slots=True)
 class ReportData:
     """The lines and records a report is computed from (``jobs``: by id; ``events``: each job's events of
-    :data:`EVENT_KINDS`, all of them, in order; ``team_names``: id -> name)."""
+    :data:`EVENT_KINDS`, all of them, in order)."""
 
     intervals: Sequence[IntervalLine]
     charges: Sequence[ChargeLine]
     jobs: Mapping[str, JobRecord] = field(default_factory=dict)
     events: Mapping[str, Sequence[JobEvent]] = field(default_factory=dict)
     copy_kinds: Mapping[str, str] = field(default_factory=dict)
-    team_names: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +118,8 @@ def load_report_data(
                     kinds[r.interval_key] = CopyKind.MOVE
                 else:  # a recovery; the migrator starts a job as its recovery from epoch 0
                     kinds[r.interval_key] = CopyKind.START if int(r.from_epoch) == 0 else CopyKind.RECOVERY
-        names = {r.id: r.name for r in conn.execute(select(teams.c.id, teams.c.name))}
     events = JobRepository(engine).events_of(sorted(found), kinds=EVENT_KINDS, limit=None)
-    return ReportData(intervals, charges, found, events, kinds, names)
+    return ReportData(intervals, charges, found, events, kinds)
 
 
 def iter_report_data(

@@ -19,7 +19,7 @@ from costopt.jobs.model import JobState
 from costopt.jobs.records import JobEvent, JobRecord
 from costopt.ledger import IntervalRecord, MemoryLedger
 from costopt.ledger.model import ChargeKind, ChargeRecord
-from costopt.reports.data import ReportData, iter_report_data, load_report_data, report_scope
+from costopt.reports.data import ReportData, ReportScope, iter_report_data, load_report_data, report_scope
 from costopt.reports.model import JOB_SORTS, BaselineRun, JobFigures, JobPage, ReportError, ReportQuery, SavingsReport
 from costopt.reports.savings import build_report, ordered_jobs
 from tests.reports.prices import steps
@@ -255,4 +255,4 @@ def test_the_database_is_read_a_batch_of_jobs_at_a_time_with_the_same_report(sc:
     assert folded == whole and whole.job_count == 3
     nlp = report_scope(sc.ledger, team=sc.nlp)
     assert nlp.job_ids == (sc.k,) and nlp.first_start == h(1)
-    assert report_scope(sc.ledger, team="nobody") == type(nlp)((), None, None)
+    assert report_scope(sc.ledger, team="nobody") == ReportScope((), None, None)
