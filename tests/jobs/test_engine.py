@@ -449,7 +449,8 @@ def test_a_queued_job_another_engine_launched_meanwhile_is_left_to_it_in_one_lin
 def test_a_finished_job_leaves_no_state_in_the_engine_after_the_next_tick(h: Harness) -> None:
     """The engine's per-job memory (ranked placements, progress and history marks, workers) is bounded by
     the active jobs: a finished job's is dropped at the next tick (the soak's growth, issue 14)."""
-    job = h.submit(train_command(30), 30, job_type="demo")
+    # 30 steps of 0.2 s: long enough that a tick on a loaded machine still sees it running before it ends
+    job = h.submit(train_command(30, step_seconds=0.2), 30, job_type="demo")
     h.run_until(job.id, lambda j: j.state is JobState.RUNNING)
     assert job.id in h.engine.held_jobs()  # a running job's state is kept
     done = h.run_until(job.id, _terminal)
