@@ -131,7 +131,7 @@ def generated_trace(
 
 
 def simulate(
-    policy_name: str,
+    policy_name: str | Policy,
     cluster: str = DEFAULT_CLUSTER,
     rate: float | None = 5.0,
     seed: int = 0,
@@ -148,8 +148,8 @@ def simulate(
     extra_jobs: int | None = None,
     max_simulated_s: float = 5.0e7,
 ) -> SimResult:
-    """Simulate ``policy_name`` on a generated trace (see :mod:`costopt.gavel.trace` and
-    :func:`generated_trace`).
+    """Simulate ``policy_name`` (a registry name, or a policy made by hand) on a generated trace (see
+    :mod:`costopt.gavel.trace` and :func:`generated_trace`).
 
     ``rate`` in jobs/hour; ``rate=None`` is a static trace of ``window[1]`` jobs all at t = 0 (for
     makespan). With arrivals, ``extra_jobs`` (default: the window's size) keep arriving after the
@@ -159,7 +159,7 @@ def simulate(
     """
     trace = generated_trace(workload, rate, seed, window, multi_gpu, slos=slos, extra_jobs=extra_jobs)
     return simulate_trace(
-        get_policy(policy_name),
+        get_policy(policy_name) if isinstance(policy_name, str) else policy_name,
         trace,
         workload,
         parse_cluster(cluster, len(workload.worker_types)),

@@ -57,6 +57,12 @@ writer) and read back with ``--trace``'s reader, so every variant runs the same 
   point of the optimal face, not a vertex). What is not emulated: the reference's rounds end when
   their last job ends (here: every 360 s), its steps per round are whole numbers, and ECOS's exact point.
 
+Every costopt variant runs the registry's aware LAS, which since 2026-12-04 takes the Pareto stage (of
+the allocations at the max-min level, the one with the largest total normalized throughput). Rows run
+before then have ``"lp": "single"`` in their spec (the max-min LP alone, HiGHS's vertex; shown
+``[single LP]``); they were kept, not re-run. The emulation always solves the max-min LP alone, as the
+reference.
+
 Run: .venv/bin/python experiments/gavel/compare_reference.py [--seeds 0 1 2] [--processes 2] [--ablations]
 [--variants V ...] [--jobs-table A B]
 Appends to experiments/gavel/results/reference_comparison.jsonl (resumable); prints the table.
@@ -482,7 +488,7 @@ def _patch_mechanism(mechanism: type[RoundMechanism]) -> None:
 def _run(spec: dict[str, Any], trace_path: str, per_job: bool = False) -> dict[str, Any]:
     import costopt.gavel.policies.fairness as fairness
     import costopt.gavel.simulator as simulator
-    from costopt.gavel.policies import get_policy
+    from costopt.gavel.policies import MaxMinFairness, get_policy
     from costopt.gavel.trace import read_trace
     from costopt.gavel.workload import load_workload
     from costopt.throughput import GAVEL_SIMULATION_FILE
@@ -558,9 +564,12 @@ def _run(spec: dict[str, Any], trace_path: str, per_job: bool = False) -> dict[s
     if "resolve-1920s" in variant:
         kwargs["resolve_interval_s"] = RESET_S
     t0 = time.perf_counter()
-    res = simulator.simulate_trace(
-        get_policy("max_min_fairness_perf"), trace, workload, (36, 36, 36), window=WINDOW, seed=spec["seed"], **kwargs
-    )
+    if spec.get("lp") == "single" or variant.startswith("reference-emulation"):
+        # the max-min LP alone (the reference has no Pareto stage): the registry's aware LAS until 2026-12-04
+        policy: Any = MaxMinFairness(name="max_min_fairness_perf", aware=True, pareto=False)
+    else:
+        policy = get_policy("max_min_fairness_perf")
+    res = simulator.simulate_trace(policy, trace, workload, (36, 36, 36), window=WINDOW, seed=spec["seed"], **kwargs)
     out = res.as_dict(per_job=per_job)
     out["spec"] = spec
     out["runner_wall_s"] = time.perf_counter() - t0
@@ -631,8 +640,13 @@ def generated_trace_for(seed: int) -> Any:
     return generated_trace(load_workload(DATA / GAVEL_SIMULATION_FILE), 5.0, seed, WINDOW)
 
 
+def _label(spec: dict[str, Any]) -> str:
+    """The variant's name, marked when it ran the max-min LP alone (``"lp": "single"``: before 2026-12-04)."""
+    return str(spec["variant"]) + (" [single LP]" if spec.get("lp") == "single" else "")
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    by: dict[tuple[str, int], float] = {(r["spec"]["variant"], r["spec"]["seed"]): r["avg_jct_s"] / 3600 for r in rows}
+    by: dict[tuple[str, int], float] = {(_label(r["spec"]), r["spec"]["seed"]): r["avg_jct_s"] / 3600 for r in rows}
     seeds = sorted({s for _, s in by})
     lines = [
         "| variant | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | vs emulation |",

@@ -31,8 +31,19 @@ def spec_key(spec: Spec) -> str:
     return json.dumps(spec, sort_keys=True)
 
 
+def _policy(spec: Spec) -> Any:
+    """The spec's policy: by registry name; ``"pareto": false`` on the aware LAS is its single LP (the
+    solver's vertex of the max-min optimum: the registry's ``max_min_fairness_perf`` until 2026-12-04)."""
+    from costopt.gavel.policies import MaxMinFairness, get_policy
+
+    if spec.get("pareto") is False:
+        if spec["policy"] != "max_min_fairness_perf":
+            raise ValueError(f"'pareto': false applies to max_min_fairness_perf only, not {spec['policy']}")
+        return MaxMinFairness(name="max_min_fairness_perf", aware=True, pareto=False)
+    return get_policy(spec["policy"])
+
+
 def _run(spec: Spec) -> dict[str, Any]:
-    from costopt.gavel.policies import get_policy
     from costopt.gavel.simulator import parse_cluster, simulate, simulate_trace
     from costopt.gavel.trace import generate_trace
     from costopt.gavel.workload import load_workload
@@ -40,6 +51,7 @@ def _run(spec: Spec) -> dict[str, Any]:
 
     workload = load_workload(DATA / GAVEL_SIMULATION_FILE)
     s = dict(spec)
+    policy = _policy(s)
     kind = s.pop("kind", "continuous")
     t0 = time.perf_counter()
     if kind == "static":
@@ -48,7 +60,7 @@ def _run(spec: Spec) -> dict[str, Any]:
         )
         cap = parse_cluster(s.get("cluster", "36:36:36"), len(workload.worker_types))
         res = simulate_trace(
-            get_policy(s["policy"]),
+            policy,
             trace,
             workload,
             cap,
@@ -59,7 +71,7 @@ def _run(spec: Spec) -> dict[str, Any]:
         )
     else:
         res = simulate(
-            s["policy"],
+            policy,
             s.get("cluster", "36:36:36"),
             rate=s["rate"],
             seed=s["seed"],

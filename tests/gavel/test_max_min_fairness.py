@@ -29,12 +29,14 @@ def test_weights_scale_the_share_a_job_is_owed() -> None:
 def test_aware_policy_gives_each_job_the_type_it_is_relatively_fastest_on() -> None:
     # job 0 is 4x faster on type a, job 1 2x faster on type b: swapping raises both above equal share.
     st = ClusterState.create([[4.0, 1.0], [1.0, 2.0]], [1, 1])
-    aware = get_policy("max_min_fairness_perf").allocate(st)
+    aware = MaxMinFairness(pareto=False).allocate(st)  # the max-min LP alone
     agnostic = get_policy("max_min_fairness").allocate(st)
     assert np.allclose(aware.x[1], [0.0, 1.0], atol=1e-7) and aware.x[0, 1] == pytest.approx(0.0, abs=1e-7)
     assert aware.objective == pytest.approx(4.0 / 3.0)  # job 1: 2 steps/s over its equal share 1.5
-    # max-min stops at job 0's level 4/3 (x = 5/6 of type a); the Pareto stage gives it all of a
-    pareto = get_policy("max_min_fairness_pareto_perf").allocate(st)
+    # max-min stops at job 0's level 4/3 (x = 5/6 of type a); the Pareto stage (the registry's aware
+    # LAS) gives it all of a
+    pareto = get_policy("max_min_fairness_perf").allocate(st)
+    assert pareto.objective == pytest.approx(4.0 / 3.0)
     assert np.allclose(pareto.x, [[1.0, 0.0], [0.0, 1.0]], atol=1e-6)
     assert agnostic.objective == pytest.approx(1.0)
     assert np.allclose(agnostic.x, [[0.5, 0.5], [0.5, 0.5]])
@@ -62,8 +64,8 @@ def test_pareto_stage_uses_the_gpu_time_max_min_is_indifferent_to() -> None:
     # job 1 runs at 1 step/s anywhere, so its level is capped at 1 whatever job 0 gets; job 0 is 4x
     # faster on type a. Max-min fixes the level at 1; only the second stage must put job 0 on a.
     st = ClusterState.create([[4.0, 1.0], [1.0, 1.0]], [1, 1])
-    first = get_policy("max_min_fairness_perf").allocate(st)
-    second = get_policy("max_min_fairness_pareto_perf").allocate(st)
+    first = MaxMinFairness(pareto=False).allocate(st)
+    second = get_policy("max_min_fairness_perf").allocate(st)
     assert first.objective == pytest.approx(1.0) and second.objective == pytest.approx(1.0)
     assert second.stats["total_normalized_throughput"] == pytest.approx(4.0 / 2.5 + 1.0, rel=1e-6)
     assert np.allclose(second.x, [[1.0, 0.0], [0.0, 1.0]], atol=1e-6)
@@ -74,12 +76,23 @@ def test_pareto_stage_uses_the_gpu_time_max_min_is_indifferent_to() -> None:
 def test_pareto_stage_fills_gpus_a_lone_capped_job_leaves_idle(workload: Workload) -> None:
     # Few jobs, many GPUs: every job can run all the time; the first stage need not pick fast types.
     st = benchmark_state(workload, 6, gpus_per_type=4, seed=3)
-    first = get_policy("max_min_fairness_perf").allocate(st)
-    second = get_policy("max_min_fairness_pareto_perf").allocate(st)
+    first = MaxMinFairness(pareto=False).allocate(st)
+    second = get_policy("max_min_fairness_perf").allocate(st)
     t1, t2 = first.effective_throughput(st), second.effective_throughput(st)
     assert np.all(t2 >= second.objective * st.equal_share_throughput() - 1e-6)
     assert (t2 / st.equal_share_throughput()).sum() >= (t1 / st.equal_share_throughput()).sum() - 1e-6
     assert np.allclose(second.time_fractions(), 1.0)
+
+
+def test_the_pareto_name_is_an_alias_of_the_aware_las() -> None:
+    """Fleets stored with the old name get the same policy (the aware LAS takes the Pareto stage)."""
+    from costopt.gavel.policies import POLICIES
+
+    assert POLICIES.canonical("max_min_fairness_pareto_perf") == "max_min_fairness_perf"
+    old, new = get_policy("max_min_fairness_pareto_perf"), get_policy("max_min_fairness_perf")
+    assert isinstance(old, MaxMinFairness) and old == new and old.pareto and old.aware
+    agnostic = get_policy("max_min_fairness")
+    assert isinstance(agnostic, MaxMinFairness) and not agnostic.pareto  # the agnostic baseline: one LP
 
 
 @pytest.mark.parametrize(("n", "space_sharing"), [(24, False), (200, False), (16, True), (48, True), (96, True)])

@@ -1,7 +1,8 @@
 """Allocation policies behind one interface (:class:`Policy`) and a registry of names.
 
-Names follow Gavel's code base (``_perf`` = heterogeneity-aware); ``max_min_fairness_pareto_perf``
-and ``hierarchical_*`` are this project's additions. Space sharing is not a name: it is switched on
+Names follow Gavel's code base (``_perf`` = heterogeneity-aware); ``hierarchical_*`` are this
+project's additions, and ``max_min_fairness_pareto_perf`` is an alias of ``max_min_fairness_perf``
+(which takes the Pareto stage). Space sharing is not a name: it is switched on
 in the :class:`~costopt.gavel.state.ClusterState` (``space_sharing=True``) and honoured by the aware
 LP policies.
 """
@@ -23,10 +24,9 @@ POLICIES: Registry[Callable[[], Policy]] = Registry("policy", error=UnknownPolic
 
 _FACTORIES: dict[str, Callable[[], Policy]] = {
     "max_min_fairness": lambda: MaxMinFairness(name="max_min_fairness", aware=False),
-    "max_min_fairness_perf": lambda: MaxMinFairness(name="max_min_fairness_perf", aware=True),
-    "max_min_fairness_pareto_perf": lambda: MaxMinFairness(
-        name="max_min_fairness_pareto_perf", aware=True, pareto=True
-    ),
+    # The aware LAS takes the Pareto stage: of the allocations at the max-min level, the one with the
+    # largest total normalized throughput, not the solver's vertex (issue 12, docs/gavel.md).
+    "max_min_fairness_perf": lambda: MaxMinFairness(name="max_min_fairness_perf", aware=True, pareto=True),
     "finish_time_fairness": lambda: FinishTimeFairness(name="finish_time_fairness", aware=False),
     "finish_time_fairness_perf": lambda: FinishTimeFairness(name="finish_time_fairness_perf", aware=True),
     "min_total_duration": lambda: MinTotalDuration(name="min_total_duration", aware=False),
@@ -43,8 +43,12 @@ _FACTORIES: dict[str, Callable[[], Policy]] = {
     "hierarchical_fairness_perf": lambda: Hierarchical(name="hierarchical_fairness_perf", within="fairness"),
     "hierarchical_fifo_perf": lambda: Hierarchical(name="hierarchical_fifo_perf", within="fifo"),
 }
+_ALIASES: dict[str, tuple[str, ...]] = {
+    # its own name until the aware LAS took the Pareto stage (2026-12-04); fleets may have stored it
+    "max_min_fairness_perf": ("max_min_fairness_pareto_perf",),
+}
 for _name, _factory in _FACTORIES.items():
-    POLICIES.register(_name, _factory)
+    POLICIES.register(_name, _factory, aliases=_ALIASES.get(_name, ()))
 
 POLICY_NAMES: tuple[str, ...] = POLICIES.names()
 
