@@ -80,11 +80,20 @@ FormatOpt = Annotated[OutputFormat, typer.Option("--format", "-f")]
 
 @app.command("policies")
 def policies(fmt: FormatOpt = OutputFormat.table) -> None:
-    """The policy names (as in Gavel's code base; `_perf` = heterogeneity-aware)."""
-    from costopt.gavel.policies import POLICY_NAMES
+    """The policy names (as in Gavel's code base; `_perf` = heterogeneity-aware) and their other names."""
+    from costopt.gavel.policies import POLICIES, POLICY_NAMES
 
-    rows = [{"policy": n, "heterogeneity_aware": "_perf" in n} for n in POLICY_NAMES]
-    emit(rows, [("policy", "policy", None), ("heterogeneity_aware", "aware", None)], fmt, title="Policies")
+    aliases = POLICIES.aliases()
+    rows = [
+        {
+            "policy": n,
+            "heterogeneity_aware": "_perf" in n,
+            "aliases": ", ".join(a for a, canonical in aliases.items() if canonical == n),
+        }
+        for n in POLICY_NAMES
+    ]
+    columns = [("policy", "policy", None), ("heterogeneity_aware", "aware", None), ("aliases", "also named", None)]
+    emit(rows, columns, fmt, title="Policies")
 
 
 @app.command("simulate")

@@ -123,3 +123,5 @@ def test_policies_lists_every_registered_name() -> None:
     aware = {r["policy"]: r["heterogeneity_aware"] for r in rows}
     assert aware["max_min_fairness_perf"] is True and aware["fifo_perf"] is True
     assert aware["max_min_fairness"] is False and aware["min_total_duration"] is False
+    also = {r["policy"]: r["aliases"] for r in rows}
+    assert also["max_min_fairness_perf"] == "max_min_fairness_pareto_perf" and also["fifo"] == ""

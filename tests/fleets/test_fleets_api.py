@@ -73,11 +73,13 @@ def test_a_fleet_by_offer_has_its_instances_pending_with_their_gpus(svc: Service
 
 def test_policy_names_are_any_case_and_an_unknown_one_is_a_422_listing_the_known(svc: Service) -> None:
     assert _fleet(svc, svc.alpha, policy="Max_Min_Fairness")["policy"] == "max_min_fairness"
+    # the aware LAS's former name is an alias: the fleet stores the policy's own name
+    assert _fleet(svc, svc.alpha, policy="max_min_fairness_pareto_perf")["policy"] == "max_min_fairness_perf"
     r = svc.client.post("/v1/fleets", json={**FLEET, "policy": "max_min_fairnes_perf"}, headers=svc.alpha)
     err = error_of(r, 422, "unknown_policy")
     assert "max_min_fairness_perf" in err["message"] and err["details"][0]["known"] == list(POLICY_NAMES)
     assert "max_min_fairness_perf" in err["details"][0]["did_you_mean"]
-    assert svc.client.get("/v1/fleets", headers=svc.alpha).json()["total"] == 1  # nothing written
+    assert svc.client.get("/v1/fleets", headers=svc.alpha).json()["total"] == 2  # nothing written
 
 
 def test_bad_offers_and_bodies_are_422s_that_say_what_to_fix(svc: Service) -> None:

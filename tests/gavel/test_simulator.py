@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from costopt.gavel.errors import InvalidState, UnknownPolicy
-from costopt.gavel.policies import get_policy
+from costopt.gavel.policies import MaxMinFairness, get_policy
 from costopt.gavel.simulator import SimResult, parse_cluster, simulate, simulate_trace
 from costopt.gavel.trace import generate_trace
 from costopt.gavel.workload import Workload
@@ -47,6 +47,18 @@ def test_a_short_run_is_deterministic_per_seed_and_json_able(workload: Workload)
     assert a.window_complete and a.jobs_completed == 20
     assert 0.0 < a.utilization <= 1.0
     assert a.avg_jct_s > 0 and a.makespan_s > 0
+
+
+def test_simulate_takes_a_policy_made_by_hand_as_well_as_a_name(workload: Workload) -> None:
+    by_name = _short(workload, "max_min_fairness_perf", rate=4.0, seed=2, window=(0, 30))
+    same = simulate(
+        get_policy("max_min_fairness_perf"), SMALL, rate=4.0, seed=2, window=(0, 30), workload=workload, round_s=HOUR
+    )
+    assert _strip(same.as_dict()) == _strip(by_name.as_dict())
+    single = simulate(
+        MaxMinFairness(pareto=False), SMALL, rate=4.0, seed=2, window=(0, 30), workload=workload, round_s=HOUR
+    )
+    assert single.policy == "max_min_fairness_perf" and single.avg_jct_s != by_name.avg_jct_s  # another LP point
 
 
 def test_every_job_of_a_static_trace_finishes_no_faster_than_the_cluster_allows(workload: Workload) -> None:
