@@ -30,7 +30,6 @@ SOLVER_CASES: list[tuple[str, int, bool, float]] = [
     ("max_min_fairness_perf", 100_000, False, 5.0),
     ("max_min_fairness_perf", 512, True, 1.0),
     ("max_min_fairness_perf", 2048, True, 5.0),
-    ("max_min_fairness_pareto_perf", 2048, True, 5.0),
     ("max_min_fairness", 2048, False, 1.0),
     ("finish_time_fairness_perf", 2048, False, 1.0),
     ("finish_time_fairness", 2048, False, 1.0),
@@ -45,7 +44,6 @@ SIM_TARGET_S = 20.0
 SIM_POLICIES = [
     "max_min_fairness",
     "max_min_fairness_perf",
-    "max_min_fairness_pareto_perf",
     "finish_time_fairness",
     "finish_time_fairness_perf",
     "min_total_duration_perf",
