@@ -273,7 +273,8 @@ class FleetExecutor:
     def _fleet(self, fleet: FleetRecord, out: ExecutorReport) -> None:
         now = self.repo.now()
         jobs = self.repo.jobs(fleet.id, statuses=(FleetJobStatus.WAITING, FleetJobStatus.RUNNING))
-        records = {j.job_id: self._job(j.job_id) for j in jobs}
+        # one read for the fleet's jobs, not one each (states and cancel requests; no quotes)
+        records: dict[str, JobRecord | None] = dict(self.jobs.many([j.job_id for j in jobs]))
         if fleet.state is FleetState.RELEASED:
             for j in jobs:
                 rec = records.get(j.job_id)

@@ -42,6 +42,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from costopt.db.cursors import make_cursor, parse_cursor
+from costopt.db.inlist import InList
 from costopt.db.jobs_schema import job_events, jobs
 from costopt.domain import OfferKey
 from costopt.errors import CostoptError
@@ -210,6 +211,13 @@ class JobPage:
 _GET = select(jobs).where(jobs.c.id == bindparam("b_id"))
 """The engine's hot reads, built once (SQLAlchemy reuses a statement object's cache key)."""
 _IN_STATES: dict[tuple[frozenset[str], bool], Any] = {}
+_MANY = InList(
+    lambda cond: select(*(c if c.name != "quote" else null().label("quote") for c in jobs.c)).where(cond),
+    jobs.c.id,
+    "b_ids",
+    most=16,
+)
+"""A set of jobs by id without their quotes (a fleet's jobs at each executor pass)."""
 
 
 # The request path's statements, built once: their values are parameters, so SQLAlchemy finds each one's
@@ -432,6 +440,17 @@ class JobRepository:
         if row is None:
             raise JobNotFound(f"no job {job_id!r}")
         return JobRecord.of(row)
+
+    def many(self, job_ids: Collection[str], *, conn: Connection | None = None) -> dict[str, JobRecord]:
+        """The jobs of ``job_ids`` that exist, by id, in one query; an id without a job is not in the answer.
+        Their ``quote`` is None (as :meth:`in_states` without it): the fleet executor's pass reads states."""
+        ids = sorted(set(job_ids))
+        if not ids:
+            return {}
+        stmt, params = _MANY.bind(ids)
+        with self._reads(conn) as c:
+            rows = c.execute(stmt, params).all()
+        return {str(r.id): JobRecord.of(r) for r in rows}
 
     def by_idempotency_key(self, team_id: str, key: str, *, conn: Connection | None = None) -> JobRecord | None:
         """The team's job submitted with ``key`` (None: the key was not used by the team)."""

@@ -118,6 +118,17 @@ def test_the_work_lists_read_jobs_without_their_quote_unless_asked(repo):
     assert repo.in_states([JobState.RUNNING]) == []
 
 
+def test_many_reads_the_jobs_that_exist_by_id_in_one_query_without_quotes(repo):
+    quote = {"usd_per_hour": 1.0}
+    made = [repo.create(_new(quote=quote))[0] for _ in range(20)]
+    assert repo.many([]) == {}
+    two = repo.many([made[3].id, "job-missing", made[0].id, made[3].id])  # a missing id is left out
+    assert set(two) == {made[0].id, made[3].id}
+    assert two[made[3].id] == replace(repo.get(made[3].id), quote=None)  # everything but the quote
+    every = repo.many([j.id for j in made])  # past the 16 prebuilt lengths: the expanding form
+    assert set(every) == {j.id for j in made} and all(r.quote is None for r in every.values())
+
+
 def test_progress_never_goes_back(repo):
     job, _ = repo.create(_new())
     repo.set_progress(job.id, 40)
