@@ -148,7 +148,15 @@ def _finish(rec: Recorder, headers: dict[str, str], ids: list[str], app: Any) ->
         if all(d["state"] in TERMINAL for d in docs):
             break
         if time.monotonic() > deadline:
-            pytest.fail(f"the jobs did not finish after the outage: {[(d['id'], d['state']) for d in docs]}")
+            stuck = {  # the events of the jobs not done: what the engine did with them (a failure to read)
+                d["id"]: [
+                    (e.get("kind"), e.get("to_state"), (e.get("reason") or "")[:160])
+                    for e in rec.call("GET", f"/v1/jobs/{d['id']}/events", headers=headers).json().get("items", [])
+                ]
+                for d in docs
+                if d["state"] not in TERMINAL
+            }
+            pytest.fail(f"the jobs did not finish after the outage: {[(d['id'], d['state']) for d in docs]}; {stuck}")
         time.sleep(0.1)
     for d in docs:
         assert d["state"] == "succeeded", (d["id"], d["reason"])
