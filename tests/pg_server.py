@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import text
@@ -124,6 +125,24 @@ class PrivateServer:
         finally:
             admin.dispose()
         return self.url(name)
+
+    def activity(self, database: str) -> list[tuple[Any, ...]]:
+        """The client connections to ``database`` now: (state, wait event type, wait event, seconds in the
+        state, the query's first 120 characters), for a failure's message (what waits on what)."""
+        admin = make_engine(self.url(), isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                rows = conn.execute(
+                    text(
+                        "SELECT state, wait_event_type, wait_event, "
+                        "round(extract(epoch FROM now() - state_change)::numeric, 1), left(query, 120) "
+                        "FROM pg_stat_activity WHERE datname = :db AND pid <> pg_backend_pid()"
+                    ),
+                    {"db": database},
+                ).all()
+            return [tuple(r) for r in rows]
+        finally:
+            admin.dispose()
 
     def terminate_backends(self, database: str) -> int:
         """Cut every client connection to ``database`` (``pg_terminate_backend``); returns how many."""

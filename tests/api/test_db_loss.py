@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -140,8 +140,29 @@ def _wait_running(rec: Recorder, headers: dict[str, str], ids: list[str]) -> Non
     pytest.fail("no job started running within 30 s")
 
 
-def _finish(rec: Recorder, headers: dict[str, str], ids: list[str], app: Any) -> list[dict[str, Any]]:
-    """Wait until every job is terminal; check each succeeded with exactly its steps, and no instance runs."""
+def _stacks() -> dict[str, list[str]]:
+    """Each live thread's innermost frames (file:line function), for a failure's message: a worker that hangs."""
+    import sys
+    import threading
+    import traceback
+
+    names = {t.ident: t.name for t in threading.enumerate()}
+    out = {}
+    for ident, frame in sys._current_frames().items():
+        frames = traceback.extract_stack(frame)[-8:]
+        out[names.get(ident, str(ident))] = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames]
+    return out
+
+
+def _finish(
+    rec: Recorder,
+    headers: dict[str, str],
+    ids: list[str],
+    app: Any,
+    activity: Callable[[], list[tuple[Any, ...]]] | None = None,
+) -> list[dict[str, Any]]:
+    """Wait until every job is terminal; check each succeeded with exactly its steps, and no instance runs.
+    ``activity``: the database's connections, named with the threads' stacks if the jobs never finish."""
     deadline = time.monotonic() + 90
     while True:
         docs = [rec.call("GET", f"/v1/jobs/{i}", headers=headers).json() for i in ids]
@@ -156,7 +177,11 @@ def _finish(rec: Recorder, headers: dict[str, str], ids: list[str], app: Any) ->
                 for d in docs
                 if d["state"] not in TERMINAL
             }
-            pytest.fail(f"the jobs did not finish after the outage: {[(d['id'], d['state']) for d in docs]}; {stuck}")
+            waits = activity() if activity is not None else []
+            pytest.fail(
+                f"the jobs did not finish after the outage: {[(d['id'], d['state']) for d in docs]}; {stuck}; "
+                f"database connections {waits}; threads {_stacks()}"
+            )
         time.sleep(0.1)
     for d in docs:
         assert d["state"] == "succeeded", (d["id"], d["reason"])
@@ -262,7 +287,7 @@ def test_connections_cut_mid_run_answer_503_at_worst_and_the_run_finishes_with_n
     cut_slowest = rec.slowest
     assert cut_slowest < CONNECT_TIMEOUT_S + 5.0
     assert _ready_within(rec, 10.0) < 10.0
-    _finish(rec, headers, [*ids, *retried.values()], app)
+    _finish(rec, headers, [*ids, *retried.values()], app, lambda: pg.activity(database))
     assert rec.statuses[500] == 0, rec.statuses
     print(  # noqa: T201
         f"\ndb-loss cut: {cut} connections cut in 6 rounds; answers {dict(sorted(rec.statuses.items()))}; "
