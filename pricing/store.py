@@ -33,6 +33,7 @@ from costopt.db.schema import offers as t_offers
 from costopt.db.schema import price_points as t_points
 from costopt.db.schema import source_status as t_status
 from costopt.db.types import db_value_to_ns, to_epoch_us
+from costopt.db.upserts import CONFLICT_INSERTS
 from costopt.domain import (
     Cloud,
     InstanceType,
@@ -275,28 +276,9 @@ class PriceStore:
         if not rows:
             return 0
         values = list(rows.values())
-        if self.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-            ins = pg_insert(t_instance_types)
-            stmt: Any = ins.on_conflict_do_update(
-                index_elements=["cloud", "name"],
-                set_={
-                    c: ins.excluded[c]
-                    for c in ("accelerator", "gpu_count", "vcpus", "memory_gib", "source", "updated_at")
-                },
-            )
-        else:
-            from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-            ins_s = sqlite_insert(t_instance_types)
-            stmt = ins_s.on_conflict_do_update(
-                index_elements=["cloud", "name"],
-                set_={
-                    c: ins_s.excluded[c]
-                    for c in ("accelerator", "gpu_count", "vcpus", "memory_gib", "source", "updated_at")
-                },
-            )
+        ins = CONFLICT_INSERTS[self.dialect](t_instance_types)  # SQLite or PostgreSQL (checked at __init__)
+        updated = ("accelerator", "gpu_count", "vcpus", "memory_gib", "source", "updated_at")
+        stmt = ins.on_conflict_do_update(index_elements=["cloud", "name"], set_={c: ins.excluded[c] for c in updated})
         with self.engine.begin() as conn:
             conn.execute(stmt, values)
             conn.exec_driver_sql(BUMP_VERSION_SQL)

@@ -28,7 +28,7 @@ from costopt.errors import BadRecord
 from costopt.jobs.records import JobRepository
 from costopt.jobs.teams import TeamRepository
 from costopt.ledger.prices import PriceView
-from costopt.reports.model import JOB_SORTS
+from costopt.reports.model import JOB_SORTS, JobPage
 from costopt.settings import Settings
 
 log = logging.getLogger("costopt.api")
@@ -110,7 +110,7 @@ def build_savings(
     group_by: str | None,
     job: list[str] | None,
     top: int,
-    page: Any = None,
+    page: JobPage | None = None,
 ) -> tuple[Any, dict[str, str]]:
     """The report the caller asked for, and the team names (id -> name) of its scope. ``page``: the
     :class:`~costopt.reports.model.JobPage` of jobs to list, folded without keeping the rows (the JSON
@@ -212,7 +212,6 @@ def savings(
     answer's ``jobs_page`` says how many there are); or every line as a FOCUS export."""
     from costopt.reports import ReportError, report_doc
     from costopt.reports.focus import focus_records, to_csv, to_parquet
-    from costopt.reports.model import JobPage
 
     page = None
     if fmt is ReportFormat.json:

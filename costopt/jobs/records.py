@@ -37,13 +37,12 @@ from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import Engine, and_, bindparam, false, func, insert, null, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from costopt.db.cursors import make_cursor, parse_cursor
 from costopt.db.inlist import InList
 from costopt.db.jobs_schema import job_events, jobs
+from costopt.db.upserts import per_dialect
 from costopt.domain import OfferKey
 from costopt.errors import CostoptError
 from costopt.jobs.model import JobState, can_transition
@@ -211,12 +210,9 @@ class JobPage:
 _GET = select(jobs).where(jobs.c.id == bindparam("b_id"))
 """The engine's hot reads, built once (SQLAlchemy reuses a statement object's cache key)."""
 _IN_STATES: dict[tuple[frozenset[str], bool], Any] = {}
-_MANY = InList(
-    lambda cond: select(*(c if c.name != "quote" else null().label("quote") for c in jobs.c)).where(cond),
-    jobs.c.id,
-    "b_ids",
-    most=16,
-)
+_WITHOUT_QUOTE = tuple(c if c.name != "quote" else null().label("quote") for c in jobs.c)
+"""A job's columns with NULL for its quote (~2 KB of JSON the work lists do not read)."""
+_MANY = InList(lambda cond: select(*_WITHOUT_QUOTE).where(cond), jobs.c.id, "b_ids", most=16)
 """A set of jobs by id without their quotes (a fleet's jobs at each executor pass)."""
 
 
@@ -231,11 +227,8 @@ _EVENTS = (
     .order_by(job_events.c.id)
     .limit(bindparam("b_limit"))
 )
-_INSERT_JOB = {
-    # a retried submission's insert does nothing (the team's key is taken) instead of failing its transaction
-    "postgresql": pg_insert(jobs).on_conflict_do_nothing().returning(*jobs.c),
-    "sqlite": sqlite_insert(jobs).on_conflict_do_nothing().returning(*jobs.c),
-}
+# a retried submission's insert does nothing (the team's key is taken) instead of failing its transaction
+_INSERT_JOB = per_dialect(lambda insert_of: insert_of(jobs).on_conflict_do_nothing().returning(*jobs.c))
 _INSERT_EVENT = insert(job_events)
 _TRANSITION = (
     update(jobs).where(jobs.c.id == bindparam("b_id"), jobs.c.version == bindparam("b_version")).returning(*jobs.c)
@@ -254,8 +247,7 @@ def _in_states(values: frozenset[str], with_quote: bool) -> Any:
         # ``state = ? OR state = ? ...`` with plain bound values, not ``IN (...)``: SQLAlchemy expands a list's
         # parameters anew at every execution, and the engine runs this every tick
         cond = or_(*(jobs.c.state == v for v in sorted(values))) if values else false()
-        cols = [c if with_quote or c.name != "quote" else null().label("quote") for c in jobs.c]
-        stmt = select(*cols).where(cond).order_by(jobs.c.created_at, jobs.c.id)
+        stmt = select(*(jobs.c if with_quote else _WITHOUT_QUOTE)).where(cond).order_by(jobs.c.created_at, jobs.c.id)
         if len(_IN_STATES) < 64:
             _IN_STATES[values, with_quote] = stmt
     return stmt

@@ -19,12 +19,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine, Row, and_, bindparam, func, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from costopt.db.inlist import InList
 from costopt.db.ledger_schema import ledger_charges, ledger_intervals, ledger_segments
+from costopt.db.upserts import CONFLICT_INSERTS
 from costopt.domain import Cloud, Market, OfferKey
 from costopt.ledger.book import charge_micro_usd, check_charge, merge_interval, price_interval, report
 from costopt.ledger.model import (
@@ -171,7 +170,7 @@ class SqlLedger:
         )
 
     def _insert(self, table: Any) -> Any:
-        return (pg_insert if self.engine.dialect.name == "postgresql" else sqlite_insert)(table)
+        return CONFLICT_INSERTS.get(self.engine.dialect.name, CONFLICT_INSERTS["sqlite"])(table)
 
     # --- intervals ------------------------------------------------------------------------------------
 

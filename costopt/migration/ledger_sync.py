@@ -34,8 +34,6 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from sqlalchemy import Engine, and_, bindparam, insert, not_, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 
 from costopt.agent import control
@@ -43,6 +41,7 @@ from costopt.cloud import CloudProvider, Instance, InstanceState, NotFoundError
 from costopt.db.inlist import InList
 from costopt.db.jobs_schema import jobs
 from costopt.db.migration_schema import migration_copies
+from costopt.db.upserts import per_dialect
 from costopt.ledger.book import Ledger
 from costopt.ledger.model import ChargeKind, ChargeRecord, IntervalRecord, LedgerError
 from costopt.ledger.sql import SqlLedger
@@ -93,10 +92,9 @@ _C = migration_copies.c
 # The hot statements, built once (SQLAlchemy then reuses their cache keys; values are parameters).
 _KEY_EXISTS = select(_C.interval_key).where(_C.interval_key == bindparam("b_key"))
 _INSERT_COPY = insert(migration_copies)
-_INSERT_NEW_COPY = {
-    "sqlite": sqlite_insert(migration_copies).on_conflict_do_nothing(index_elements=["interval_key"]),
-    "postgresql": pg_insert(migration_copies).on_conflict_do_nothing(index_elements=["interval_key"]),
-}
+_INSERT_NEW_COPY = per_dialect(
+    lambda insert_of: insert_of(migration_copies).on_conflict_do_nothing(index_elements=["interval_key"])
+)
 """A copy's row unless its key is recorded already (one statement, no read first), per dialect."""
 _COPY_OF = select(_C.interval_key, _C.started_at, _C.ended_at).where(
     _C.job_id == bindparam("b_job_id"),

@@ -31,13 +31,12 @@ from typing import Any
 
 import pandas as pd
 from sqlalchemy import ColumnElement, Engine, and_, bindparam, case, delete, insert, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 
 from costopt.cloud import CapacityError, QuotaError
 from costopt.db.unavailable_schema import unavailable_offers as _t
+from costopt.db.upserts import per_dialect
 from costopt.domain import Cloud, Market, OfferKey
 
 __all__ = [
@@ -140,7 +139,7 @@ def _upsert(insert_of: Callable[[Any], Any]) -> Any:
     )
 
 
-_UPSERT = {"sqlite": _upsert(sqlite_insert), "postgresql": _upsert(pg_insert)}
+_UPSERT = per_dialect(_upsert)
 """The one-statement mark per dialect (others read the entry first)."""
 
 

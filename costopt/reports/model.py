@@ -8,6 +8,7 @@ an exact :class:`~decimal.Decimal` (JSON: a decimal string). Times are tz-aware 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -21,6 +22,7 @@ __all__ = [
     "BREAKDOWNS",
     "DIMENSIONS",
     "JOB_SORTS",
+    "JOB_SORT_VALUES",
     "BaselineKind",
     "BaselineRun",
     "DayActivity",
@@ -309,23 +311,32 @@ class JobFigures:
         return self.on_demand if kind is BaselineKind.ON_DEMAND else self.static_spot
 
 
-JOB_SORTS: tuple[str, ...] = (
-    "job_id",
-    "name",
-    "team",
-    "state",
-    "actual_cost",
-    "baseline_on_demand_cost",
-    "baseline_static_spot_cost",
-    "savings",
-    "savings_rate",
-    "moves",
-    "preemptions",
-    "excess",
-)
-"""What a report's job list can be sorted by: the job's id, name, team, state; its figures in the period
-(``actual_cost`` ... ``savings_rate``, as in its ``period``); its moves and preemptions over its run;
-``excess``: by how much it cost more than a baseline over its run (its largest excess)."""
+def _has(j: JobFigures, kind: BaselineKind) -> bool:
+    return isinstance(j.baseline(kind), BaselineRun)
+
+
+JOB_SORT_VALUES: dict[str, Callable[[JobFigures], str | int | Decimal | None]] = {
+    "job_id": lambda j: j.job_id,
+    "name": lambda j: j.name,
+    "team": lambda j: j.team,
+    "state": lambda j: j.state,
+    "actual_cost": lambda j: j.period.actual_micro,
+    "baseline_on_demand_cost": lambda j: j.period.baseline_on_demand_micro if _has(j, BaselineKind.ON_DEMAND) else None,
+    "baseline_static_spot_cost": lambda j: (
+        j.period.baseline_static_spot_micro if _has(j, BaselineKind.STATIC_SPOT) else None
+    ),
+    "savings": lambda j: j.period.savings_on_demand_micro if _has(j, BaselineKind.ON_DEMAND) else None,
+    "savings_rate": lambda j: j.period.savings_rate if _has(j, BaselineKind.ON_DEMAND) else None,
+    "moves": lambda j: j.moves,
+    "preemptions": lambda j: j.preemptions,
+    "excess": lambda j: max(o.excess_micro for o in j.over) if j.over else None,
+}
+"""Each way a report's job list can be sorted, and a job's value for it (None: it has none, e.g. no such
+baseline): the job's id, name, team, state; its figures in the period (``actual_cost`` ... ``savings_rate``,
+as in its ``period``); its moves and preemptions over its run; ``excess``: by how much it cost more than a
+baseline over its run (its largest excess)."""
+JOB_SORTS: tuple[str, ...] = tuple(JOB_SORT_VALUES)
+"""The keys of :data:`JOB_SORT_VALUES`, in order."""
 
 
 @dataclass(frozen=True, slots=True)

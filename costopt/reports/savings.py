@@ -22,7 +22,7 @@ How the figures are made (docs/ledger.md, "Reports"):
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -37,7 +37,7 @@ from costopt.reports.baselines import BaselineChoice, BaselineSource, price_base
 from costopt.reports.data import CopyKind, ReportData
 from costopt.reports.model import (
     BREAKDOWNS,
-    JOB_SORTS,
+    JOB_SORT_VALUES,
     BaselineKind,
     BaselineRun,
     DayActivity,
@@ -338,33 +338,9 @@ def _figures(rows: Iterable[Row]) -> Figures:
     return f
 
 
-def _has(j: JobFigures, kind: BaselineKind) -> bool:
-    return isinstance(j.baseline(kind), BaselineRun)
-
-
-_SORT_VALUES: dict[str, Callable[[JobFigures], str | int | Decimal | None]] = {
-    "job_id": lambda j: j.job_id,
-    "name": lambda j: j.name,
-    "team": lambda j: j.team,
-    "state": lambda j: j.state,
-    "actual_cost": lambda j: j.period.actual_micro,
-    "baseline_on_demand_cost": lambda j: j.period.baseline_on_demand_micro if _has(j, BaselineKind.ON_DEMAND) else None,
-    "baseline_static_spot_cost": lambda j: (
-        j.period.baseline_static_spot_micro if _has(j, BaselineKind.STATIC_SPOT) else None
-    ),
-    "savings": lambda j: j.period.savings_on_demand_micro if _has(j, BaselineKind.ON_DEMAND) else None,
-    "savings_rate": lambda j: j.period.savings_rate if _has(j, BaselineKind.ON_DEMAND) else None,
-    "moves": lambda j: j.moves,
-    "preemptions": lambda j: j.preemptions,
-    "excess": lambda j: max(o.excess_micro for o in j.over) if j.over else None,
-}
-"""Each :data:`JOB_SORTS` key's value of a job (None: it has none, e.g. no such baseline)."""
-assert tuple(_SORT_VALUES) == JOB_SORTS, "every sort key has a value"
-
-
 def ordered_jobs(jobs: Iterable[JobFigures], page: JobPage) -> list[JobFigures]:
     """``jobs`` in ``page``'s order (:class:`JobPage`: jobs without a value last, ties by job id)."""
-    value = _SORT_VALUES[page.sort]
+    value = JOB_SORT_VALUES[page.sort]
     keyed = [(value(j), j) for j in jobs]
     present = sorted((kv for kv in keyed if kv[0] is not None), key=lambda kv: kv[1].job_id)
     present.sort(key=lambda kv: kv[0], reverse=page.descending)  # type: ignore[arg-type,return-value]  # stable: ties keep the id order

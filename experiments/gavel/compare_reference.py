@@ -81,7 +81,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
-from gavel_common import DATA, RESULTS, load, spec_key
+from gavel_common import DATA, RESULTS, load, single_lp_las, spec_key
 
 if TYPE_CHECKING:
     from costopt.gavel.lp import LPSolution
@@ -488,7 +488,7 @@ def _patch_mechanism(mechanism: type[RoundMechanism]) -> None:
 def _run(spec: dict[str, Any], trace_path: str, per_job: bool = False) -> dict[str, Any]:
     import costopt.gavel.policies.fairness as fairness
     import costopt.gavel.simulator as simulator
-    from costopt.gavel.policies import MaxMinFairness, get_policy
+    from costopt.gavel.policies import get_policy
     from costopt.gavel.trace import read_trace
     from costopt.gavel.workload import load_workload
     from costopt.throughput import GAVEL_SIMULATION_FILE
@@ -566,7 +566,7 @@ def _run(spec: dict[str, Any], trace_path: str, per_job: bool = False) -> dict[s
     t0 = time.perf_counter()
     if spec.get("lp") == "single" or variant.startswith("reference-emulation"):
         # the max-min LP alone (the reference has no Pareto stage): the registry's aware LAS until 2026-12-04
-        policy: Any = MaxMinFairness(name="max_min_fairness_perf", aware=True, pareto=False)
+        policy: Any = single_lp_las()
     else:
         policy = get_policy("max_min_fairness_perf")
     res = simulator.simulate_trace(policy, trace, workload, (36, 36, 36), window=WINDOW, seed=spec["seed"], **kwargs)

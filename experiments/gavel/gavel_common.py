@@ -31,15 +31,22 @@ def spec_key(spec: Spec) -> str:
     return json.dumps(spec, sort_keys=True)
 
 
+def single_lp_las() -> Any:
+    """The aware LAS solving its max-min LP alone (the solver's point of the optimum, no Pareto stage): the
+    registry's ``max_min_fairness_perf`` until 2026-12-04, and the reference's formulation."""
+    from costopt.gavel.policies import MaxMinFairness
+
+    return MaxMinFairness(name="max_min_fairness_perf", aware=True, pareto=False)
+
+
 def _policy(spec: Spec) -> Any:
-    """The spec's policy: by registry name; ``"pareto": false`` on the aware LAS is its single LP (the
-    solver's vertex of the max-min optimum: the registry's ``max_min_fairness_perf`` until 2026-12-04)."""
-    from costopt.gavel.policies import MaxMinFairness, get_policy
+    """The spec's policy: by registry name; ``"pareto": false`` on the aware LAS is :func:`single_lp_las`."""
+    from costopt.gavel.policies import get_policy
 
     if spec.get("pareto") is False:
         if spec["policy"] != "max_min_fairness_perf":
             raise ValueError(f"'pareto': false applies to max_min_fairness_perf only, not {spec['policy']}")
-        return MaxMinFairness(name="max_min_fairness_perf", aware=True, pareto=False)
+        return single_lp_las()
     return get_policy(spec["policy"])
 
 
